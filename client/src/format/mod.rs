@@ -1,0 +1,38 @@
+//! The ostree repository format, as far as a remote speaks it.
+//!
+//! References: ostree `docs/formats.md` and `docs/repo.md`; the byte layouts
+//! were checked against libostree 2022.7 (`ostree summary --view --raw`).
+
+mod checksum;
+pub mod commit;
+mod path;
+mod refname;
+pub mod summary;
+
+pub use checksum::Checksum;
+pub use commit::{Commit, COMMIT_GVARIANT_TYPE};
+pub use path::{DeltaFile, DeltaName, ObjectKind, ObjectName, RefNamespace, RepoPath};
+pub use refname::{sanitize_ref_component, validate_collection_id, validate_ref};
+pub use summary::{build_summary, parse_summary, Summary, SummaryDelta, SummaryRef};
+
+/// Why some bytes or a name are not valid ostree format. Callers branch on
+/// this (404 versus 500 on the server, refuse versus retry on the client).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FormatError {
+    #[error("invalid checksum {0:?}: want 64 lowercase hex digits")]
+    Checksum(String),
+    #[error("invalid modified-base64 checksum {0:?}")]
+    Mbase64(String),
+    #[error("invalid ref name {0:?}")]
+    RefName(String),
+    #[error("invalid collection ID {0:?}")]
+    CollectionId(String),
+    #[error("invalid {what}: {why}")]
+    Variant { what: &'static str, why: String },
+    #[error("duplicate ref {0:?} in summary")]
+    DuplicateRef(String),
+}
+
+/// The repository mode string a summary advertises; ostree's archive mode is
+/// still called `archive-z2` on the wire.
+pub const ARCHIVE_MODE: &str = "archive-z2";

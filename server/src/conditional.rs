@@ -1,0 +1,233 @@
+//! HTTP validators, preconditions and byte ranges (RFC 9110 §8.8, §13, §14),
+//! as pure functions of headers and the representation's validators.
+
+use http::header::{HeaderMap, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, RANGE};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// What the preconditions say to do (for GET and HEAD).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precondition {
+    Proceed,
+    NotModified,
+    Failed,
+}
+
+/// A selected representation's validators.
+#[derive(Debug, Clone)]
+pub struct Validators {
+    /// Strong entity-tag including quotes, e.g. `"abc"`.
+    pub etag: String,
+    pub last_modified: Option<SystemTime>,
+}
+
+fn secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn header_str<'a>(h: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn date(h: &HeaderMap, name: &http::HeaderName) -> Option<u64> {
+    header_str(h, name).and_then(|s| httpdate::parse_http_date(s).ok()).map(secs)
+}
+
+/// Splits an entity-tag list. `None` for `*`.
+fn tags(list: &str) -> Option<Vec<(bool, &str)>> {
+    if list.trim() == "*" {
+        return None;
+    }
+    Some(
+        list.split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(|t| match t.strip_prefix("W/") {
+                Some(rest) => (true, rest),
+                None => (false, t),
+            })
+            .collect(),
+    )
+}
+
+/// If-None-Match uses weak comparison.
+fn none_match_hits(list: &str, etag: &str) -> bool {
+    let ours = etag.strip_prefix("W/").unwrap_or(etag);
+    match tags(list) {
+        None => true,
+        Some(ts) => ts.iter().any(|(_, t)| *t == ours),
+    }
+}
+
+/// If-Match and If-Range use strong comparison.
+fn strong_hit(list: &str, etag: &str) -> bool {
+    match tags(list) {
+        None => true,
+        Some(ts) => !etag.starts_with("W/") && ts.iter().any(|(weak, t)| !weak && *t == etag),
+    }
+}
+
+/// Evaluates preconditions in RFC 9110 §13.2.2 order for a GET/HEAD of an
+/// existing representation. If-None-Match takes precedence over
+/// If-Modified-Since: when it is present, the date is not consulted.
+pub fn evaluate(h: &HeaderMap, v: &Validators) -> Precondition {
+    let lm = v.last_modified.map(secs);
+    if let Some(list) = header_str(h, &IF_MATCH) {
+        if !strong_hit(list, &v.etag) {
+            return Precondition::Failed;
+        }
+    } else if let (Some(since), Some(lm)) = (date(h, &IF_UNMODIFIED_SINCE), lm) {
+        if lm > since {
+            return Precondition::Failed;
+        }
+    }
+    if let Some(list) = header_str(h, &IF_NONE_MATCH) {
+        return if none_match_hits(list, &v.etag) { Precondition::NotModified } else { Precondition::Proceed };
+    }
+    if let (Some(since), Some(lm)) = (date(h, &IF_MODIFIED_SINCE), lm) {
+        if lm <= since {
+            return Precondition::NotModified;
+        }
+    }
+    Precondition::Proceed
+}
+
+/// The outcome of a Range header against a representation of `len` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeOutcome {
+    Full,
+    /// Inclusive byte range.
+    Partial { start: u64, end: u64 },
+    Unsatisfiable,
+}
+
+/// Parses a single `bytes=` range. Multiple ranges, other units and
+/// malformed headers are served in full, as the RFC allows; an If-Range
+/// that does not match (strongly, or by exact date) also means full.
+pub fn range(h: &HeaderMap, len: u64, v: &Validators) -> RangeOutcome {
+    let Some(spec) = header_str(h, &RANGE) else { return RangeOutcome::Full };
+    if let Some(cond) = header_str(h, &IF_RANGE) {
+        let ok = if cond.starts_with('"') || cond.starts_with("W/") {
+            strong_hit(cond, &v.etag)
+        } else {
+            let d = httpdate::parse_http_date(cond).ok().map(secs);
+            d.is_some() && d == v.last_modified.map(secs)
+        };
+        if !ok {
+            return RangeOutcome::Full;
+        }
+    }
+    let Some(set) = spec.trim().strip_prefix("bytes=") else { return RangeOutcome::Full };
+    if set.contains(',') {
+        return RangeOutcome::Full;
+    }
+    let Some((a, b)) = set.trim().split_once('-') else { return RangeOutcome::Full };
+    let num = |s: &str| -> Option<u64> {
+        (!s.is_empty() && s.bytes().all(|c| c.is_ascii_digit())).then(|| s.parse().ok()).flatten()
+    };
+    match (a.trim(), b.trim()) {
+        ("", suffix) => match num(suffix) {
+            Some(0) => RangeOutcome::Unsatisfiable,
+            Some(n) if len == 0 => {
+                let _ = n;
+                RangeOutcome::Unsatisfiable
+            }
+            Some(n) => RangeOutcome::Partial { start: len.saturating_sub(n), end: len - 1 },
+            None => RangeOutcome::Full,
+        },
+        (first, last) => {
+            let Some(start) = num(first) else { return RangeOutcome::Full };
+            let end = if last.is_empty() {
+                len.saturating_sub(1)
+            } else {
+                match num(last) {
+                    Some(e) if e >= start => e.min(len.saturating_sub(1)),
+                    _ => return RangeOutcome::Full,
+                }
+            };
+            if start >= len {
+                RangeOutcome::Unsatisfiable
+            } else {
+                RangeOutcome::Partial { start, end }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    const T0: u64 = 1_700_000_000;
+
+    fn v() -> Validators {
+        Validators { etag: "\"abc\"".into(), last_modified: Some(UNIX_EPOCH + Duration::from_secs(T0)) }
+    }
+
+    fn hdrs(pairs: &[(&str, String)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, val) in pairs {
+            h.insert(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), val.parse().unwrap());
+        }
+        h
+    }
+
+    fn at(offset: i64) -> String {
+        httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs((T0 as i64 + offset) as u64))
+    }
+
+    #[test]
+    fn preconditions() {
+        use Precondition::*;
+        let cases: Vec<(Vec<(&str, String)>, Precondition)> = vec![
+            (vec![], Proceed),
+            (vec![("if-none-match", "\"abc\"".into())], NotModified),
+            (vec![("if-none-match", "W/\"abc\"".into())], NotModified),
+            (vec![("if-none-match", "\"x\", \"abc\"".into())], NotModified),
+            (vec![("if-none-match", "*".into())], NotModified),
+            (vec![("if-none-match", "\"x\"".into())], Proceed),
+            (vec![("if-modified-since", at(0))], NotModified),
+            (vec![("if-modified-since", at(10))], NotModified),
+            (vec![("if-modified-since", at(-1))], Proceed),
+            (vec![("if-modified-since", "garbage".into())], Proceed),
+            // If-None-Match wins over If-Modified-Since, both ways.
+            (vec![("if-none-match", "\"x\"".into()), ("if-modified-since", at(10))], Proceed),
+            (vec![("if-none-match", "\"abc\"".into()), ("if-modified-since", at(-10))], NotModified),
+            (vec![("if-match", "\"abc\"".into())], Proceed),
+            (vec![("if-match", "W/\"abc\"".into())], Failed),
+            (vec![("if-match", "\"x\"".into())], Failed),
+            (vec![("if-match", "*".into())], Proceed),
+            (vec![("if-unmodified-since", at(-1))], Failed),
+            (vec![("if-unmodified-since", at(0))], Proceed),
+        ];
+        for (h, want) in cases {
+            assert_eq!(evaluate(&hdrs(&h), &v()), want, "{h:?}");
+        }
+    }
+
+    #[test]
+    fn ranges() {
+        use RangeOutcome::*;
+        let cases: Vec<(Vec<(&str, String)>, u64, RangeOutcome)> = vec![
+            (vec![], 100, Full),
+            (vec![("range", "bytes=0-9".into())], 100, Partial { start: 0, end: 9 }),
+            (vec![("range", "bytes=90-".into())], 100, Partial { start: 90, end: 99 }),
+            (vec![("range", "bytes=90-1000".into())], 100, Partial { start: 90, end: 99 }),
+            (vec![("range", "bytes=-10".into())], 100, Partial { start: 90, end: 99 }),
+            (vec![("range", "bytes=-1000".into())], 100, Partial { start: 0, end: 99 }),
+            (vec![("range", "bytes=100-".into())], 100, Unsatisfiable),
+            (vec![("range", "bytes=-0".into())], 100, Unsatisfiable),
+            (vec![("range", "bytes=5-1".into())], 100, Full),
+            (vec![("range", "bytes=0-1,5-6".into())], 100, Full),
+            (vec![("range", "items=0-1".into())], 100, Full),
+            (vec![("range", "bytes=a-b".into())], 100, Full),
+            (vec![("range", "bytes=0-9".into()), ("if-range", "\"abc\"".into())], 100, Partial { start: 0, end: 9 }),
+            (vec![("range", "bytes=0-9".into()), ("if-range", "\"old\"".into())], 100, Full),
+            (vec![("range", "bytes=0-9".into()), ("if-range", at(0))], 100, Partial { start: 0, end: 9 }),
+            (vec![("range", "bytes=0-9".into()), ("if-range", at(-5))], 100, Full),
+        ];
+        for (h, len, want) in cases {
+            assert_eq!(range(&hdrs(&h), len, &v()), want, "{h:?}");
+        }
+    }
+}

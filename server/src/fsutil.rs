@@ -1,0 +1,200 @@
+//! Reading the served tree without ever leaving it.
+//!
+//! Every path is opened one component at a time with `O_NOFOLLOW`, relative
+//! to a directory fd: a symlink anywhere inside the repo (planted by an
+//! image, or by a tool writing the repo) is never followed, and `..`/`.`/empty
+//! components are refused before any syscall. This is portable to kernels
+//! and seccomp profiles without `openat2`, and the URL grammar in
+//! `oscontent::format::RepoPath` already refuses such names; this layer is
+//! the second lock on the same door.
+
+use rustix::fs::{openat, Mode, OFlags, CWD};
+use rustix::io::Errno;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+/// Largest directory depth walked (refs nest a few levels; deltas two).
+pub const MAX_DEPTH: usize = 32;
+
+fn valid_component(c: &str) -> bool {
+    !c.is_empty() && c != "." && c != ".." && !c.contains('\0')
+}
+
+fn open_root(root: &Path) -> io::Result<OwnedFd> {
+    // The root itself may be a symlink (a mount path, a Kubernetes volume
+    // `..data` link): that is the operator's choice, so it is followed.
+    Ok(openat(CWD, root, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?)
+}
+
+/// Maps "this is not a plain file/dir beneath the root" to `None`.
+fn absent(e: Errno) -> io::Result<Option<OwnedFd>> {
+    match e {
+        // ELOOP: a symlink met with O_NOFOLLOW; ENOTDIR: a non-directory in
+        // the middle, or a symlink where a directory was expected.
+        Errno::NOENT | Errno::NOTDIR | Errno::LOOP => Ok(None),
+        e => Err(e.into()),
+    }
+}
+
+fn walk(root: &Path, rel: &str, last_flags: OFlags) -> io::Result<Option<OwnedFd>> {
+    let comps: Vec<&str> = rel.split('/').collect();
+    if comps.len() > MAX_DEPTH || !comps.iter().all(|c| valid_component(c)) {
+        return Ok(None);
+    }
+    let mut dir = match open_root(root) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let (last, parents) = comps.split_last().expect("split yields at least one");
+    for c in parents {
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        dir = match openat(&dir, *c, flags, Mode::empty()) {
+            Ok(d) => d,
+            Err(e) => return absent(e),
+        };
+    }
+    match openat(&dir, *last, last_flags | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty()) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) => absent(e),
+    }
+}
+
+/// Opens `root/rel` for reading if it is a regular file reached without any
+/// symlink. `Ok(None)` if it does not exist (or is not a plain file).
+pub fn open_file(root: &Path, rel: &str) -> io::Result<Option<(File, std::fs::Metadata)>> {
+    // O_NONBLOCK: never hang on a FIFO planted in the tree.
+    let Some(fd) = walk(root, rel, OFlags::RDONLY | OFlags::NONBLOCK)? else {
+        return Ok(None);
+    };
+    let file = File::from(fd);
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Ok(None);
+    }
+    Ok(Some((file, meta)))
+}
+
+/// Reads a small file fully; files over `max` bytes are an error, because
+/// the callers (refs, config, summary) expect small metadata.
+pub fn read_file(root: &Path, rel: &str, max: u64) -> io::Result<Option<(Vec<u8>, std::fs::Metadata)>> {
+    let Some((file, meta)) = open_file(root, rel)? else {
+        return Ok(None);
+    };
+    if meta.len() > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{rel} is {} bytes, over the {max} byte limit", meta.len()),
+        ));
+    }
+    let mut buf = Vec::with_capacity(meta.len() as usize);
+    file.take(max + 1).read_to_end(&mut buf)?;
+    Ok(Some((buf, meta)))
+}
+
+/// An entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub name: String,
+    pub is_dir: bool,
+    pub is_file: bool,
+}
+
+/// Lists `root/rel` (without following symlinks; they appear as neither
+/// file nor dir). At most `max` entries; more is an error. Non-UTF-8 names
+/// are skipped: no valid ostree name needs them.
+pub fn list_dir(root: &Path, rel: &str, max: usize) -> io::Result<Option<Vec<Entry>>> {
+    let dir = if rel.is_empty() {
+        match open_root(root) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    } else {
+        match walk(root, rel, OFlags::RDONLY | OFlags::DIRECTORY)? {
+            Some(d) => d,
+            None => return Ok(None),
+        }
+    };
+    let mut out = Vec::new();
+    let mut it = rustix::fs::Dir::read_from(&dir)?;
+    while let Some(ent) = it.next() {
+        let ent = ent?;
+        let Ok(name) = ent.file_name().to_str() else { continue };
+        if name == "." || name == ".." {
+            continue;
+        }
+        // d_type may be DT_UNKNOWN on some filesystems: fall back to a
+        // no-follow stat.
+        let ft = match ent.file_type() {
+            rustix::fs::FileType::Unknown => {
+                rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                    .map(|st| rustix::fs::FileType::from_raw_mode(st.st_mode))?
+            }
+            t => t,
+        };
+        out.push(Entry {
+            name: name.to_owned(),
+            is_dir: ft == rustix::fs::FileType::Directory,
+            is_file: ft == rustix::fs::FileType::RegularFile,
+        });
+        if out.len() > max {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}/{rel} has more than {max} entries", root.display()),
+            ));
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(Some(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    #[test]
+    fn never_follows_symlinks_or_dotdot() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), b"s3cret").unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        std::fs::create_dir_all(r.join("refs/heads")).unwrap();
+        std::fs::write(r.join("refs/heads/ok"), b"x").unwrap();
+        symlink(outside.path().join("secret"), r.join("refs/heads/link")).unwrap();
+        symlink(outside.path(), r.join("refs/escape")).unwrap();
+        std::fs::create_dir(r.join("fifo-dir")).unwrap();
+        rustix::fs::mknodat(CWD, &r.join("fifo-dir/fifo"), rustix::fs::FileType::Fifo, Mode::from_raw_mode(0o644), 0).unwrap();
+
+        let cases: &[(&str, bool)] = &[
+            ("refs/heads/ok", true),
+            ("refs/heads/link", false),
+            ("refs/escape/secret", false),
+            ("refs/heads/../heads/ok", false),
+            ("./refs/heads/ok", false),
+            ("refs//heads/ok", false),
+            ("fifo-dir/fifo", false),
+            ("refs/heads", false),
+            ("missing", false),
+        ];
+        for (rel, found) in cases {
+            let got = open_file(r, rel).unwrap();
+            assert_eq!(got.is_some(), *found, "{rel}");
+        }
+        let listing = list_dir(r, "refs", 10).unwrap().unwrap();
+        let escape = listing.iter().find(|e| e.name == "escape").unwrap();
+        assert!(!escape.is_dir && !escape.is_file, "symlink listed as {escape:?}");
+        assert!(list_dir(r, "refs/escape", 10).unwrap().is_none());
+    }
+
+    #[test]
+    fn read_file_bounds_size() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("big"), vec![0u8; 100]).unwrap();
+        assert!(read_file(root.path(), "big", 99).is_err());
+        assert_eq!(read_file(root.path(), "big", 100).unwrap().unwrap().0.len(), 100);
+    }
+}

@@ -1,0 +1,429 @@
+//! The HTTP surface: exactly ostree's archive layout, plus `/healthz`,
+//! `/readyz` and `/metrics`. Everything else is 404. Error responses on repo
+//! paths have empty bodies: ostree's fetcher can take an error body for
+//! object content when it falls through a mirrorlist.
+
+use crate::conditional::{self, Precondition, RangeOutcome, Validators};
+use crate::fsutil;
+use crate::metrics::Metrics;
+use crate::served::{Generation, Layer, Resolved, MAX_METADATA_FILE};
+use arc_swap::ArcSwapOption;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, StatusCode};
+use oscontent::format::{Checksum, ObjectName, RepoPath};
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+
+/// Objects are content-addressed: their bytes never change.
+pub const IMMUTABLE: &str = "public, max-age=31536000, immutable";
+/// Streamed file chunk size.
+const CHUNK: usize = 64 * 1024;
+
+/// HTTP settings.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// max-age for summary, summary.sig, refs, config, commitmeta, deltas.
+    pub metadata_max_age: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self { metadata_max_age: Duration::from_secs(30) }
+    }
+}
+
+/// Shared state behind every request.
+#[derive(Debug, Clone)]
+pub struct AppState(Arc<Inner>);
+
+pub struct Inner {
+    pub current: ArcSwapOption<Generation>,
+    pub metrics: Metrics,
+    pub config: HttpConfig,
+    access_log: Option<Mutex<Box<dyn Write + Send>>>,
+    draining: AtomicBool,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("current", &self.current)
+            .field("config", &self.config)
+            .field("access_log", &self.access_log.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+impl AppState {
+    pub fn new(config: HttpConfig, access_log: Option<Box<dyn Write + Send>>) -> Self {
+        Self(Arc::new(Inner {
+            current: ArcSwapOption::empty(),
+            metrics: Metrics::new(),
+            config,
+            access_log: access_log.map(Mutex::new),
+            draining: AtomicBool::new(false),
+        }))
+    }
+
+    /// Makes a generation visible in one step. Requests already holding the
+    /// previous one finish on it; it is dropped with its last request.
+    pub fn publish(&self, generation: Generation) {
+        self.metrics.published_refs.set(generation.derived_refs.len() as i64);
+        self.metrics.generation.set(generation.id as i64);
+        self.current.store(Some(Arc::new(generation)));
+        self.metrics.ready.set(1);
+    }
+
+    /// From now on `/readyz` fails, so load balancers stop sending traffic
+    /// while in-flight requests complete.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        self.metrics.ready.set(0);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.current.load().is_some() && !self.draining.load(Ordering::SeqCst)
+    }
+}
+
+/// The router. Health endpoints answer with text; repo paths as ostree
+/// expects.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(repo)
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+async fn readyz(State(st): State<AppState>) -> Response {
+    if st.is_ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else if st.draining.load(Ordering::SeqCst) {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "no verified content published yet\n").into_response()
+    }
+}
+
+async fn metrics(State(st): State<AppState>) -> Response {
+    let (text, ctype) = st.metrics.render();
+    ([(header::CONTENT_TYPE, ctype)], text).into_response()
+}
+
+/// Path kind, the metrics label. Bounded set, so label cardinality is too.
+pub fn classify(path: &str) -> &'static str {
+    match path {
+        "/healthz" | "/readyz" => return "health",
+        "/metrics" => return "metrics",
+        _ => {}
+    }
+    match path.strip_prefix('/').and_then(RepoPath::parse) {
+        Some(RepoPath::Config) => "config",
+        Some(RepoPath::Summary) => "summary",
+        Some(RepoPath::SummarySig) => "summary_sig",
+        Some(RepoPath::Ref { .. }) => "ref",
+        Some(RepoPath::Object(o)) => o.kind.extension(),
+        Some(RepoPath::Delta { .. }) => "delta",
+        Some(RepoPath::DeltaIndex { .. }) => "delta_index",
+        None => "other",
+    }
+}
+
+/// Metrics and the access log for every request.
+async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let kind = classify(req.uri().path());
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let version = req.version();
+    let resp = next.run(req).await;
+    let elapsed = start.elapsed();
+    let status = resp.status().as_u16();
+    let bytes = if method == Method::HEAD {
+        0
+    } else {
+        resp.headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    st.metrics.requests.with_label_values(&[kind, &status.to_string()]).inc();
+    st.metrics.response_bytes.with_label_values(&[kind]).inc_by(bytes);
+    st.metrics.latency.with_label_values(&[kind]).observe(elapsed.as_secs_f64());
+    if let Some(log) = &st.access_log {
+        let line = serde_json::json!({
+            "ts": httpdate::fmt_http_date(SystemTime::now()),
+            "method": method.as_str(),
+            "path": path,
+            "status": status,
+            "bytes": bytes,
+            "kind": kind,
+            "version": format!("{version:?}"),
+            "duration_ms": elapsed.as_secs_f64() * 1e3,
+        });
+        let mut w = log.lock().expect("access log poisoned");
+        if let Err(e) = writeln!(w, "{line}").and_then(|_| w.flush()) {
+            tracing::warn!("access log write failed: {e}");
+        }
+    }
+    resp
+}
+
+/// Errors on repo paths: a status and an empty body, never internals.
+#[derive(Debug)]
+pub enum AppError {
+    NotFound,
+    MethodNotAllowed,
+    Unavailable,
+    Internal(anyhow::Error),
+}
+
+impl From<anyhow::Error> for AppError {
+    fn from(e: anyhow::Error) -> Self {
+        AppError::Internal(e)
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let (status, extra) = match self {
+            AppError::NotFound => (StatusCode::NOT_FOUND, None),
+            AppError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, Some((header::ALLOW, "GET, HEAD"))),
+            AppError::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, Some((header::RETRY_AFTER, "5"))),
+            AppError::Internal(e) => {
+                tracing::error!("internal error: {e:#}");
+                (StatusCode::INTERNAL_SERVER_ERROR, None)
+            }
+        };
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = status;
+        r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        if let Some((k, v)) = extra {
+            r.headers_mut().insert(k, HeaderValue::from_static(v));
+        }
+        r
+    }
+}
+
+/// How a representation may be cached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CachePolicy {
+    Immutable,
+    ShortLived,
+}
+
+fn is_small_metadata(p: &RepoPath) -> bool {
+    match p {
+        RepoPath::Config | RepoPath::Summary | RepoPath::SummarySig | RepoPath::Ref { .. } => true,
+        RepoPath::Object(o) => !o.kind.is_immutable(),
+        RepoPath::DeltaIndex { .. } => true,
+        RepoPath::Delta { .. } => false,
+    }
+}
+
+fn policy(p: &RepoPath) -> CachePolicy {
+    match p {
+        RepoPath::Object(o) if o.kind.is_immutable() => CachePolicy::Immutable,
+        _ => CachePolicy::ShortLived,
+    }
+}
+
+fn digest_etag(bytes: &[u8]) -> String {
+    format!("\"{}\"", &Checksum::digest(bytes).to_hex()[..32])
+}
+
+/// Serves one repo path. GET and HEAD only.
+async fn repo(State(st): State<AppState>, method: Method, headers: HeaderMap, uri: http::Uri) -> Response {
+    match serve_repo(&st, &method, &headers, uri.path()).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn serve_repo(st: &AppState, method: &Method, headers: &HeaderMap, path: &str) -> Result<Response, AppError> {
+    let Some(rp) = path.strip_prefix('/').and_then(RepoPath::parse) else {
+        return Err(AppError::NotFound);
+    };
+    if method != Method::GET && method != Method::HEAD {
+        return Err(AppError::MethodNotAllowed);
+    }
+    let Some(generation) = st.current.load_full() else {
+        return Err(AppError::Unavailable);
+    };
+    let rp2 = rp.clone();
+    let g2 = generation.clone();
+    let resolved = tokio::task::spawn_blocking(move || g2.resolve(&rp2))
+        .await
+        .map_err(|e| anyhow::anyhow!("resolver task: {e}"))??;
+    let cache = match policy(&rp) {
+        CachePolicy::Immutable => HeaderValue::from_static(IMMUTABLE),
+        CachePolicy::ShortLived => {
+            HeaderValue::from_str(&format!("public, max-age={}", st.config.metadata_max_age.as_secs()))
+                .expect("ascii")
+        }
+    };
+    let head = method == Method::HEAD;
+    match resolved {
+        Resolved::Missing => Err(AppError::NotFound),
+        Resolved::Generated(g) => {
+            let v = Validators { etag: digest_etag(&g.bytes), last_modified: Some(g.produced) };
+            Ok(respond_bytes(headers, g.bytes, &v, cache, head))
+        }
+        Resolved::File { layer, root, rel } => {
+            if is_small_metadata(&rp) {
+                let read = tokio::task::spawn_blocking(move || fsutil::read_file(&root, &rel, MAX_METADATA_FILE))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("read task: {e}"))?
+                    .map_err(|e| anyhow::anyhow!("reading {path}: {e}"))?;
+                // Gone between resolve and read (a tool replacing it): 404,
+                // and the client retries.
+                let Some((bytes, meta)) = read else { return Err(AppError::NotFound) };
+                let v = Validators { etag: digest_etag(&bytes), last_modified: meta.modified().ok() };
+                Ok(respond_bytes(headers, bytes.into(), &v, cache, head))
+            } else {
+                let opened = tokio::task::spawn_blocking(move || fsutil::open_file(&root, &rel))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("open task: {e}"))?
+                    .map_err(|e| anyhow::anyhow!("opening {path}: {e}"))?;
+                let Some((file, meta)) = opened else { return Err(AppError::NotFound) };
+                let etag = match &rp {
+                    // Content-addressed: the name is the identity; length
+                    // and inode guard against a re-compressed copy.
+                    RepoPath::Object(ObjectName { checksum, kind }) => {
+                        format!("\"{}.{}-{:x}\"", checksum.to_hex(), kind.extension(), meta.len())
+                    }
+                    _ => format!(
+                        "\"{:x}-{:x}-{:x}.{:x}-{}\"",
+                        meta.ino(),
+                        meta.len(),
+                        meta.mtime(),
+                        meta.mtime_nsec(),
+                        u8::from(layer == Layer::Overlay)
+                    ),
+                };
+                let v = Validators { etag, last_modified: meta.modified().ok() };
+                respond_file(headers, file, meta.len(), &v, cache, head).await
+            }
+        }
+    }
+}
+
+fn base_headers(h: &mut HeaderMap, v: &Validators, cache: HeaderValue) {
+    h.insert(header::ETAG, HeaderValue::from_str(&v.etag).expect("ascii etag"));
+    if let Some(lm) = v.last_modified {
+        h.insert(header::LAST_MODIFIED, HeaderValue::from_str(&httpdate::fmt_http_date(lm)).expect("ascii"));
+    }
+    h.insert(header::CACHE_CONTROL, cache);
+}
+
+fn status_only(status: StatusCode, v: &Validators, cache: HeaderValue) -> Response {
+    let mut r = Response::new(Body::empty());
+    *r.status_mut() = status;
+    base_headers(r.headers_mut(), v, cache);
+    r
+}
+
+fn respond_bytes(h: &HeaderMap, bytes: bytes::Bytes, v: &Validators, cache: HeaderValue, head: bool) -> Response {
+    match conditional::evaluate(h, v) {
+        Precondition::NotModified => return status_only(StatusCode::NOT_MODIFIED, v, cache),
+        Precondition::Failed => return AppError::from_precondition(),
+        Precondition::Proceed => {}
+    }
+    let len = bytes.len() as u64;
+    let (status, body, range) = match conditional::range(h, len, v) {
+        RangeOutcome::Full => (StatusCode::OK, bytes, None),
+        RangeOutcome::Partial { start, end } => {
+            (StatusCode::PARTIAL_CONTENT, bytes.slice(start as usize..=end as usize), Some((start, end)))
+        }
+        RangeOutcome::Unsatisfiable => return unsatisfiable(len),
+    };
+    let blen = body.len();
+    let mut r = Response::new(if head { Body::empty() } else { Body::from(body) });
+    *r.status_mut() = status;
+    finish_headers(r.headers_mut(), v, cache, blen as u64, len, range);
+    r
+}
+
+impl AppError {
+    fn from_precondition() -> Response {
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = StatusCode::PRECONDITION_FAILED;
+        r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        r
+    }
+}
+
+fn unsatisfiable(len: u64) -> Response {
+    let mut r = Response::new(Body::empty());
+    *r.status_mut() = StatusCode::RANGE_NOT_SATISFIABLE;
+    r.headers_mut()
+        .insert(header::CONTENT_RANGE, HeaderValue::from_str(&format!("bytes */{len}")).expect("ascii"));
+    r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+    r
+}
+
+fn finish_headers(h: &mut HeaderMap, v: &Validators, cache: HeaderValue, body_len: u64, total: u64, range: Option<(u64, u64)>) {
+    base_headers(h, v, cache);
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(body_len));
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Some((s, e)) = range {
+        h.insert(header::CONTENT_RANGE, HeaderValue::from_str(&format!("bytes {s}-{e}/{total}")).expect("ascii"));
+    }
+}
+
+async fn respond_file(
+    h: &HeaderMap,
+    file: std::fs::File,
+    len: u64,
+    v: &Validators,
+    cache: HeaderValue,
+    head: bool,
+) -> Result<Response, AppError> {
+    match conditional::evaluate(h, v) {
+        Precondition::NotModified => return Ok(status_only(StatusCode::NOT_MODIFIED, v, cache)),
+        Precondition::Failed => return Ok(AppError::from_precondition()),
+        Precondition::Proceed => {}
+    }
+    let (status, start, count, range) = match conditional::range(h, len, v) {
+        RangeOutcome::Full => (StatusCode::OK, 0, len, None),
+        RangeOutcome::Partial { start, end } => (StatusCode::PARTIAL_CONTENT, start, end - start + 1, Some((start, end))),
+        RangeOutcome::Unsatisfiable => return Ok(unsatisfiable(len)),
+    };
+    let body = if head {
+        Body::empty()
+    } else {
+        let mut f = tokio::fs::File::from_std(file);
+        if start > 0 {
+            f.seek(std::io::SeekFrom::Start(start)).await.map_err(|e| anyhow::anyhow!("seek: {e}"))?;
+        }
+        // `take` bounds the body to what Content-Length promised, even if
+        // the file grows underneath.
+        Body::from_stream(tokio_util::io::ReaderStream::with_capacity(f.take(count), CHUNK))
+    };
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    finish_headers(r.headers_mut(), v, cache, count, len, range);
+    Ok(r)
+}

@@ -1,0 +1,25 @@
+//! oscontent-server: publishes an oscontainer's ostree repo as a complete
+//! ostree remote over HTTP. See ARCHITECTURE.md for the code map.
+
+pub mod cli;
+pub mod conditional;
+pub mod fsutil;
+pub mod http;
+pub mod metrics;
+pub mod publish;
+pub mod served;
+
+pub use http::{app, AppState, HttpConfig};
+
+use std::future::Future;
+
+/// Serves `state` on `listener` (HTTP/1.1 keep-alive, and HTTP/2 with prior
+/// knowledge on the same port) until `shutdown` resolves, then stops
+/// accepting and lets in-flight requests finish.
+pub async fn run(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await
+}

@@ -1,0 +1,291 @@
+//! Publication: turn a source repo into a servable generation.
+//!
+//! Oscontainer repos have no refs and no summary, so the server derives
+//! them. Everything it derives is written to a fresh directory under the
+//! state dir, never into the source, and only then becomes visible.
+//!
+//! Ref naming (documented in README.md):
+//! 1. `--ref NAME`, if given (each must be in the commit's ref binding, if
+//!    it has one: stock ostree refuses anything else);
+//! 2. otherwise every name in the commit's `ostree.ref-binding`;
+//! 3. otherwise `version/<version>`, from the commit's `version` metadata,
+//!    with characters outside `[-._A-Za-z0-9]` replaced by `_`.
+
+use crate::fsutil;
+use crate::served::Generation;
+use anyhow::{bail, Context, Result};
+use oscontent::format::{self, Checksum, Commit, ObjectKind, ObjectName};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Prefix of refs derived from `version` metadata.
+pub const VERSION_REF_PREFIX: &str = "version/";
+/// Where an oscontainer keeps its repo.
+pub const OSCONTAINER_REPO: &str = "srv/repo";
+/// Commits listed when refusing to guess among several.
+const MAX_COMMITS_LISTED: usize = 5;
+/// A repo `config` is a few lines.
+const MAX_CONFIG: u64 = 1 << 20;
+
+/// Where the content comes from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// Root of an unpacked oscontainer image; the repo is `srv/repo`.
+    Oscontainer(PathBuf),
+    /// A plain archive repo, served as it stands at each request.
+    Repo(PathBuf),
+}
+
+impl Source {
+    pub fn repo_path(&self) -> PathBuf {
+        match self {
+            Source::Oscontainer(d) => d.join(OSCONTAINER_REPO),
+            Source::Repo(d) => d.clone(),
+        }
+    }
+}
+
+/// What to publish.
+#[derive(Debug, Clone)]
+pub struct PublishRequest {
+    pub source: Source,
+    pub commit: Option<Checksum>,
+    pub refs: Vec<String>,
+}
+
+/// The server's own directory. Nothing else is ever written.
+#[derive(Debug)]
+pub struct StateDir {
+    root: PathBuf,
+    next_id: AtomicU64,
+}
+
+const GENERATIONS: &str = "generations";
+
+impl StateDir {
+    /// Opens (creating if needed) the state dir and removes what an earlier
+    /// run left: generations are cheap to rebuild, and a half-written one
+    /// must never be served.
+    pub fn open(root: &Path) -> Result<Self> {
+        std::fs::create_dir_all(root).with_context(|| format!("creating state dir {}", root.display()))?;
+        let root = root.canonicalize().with_context(|| format!("resolving {}", root.display()))?;
+        let gens = root.join(GENERATIONS);
+        if gens.exists() {
+            std::fs::remove_dir_all(&gens).with_context(|| format!("removing stale {}", gens.display()))?;
+        }
+        std::fs::create_dir_all(&gens).with_context(|| format!("creating {}", gens.display()))?;
+        Ok(Self { root, next_id: AtomicU64::new(1) })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    fn new_generation_dir(&self) -> (u64, PathBuf, PathBuf) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let dir = self.root.join(GENERATIONS).join(id.to_string());
+        let tmp = self.root.join(GENERATIONS).join(format!("{id}.tmp"));
+        (id, dir, tmp)
+    }
+}
+
+/// Reads `[core] key=` from a repo config. Tiny on purpose: only the two
+/// keys the server needs, and no dependency for a three-line file.
+pub fn config_value(config: &str, key: &str) -> Option<String> {
+    let mut in_core = false;
+    for line in config.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_core = line == "[core]";
+        } else if in_core {
+            if let Some((k, v)) = line.split_once('=') {
+                if k.trim() == key {
+                    return Some(v.trim().to_owned());
+                }
+            }
+        }
+    }
+    None
+}
+
+fn check_archive_repo(repo: &Path) -> Result<Option<String>> {
+    let meta = std::fs::metadata(repo).with_context(|| format!("source repo {} is not accessible", repo.display()))?;
+    anyhow::ensure!(meta.is_dir(), "source repo {} is not a directory", repo.display());
+    anyhow::ensure!(
+        fsutil::list_dir(repo, "objects", 1024)?.is_some(),
+        "{} is not an ostree repo: it has no objects/ directory",
+        repo.display()
+    );
+    let Some((config, _)) = fsutil::read_file(repo, "config", MAX_CONFIG)
+        .with_context(|| format!("reading {}/config", repo.display()))?
+    else {
+        return Ok(None);
+    };
+    let config = String::from_utf8_lossy(&config).into_owned();
+    let mode = config_value(&config, "mode").unwrap_or_else(|| "bare".into());
+    if !matches!(mode.as_str(), "archive" | "archive-z2") {
+        bail!(
+            "{} is a {mode:?} repo; only archive repos can be served over HTTP (build it with `ostree init --mode=archive`)",
+            repo.display()
+        );
+    }
+    Ok(Some(config))
+}
+
+/// Finds the one commit object in a repo (an oscontainer holds exactly one).
+pub fn find_single_commit(repo: &Path) -> Result<Checksum> {
+    let mut found = Vec::new();
+    let dirs = fsutil::list_dir(repo, "objects", 1024)?.unwrap_or_default();
+    for d in dirs.into_iter().filter(|d| d.is_dir && d.name.len() == 2) {
+        let rel = format!("objects/{}", d.name);
+        for f in fsutil::list_dir(repo, &rel, 10_000_000)?.unwrap_or_default() {
+            if let Some(format::RepoPath::Object(o)) = format::RepoPath::parse(&format!("{rel}/{}", f.name)) {
+                if o.kind == ObjectKind::Commit && f.is_file {
+                    found.push(o.checksum);
+                }
+            }
+        }
+    }
+    match found.as_slice() {
+        [] => bail!("{} contains no commit object", repo.display()),
+        [one] => Ok(*one),
+        many => {
+            let shown: Vec<String> = many.iter().take(MAX_COMMITS_LISTED).map(|c| c.to_hex()).collect();
+            bail!(
+                "{} contains {} commits ({}{}); choose one with --commit",
+                repo.display(),
+                many.len(),
+                shown.join(", "),
+                if many.len() > MAX_COMMITS_LISTED { ", ..." } else { "" }
+            )
+        }
+    }
+}
+
+/// The refs to publish for a commit, by the rules in the module docs.
+pub fn derive_refs(commit: &Commit, requested: &[String]) -> Result<Vec<String>> {
+    let bindings = commit.ref_bindings();
+    if !requested.is_empty() {
+        for r in requested {
+            format::validate_ref(r).with_context(|| format!("--ref {r:?}"))?;
+            if !bindings.is_empty() && !bindings.contains(r) {
+                bail!(
+                    "--ref {r:?} is not in commit {}'s ref binding {bindings:?}; stock ostree would refuse to pull it under that name",
+                    commit.checksum
+                );
+            }
+        }
+        return Ok(requested.to_vec());
+    }
+    if !bindings.is_empty() {
+        for r in &bindings {
+            format::validate_ref(r).with_context(|| format!("commit {} binds an invalid ref name", commit.checksum))?;
+        }
+        return Ok(bindings);
+    }
+    let Some(version) = commit.version().and_then(|v| format::sanitize_ref_component(&v)) else {
+        bail!(
+            "commit {} has neither an ostree.ref-binding nor a version to name a ref after; pass --ref",
+            commit.checksum
+        );
+    };
+    Ok(vec![format!("{VERSION_REF_PREFIX}{version}")])
+}
+
+fn write_file(path: &Path, contents: &[u8]) -> Result<()> {
+    if let Some(p) = path.parent() {
+        std::fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))?;
+    }
+    std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Refuses a state dir inside the served repo (or the other way round): the
+/// server would then be writing the repo it serves.
+fn check_disjoint(state: &Path, repo: &Path) -> Result<()> {
+    let repo = repo.canonicalize().with_context(|| format!("resolving {}", repo.display()))?;
+    if state.starts_with(&repo) || repo.starts_with(state) {
+        bail!(
+            "--state-dir {} overlaps the served repo {}; the server never writes the repo it serves",
+            state.display(),
+            repo.display()
+        );
+    }
+    Ok(())
+}
+
+/// Publishes `req` as a new generation (not yet visible: the caller swaps it
+/// in). On error nothing is left behind.
+pub fn publish(req: &PublishRequest, state: &StateDir) -> Result<Generation> {
+    let repo = req.source.repo_path();
+    let config = check_archive_repo(&repo)?;
+    check_disjoint(state.path(), &repo)?;
+    let existing = Generation::list_refs(&repo)?;
+    if let Source::Oscontainer(_) = req.source {
+        if config.is_none() {
+            tracing::warn!(repo = %repo.display(), "oscontainer repo has no config; serving a generated one");
+        }
+    }
+    let derive = req.commit.is_some() || !req.refs.is_empty() || existing.is_empty();
+    let (id, dir, tmp) = state.new_generation_dir();
+    let _ = std::fs::remove_dir_all(&tmp);
+    let result = (|| -> Result<Vec<(String, Checksum)>> {
+        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        if config.is_none() {
+            write_file(&tmp.join("config"), b"[core]\nrepo_version=1\nmode=archive-z2\n")?;
+        }
+        if !derive {
+            return Ok(Vec::new());
+        }
+        let checksum = match req.commit {
+            Some(c) => c,
+            None => find_single_commit(&repo)?,
+        };
+        let probe = Generation::new(0, repo.clone(), tmp.clone(), Vec::new());
+        let commit = probe.commit(&checksum)?;
+        for (what, c, kind) in [
+            ("root dirtree", commit.root_tree, ObjectKind::DirTree),
+            ("root dirmeta", commit.root_meta, ObjectKind::DirMeta),
+        ] {
+            let rel = ObjectName::new(c, kind).path();
+            anyhow::ensure!(
+                fsutil::open_file(&repo, &rel)?.is_some(),
+                "commit {checksum} is incomplete: its {what} {c} is missing from {}",
+                repo.display()
+            );
+        }
+        let names = derive_refs(&commit, &req.refs)?;
+        for name in &names {
+            write_file(&tmp.join("refs/heads").join(name), format!("{checksum}\n").as_bytes())?;
+        }
+        Ok(names.into_iter().map(|n| (n, checksum)).collect())
+    })();
+    let checked = result.and_then(|refs| {
+        // Validate the overlay before it becomes a generation: a broken repo
+        // fails here, not on the first client.
+        let probe = Generation::new(0, repo.clone(), tmp.clone(), refs.clone());
+        anyhow::ensure!(!probe.refs()?.is_empty(), "nothing to publish: {} has no refs", repo.display());
+        probe.generated_summary().context("generating the summary")?;
+        std::fs::rename(&tmp, &dir).with_context(|| format!("renaming {} into place", tmp.display()))?;
+        Ok(refs)
+    });
+    match checked {
+        Ok(refs) => Ok(Generation::new(id, repo, dir, refs)),
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_values() {
+        let cfg = "[core]\nrepo_version=1\nmode = archive-z2\n\n[remote \"x\"]\nmode=bare\n";
+        let cases = [("mode", Some("archive-z2")), ("repo_version", Some("1")), ("collection-id", None)];
+        for (k, want) in cases {
+            assert_eq!(config_value(cfg, k).as_deref(), want, "{k}");
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! A generation: one verified, read-only source repo plus the overlay the
+//! server wrote for it (refs, summary pieces, config, later signatures and
+//! deltas), resolved path by path.
+//!
+//! The source is read at each request, so refs, summaries, signatures and
+//! objects that other tools add to a `--repo` show up without a restart.
+//! What the server derives (the summary, when the repo has none) is cached
+//! under a fingerprint of its inputs and rebuilt only when they change.
+
+use crate::fsutil;
+use anyhow::{Context, Result};
+use oscontent::format::{
+    self, build_summary, Checksum, Commit, DeltaName, ObjectKind, ObjectName, RefNamespace, RepoPath,
+    Summary, SummaryDelta, SummaryRef,
+};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+/// Refs, config, summary.sig and commitmeta are small; anything larger is
+/// refused rather than read into memory.
+pub const MAX_METADATA_FILE: u64 = 64 << 20;
+/// A ref file holds a checksum and a newline.
+const MAX_REF_FILE: u64 = 4096;
+/// Bounds for walking refs and deltas (external input, invariant 5).
+pub const MAX_REFS: usize = 100_000;
+pub const MAX_DELTAS: usize = 10_000;
+const MAX_DIR_ENTRIES: usize = 1_000_000;
+
+/// Where a resolved file lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layer {
+    Source,
+    Overlay,
+}
+
+/// Bytes the server generated, with their validators.
+#[derive(Debug, Clone)]
+pub struct Generated {
+    pub bytes: bytes::Bytes,
+    /// When these exact bytes were first produced (for Last-Modified).
+    pub produced: SystemTime,
+}
+
+/// How a request path is answered.
+#[derive(Debug)]
+pub enum Resolved {
+    File { layer: Layer, root: PathBuf, rel: String },
+    Generated(Generated),
+    Missing,
+}
+
+#[derive(Debug)]
+struct SummaryCache {
+    fingerprint: [u8; 32],
+    summary: Generated,
+}
+
+/// One published generation.
+#[derive(Debug)]
+pub struct Generation {
+    pub id: u64,
+    /// The served repo (read-only, never written).
+    pub source: PathBuf,
+    /// This generation's overlay under the state dir.
+    pub overlay: PathBuf,
+    pub published: SystemTime,
+    /// Refs the server published into the overlay, with their commits.
+    pub derived_refs: Vec<(String, Checksum)>,
+    summary: Mutex<Option<SummaryCache>>,
+    commits: Mutex<BTreeMap<Checksum, Commit>>,
+}
+
+/// A ref as found on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundRef {
+    pub namespace: RefNamespace,
+    /// For mirrors: `collection-id/ref`.
+    pub name: String,
+    pub commit: Checksum,
+}
+
+impl Generation {
+    pub fn new(id: u64, source: PathBuf, overlay: PathBuf, derived_refs: Vec<(String, Checksum)>) -> Self {
+        Self {
+            id,
+            source,
+            overlay,
+            published: SystemTime::now(),
+            derived_refs,
+            summary: Mutex::new(None),
+            commits: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn layers(&self, order: [Layer; 2]) -> [(Layer, &Path); 2] {
+        order.map(|l| match l {
+            Layer::Source => (l, self.source.as_path()),
+            Layer::Overlay => (l, self.overlay.as_path()),
+        })
+    }
+
+    fn first_file(&self, rel: &str, order: [Layer; 2]) -> Result<Resolved> {
+        for (layer, root) in self.layers(order) {
+            // Existence check only; the HTTP layer reopens by the same safe
+            // walk, so a file replaced in between is still read safely.
+            if fsutil::open_file(root, rel).with_context(|| format!("opening {rel}"))?.is_some() {
+                return Ok(Resolved::File { layer, root: root.to_owned(), rel: rel.to_owned() });
+            }
+        }
+        Ok(Resolved::Missing)
+    }
+
+    /// Resolves a request path against source and overlay.
+    pub fn resolve(&self, path: &RepoPath) -> Result<Resolved> {
+        const SOURCE_FIRST: [Layer; 2] = [Layer::Source, Layer::Overlay];
+        const OVERLAY_FIRST: [Layer; 2] = [Layer::Overlay, Layer::Source];
+        match path {
+            RepoPath::Summary => {
+                if let Some(r) = self.source_summary()? {
+                    return Ok(r);
+                }
+                Ok(Resolved::Generated(self.generated_summary()?))
+            }
+            RepoPath::SummarySig => {
+                // summary.sig must sign the summary actually served, or
+                // ostree would keep using a stale cached summary.
+                if self.source_summary()?.is_some() {
+                    return self.first_file("summary.sig", [Layer::Source, Layer::Source]);
+                }
+                let summary = self.generated_summary()?;
+                let rel = summary_sig_path(&Checksum::digest(&summary.bytes));
+                self.first_file(&rel, [Layer::Overlay, Layer::Overlay])
+            }
+            // Detached metadata from the server (signature bundles) wins
+            // over what the source carries: it is the merged superset.
+            RepoPath::Object(ObjectName { kind: ObjectKind::CommitMeta, .. }) => {
+                self.first_file(&path.to_path(), OVERLAY_FIRST)
+            }
+            _ => self.first_file(&path.to_path(), SOURCE_FIRST),
+        }
+    }
+
+    fn source_summary(&self) -> Result<Option<Resolved>> {
+        Ok(fsutil::open_file(&self.source, "summary")
+            .context("opening the source summary")?
+            .map(|_| Resolved::File { layer: Layer::Source, root: self.source.clone(), rel: "summary".into() }))
+    }
+
+    /// Refs in one layer, validated. Invalid names and unreadable or
+    /// malformed ref files are skipped with a warning: one bad ref must not
+    /// take the whole remote down.
+    pub fn list_refs(root: &Path) -> Result<Vec<FoundRef>> {
+        let mut out = Vec::new();
+        for ns in [RefNamespace::Heads, RefNamespace::Mirrors] {
+            let mut stack = vec![(String::new(), 0usize)];
+            while let Some((prefix, depth)) = stack.pop() {
+                let dir = if prefix.is_empty() { ns.dir().to_owned() } else { format!("{}/{prefix}", ns.dir()) };
+                let Some(entries) = fsutil::list_dir(root, &dir, MAX_DIR_ENTRIES)
+                    .with_context(|| format!("listing {}/{dir}", root.display()))?
+                else {
+                    continue;
+                };
+                for e in entries {
+                    let name = if prefix.is_empty() { e.name.clone() } else { format!("{prefix}/{}", e.name) };
+                    if e.is_dir && depth + 1 < fsutil::MAX_DEPTH {
+                        stack.push((name, depth + 1));
+                    } else if e.is_file {
+                        if let Some(r) = read_ref(root, ns, &name) {
+                            out.push(r);
+                        }
+                        anyhow::ensure!(out.len() <= MAX_REFS, "{} has more than {MAX_REFS} refs", root.display());
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Refs of both layers; the source wins on a name clash.
+    pub fn refs(&self) -> Result<Vec<FoundRef>> {
+        let mut by_name: BTreeMap<(RefNamespace, String), FoundRef> = BTreeMap::new();
+        for root in [&self.overlay, &self.source] {
+            for r in Self::list_refs(root)? {
+                by_name.insert((r.namespace, r.name.clone()), r);
+            }
+        }
+        Ok(by_name.into_values().collect())
+    }
+
+    /// Loads and verifies a commit object (its bytes must hash to its name).
+    pub fn commit(&self, c: &Checksum) -> Result<Commit> {
+        if let Some(hit) = self.commits.lock().expect("poisoned").get(c) {
+            return Ok(hit.clone());
+        }
+        let rel = ObjectName::new(*c, ObjectKind::Commit).path();
+        let (bytes, _) = [&self.source, &self.overlay]
+            .into_iter()
+            .find_map(|root| fsutil::read_file(root, &rel, format::commit::MAX_COMMIT_SIZE as u64).transpose())
+            .transpose()
+            .with_context(|| format!("reading commit {c}"))?
+            .with_context(|| format!("commit {c} is not in the repo"))?;
+        let commit = Commit::parse(&bytes).with_context(|| format!("parsing commit {c}"))?;
+        anyhow::ensure!(
+            commit.checksum == *c,
+            "commit object {c} is corrupt: its bytes hash to {}",
+            commit.checksum
+        );
+        self.commits.lock().expect("poisoned").insert(*c, commit.clone());
+        Ok(commit)
+    }
+
+    fn list_deltas(root: &Path) -> Result<Vec<(DeltaName, String)>> {
+        let mut out = Vec::new();
+        let Some(prefixes) = fsutil::list_dir(root, "deltas", MAX_DIR_ENTRIES)? else {
+            return Ok(out);
+        };
+        for p in prefixes.into_iter().filter(|e| e.is_dir) {
+            let dir = format!("deltas/{}", p.name);
+            for d in fsutil::list_dir(root, &dir, MAX_DIR_ENTRIES)?.unwrap_or_default() {
+                let rel = format!("{dir}/{}/superblock", d.name);
+                if let Some(RepoPath::Delta { name, .. }) = RepoPath::parse(&rel) {
+                    out.push((name, rel));
+                }
+                anyhow::ensure!(out.len() <= MAX_DELTAS, "{} has more than {MAX_DELTAS} deltas", root.display());
+            }
+        }
+        Ok(out)
+    }
+
+    fn has_delta_indexes(&self) -> Result<bool> {
+        for root in [&self.source, &self.overlay] {
+            if let Some(e) = fsutil::list_dir(root, "delta-indexes", MAX_DIR_ENTRIES)? {
+                if e.iter().any(|e| e.is_dir) {
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// The summary the server publishes when the source has none. Its bytes
+    /// depend only on the refs, their commits and the deltas (see
+    /// [`summary_for`]), never on the clock.
+    pub fn generated_summary(&self) -> Result<Generated> {
+        let refs = self.refs()?;
+        let mut deltas = BTreeMap::new();
+        for root in [&self.overlay, &self.source] {
+            for (name, rel) in Self::list_deltas(root)? {
+                deltas.insert(name, (root.clone(), rel));
+            }
+        }
+        let indexed = self.has_delta_indexes()?;
+        // Cheap fingerprint of the inputs: ref targets plus each superblock's
+        // identity. Contents are hashed only when it changes.
+        let mut h = Sha256::new();
+        for r in &refs {
+            h.update(format!("{:?}\0{}\0{}\n", r.namespace, r.name, r.commit));
+        }
+        for (name, (root, rel)) in &deltas {
+            let id = fsutil::open_file(root, rel)?.map(|(_, m)| {
+                use std::os::unix::fs::MetadataExt;
+                (m.ino(), m.len(), m.mtime(), m.mtime_nsec())
+            });
+            h.update(format!("{}\0{id:?}\n", name.summary_name()));
+        }
+        h.update([u8::from(indexed)]);
+        let fingerprint: [u8; 32] = h.finalize().into();
+        let mut cache = self.summary.lock().expect("poisoned");
+        if let Some(c) = cache.as_ref().filter(|c| c.fingerprint == fingerprint) {
+            return Ok(c.summary.clone());
+        }
+        let mut summary_deltas = Vec::new();
+        for (name, (root, rel)) in &deltas {
+            let Some((bytes, _)) = fsutil::read_file(root, rel, MAX_METADATA_FILE)? else { continue };
+            summary_deltas.push(SummaryDelta { name: *name, superblock: Checksum::digest(&bytes) });
+        }
+        let summary = summary_for(&refs, summary_deltas, indexed, |c| self.commit(c))?;
+        let generated = Generated { bytes: build_summary(&summary)?.into(), produced: SystemTime::now() };
+        *cache = Some(SummaryCache { fingerprint, summary: generated.clone() });
+        Ok(generated)
+    }
+}
+
+/// Where a signature over the generated summary with this digest lives in
+/// the overlay. Keyed by digest so a signature can never be served next to a
+/// summary it does not sign.
+pub fn summary_sig_path(summary_digest: &Checksum) -> String {
+    format!("summary-sigs/{}.sig", summary_digest.to_hex())
+}
+
+/// The deterministic summary for a set of refs: `last-modified` is the
+/// newest commit timestamp, not the wall clock, so the signer and every
+/// server compute identical bytes. Refs whose commit cannot be loaded are
+/// left out (and logged), as a remote with one broken ref should still
+/// serve the others.
+pub fn summary_for(
+    refs: &[FoundRef],
+    deltas: Vec<SummaryDelta>,
+    indexed_deltas: bool,
+    mut load: impl FnMut(&Checksum) -> Result<Commit>,
+) -> Result<Summary> {
+    let mut s = Summary {
+        mode: Some(format::ARCHIVE_MODE.into()),
+        deltas,
+        indexed_deltas,
+        ..Default::default()
+    };
+    for r in refs {
+        let commit = match load(&r.commit) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(r#ref = %r.name, commit = %r.commit, "leaving ref out of the summary: {e:#}");
+                continue;
+            }
+        };
+        s.last_modified = s.last_modified.max(Some(commit.timestamp));
+        let mut entry = SummaryRef {
+            name: r.name.clone(),
+            commit: r.commit,
+            commit_size: commit.size,
+            timestamp: Some(commit.timestamp),
+            version: commit.version(),
+        };
+        match r.namespace {
+            RefNamespace::Heads => s.refs.push(entry),
+            RefNamespace::Mirrors => {
+                let (cid, name) = r.name.split_once('/').expect("validated mirror ref");
+                entry.name = name.to_owned();
+                s.collection_map.entry(cid.to_owned()).or_default().push(entry);
+            }
+        }
+    }
+    Ok(s)
+}
+
+fn read_ref(root: &Path, ns: RefNamespace, name: &str) -> Option<FoundRef> {
+    let valid = match ns {
+        RefNamespace::Heads => format::validate_ref(name).is_ok(),
+        RefNamespace::Mirrors => name
+            .split_once('/')
+            .is_some_and(|(c, r)| format::validate_collection_id(c).is_ok() && format::validate_ref(r).is_ok()),
+    };
+    if !valid {
+        tracing::warn!(root = %root.display(), r#ref = name, "skipping ref with an invalid name");
+        return None;
+    }
+    let rel = format!("{}/{name}", ns.dir());
+    let bytes = match fsutil::read_file(root, &rel, MAX_REF_FILE) {
+        Ok(Some((b, _))) => b,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::warn!(root = %root.display(), r#ref = name, "skipping unreadable ref: {e}");
+            return None;
+        }
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    match Checksum::from_hex(text.trim_end_matches('\n')) {
+        Ok(commit) => Some(FoundRef { namespace: ns, name: name.to_owned(), commit }),
+        Err(e) => {
+            tracing::warn!(root = %root.display(), r#ref = name, "skipping malformed ref: {e}");
+            None
+        }
+    }
+}

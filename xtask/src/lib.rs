@@ -1,0 +1,5 @@
+//! Library half of xtask: the pieces that end-to-end tests share with the
+//! `cargo xtask` commands (fixtures above all), so tests can build what they
+//! need without shelling out to cargo.
+
+pub mod fixtures;
