@@ -230,6 +230,17 @@ impl Generation {
         Ok(out)
     }
 
+    /// `core.collection-id` of the served config (source, else overlay).
+    fn collection_id(&self) -> Result<Option<String>> {
+        for root in [&self.source, &self.overlay] {
+            if let Some((cfg, _)) = fsutil::read_file(root, "config", MAX_METADATA_FILE)? {
+                let cid = crate::publish::config_value(&String::from_utf8_lossy(&cfg), "collection-id");
+                return Ok(cid.filter(|c| format::validate_collection_id(c).is_ok()));
+            }
+        }
+        Ok(None)
+    }
+
     fn has_delta_indexes(&self) -> Result<bool> {
         for root in [&self.source, &self.overlay] {
             if let Some(e) = fsutil::list_dir(root, "delta-indexes", MAX_DIR_ENTRIES)? {
@@ -253,6 +264,7 @@ impl Generation {
             }
         }
         let indexed = self.has_delta_indexes()?;
+        let collection_id = self.collection_id()?;
         // Cheap fingerprint of the inputs: ref targets plus each superblock's
         // identity. Contents are hashed only when it changes.
         let mut h = Sha256::new();
@@ -267,6 +279,7 @@ impl Generation {
             h.update(format!("{}\0{id:?}\n", name.summary_name()));
         }
         h.update([u8::from(indexed)]);
+        h.update(format!("{collection_id:?}"));
         let fingerprint: [u8; 32] = h.finalize().into();
         let mut cache = self.summary.lock().expect("poisoned");
         if let Some(c) = cache.as_ref().filter(|c| c.fingerprint == fingerprint) {
@@ -277,7 +290,8 @@ impl Generation {
             let Some((bytes, _)) = fsutil::read_file(root, rel, MAX_METADATA_FILE)? else { continue };
             summary_deltas.push(SummaryDelta { name: *name, superblock: Checksum::digest(&bytes) });
         }
-        let summary = summary_for(&refs, summary_deltas, indexed, |c| self.commit(c))?;
+        let mut summary = summary_for(&refs, summary_deltas, indexed, |c| self.commit(c))?;
+        summary.collection_id = collection_id;
         let generated = Generated { bytes: build_summary(&summary)?.into(), produced: SystemTime::now() };
         *cache = Some(SummaryCache { fingerprint, summary: generated.clone() });
         Ok(generated)

@@ -14,31 +14,36 @@
 //! <dir>/oci                            OCI image layout, one tag per version
 //! ```
 //!
-//! Generation is split in two: [`plan_tree`] / [`plan_update`] are pure
-//! functions of a seed that describe every entry (content is a seed + size,
-//! not bytes, so a 1 GiB plan costs a few MiB), and [`write_tree`] turns a
-//! plan into files. Everything downstream (ostree, umoci) only sees the
-//! written tree.
+//! Generation (module `plan`) is split in two: [`plan_tree`] /
+//! [`plan_update`] are pure functions of a seed that describe every entry
+//! (content is a seed + size, not bytes, so a 1 GiB plan costs a few MiB),
+//! and [`write_tree`] turns a plan into files. Everything downstream
+//! (ostree, umoci) only sees the written tree; this file holds the contract,
+//! the locking and the ostree/umoci steps.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{OsStr, OsString};
 use std::fmt;
 use std::fs;
-use std::io::{BufWriter, Write};
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::str::FromStr;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, ensure as check, Context};
-use rand::{Rng, RngCore, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+
+mod plan;
+use plan::MIB;
+pub use plan::{
+    plan_tree, plan_update, write_content, write_tree, Content, Node, Style, TreePlan, TreeStats,
+    UpdateSummary,
+};
 
 /// Bump whenever anything that changes the built bytes changes (planner,
 /// content generator, commit arguments, image recipe): built fixtures with a
 /// different version are rebuilt instead of reused.
-pub const GENERATOR_VERSION: u32 = 1;
+pub const GENERATOR_VERSION: u32 = 2;
 
 /// The one seed everything derives from. Changing it changes every checksum.
 pub const SEED: u64 = 0x6f73_636f_6e74_656e; // "oscontent"
@@ -76,29 +81,6 @@ struct ReleaseDef {
     timestamp: &'static str,
     epoch: i64,
 }
-
-const MIB: u64 = 1024 * 1024;
-/// Apparent bytes of regular-file content in the small tree.
-const SMALL_TARGET_BYTES: u64 = 36 * MIB;
-/// Apparent bytes of regular-file content in the full tree.
-const FULL_TARGET_BYTES: u64 = 1024 * MIB;
-
-/// The kernel version used for `usr/lib/modules/<kver>`; a macro so it can
-/// be `concat!`ed into the const tables.
-macro_rules! kver {
-    () => {
-        "6.11.5-300.fc41.x86_64"
-    };
-}
-
-/// v2 adds this many new files per 1000 rewritten ones...
-const ADDED_PER_MILLE_OF_REWRITTEN: u64 = 200;
-/// ...and removes this many per 1000 rewritten ones. Both scale with the
-/// share, so a share of 0 gives v2 a tree identical to v1's.
-const REMOVED_PER_MILLE_OF_REWRITTEN: u64 = 100;
-/// A rewritten file keeps its size within +-this per mille (package updates
-/// rarely change sizes much).
-const REWRITE_SIZE_JITTER_PER_MILLE: u64 = 100;
 
 /// Image configuration `architecture`; pinned so images built on any host
 /// are identical (umoci defaults to the host's).
@@ -277,16 +259,37 @@ pub fn ensure(spec: &FixtureSpec, dir: &Path) -> anyhow::Result<Fixtures> {
         }
     };
 
-    if fs::symlink_metadata(&dir).is_ok() {
-        // A stale build (other spec or generator version): move it aside
-        // first so the final path goes straight from old to new.
-        let old = parent.join(format!(".{name}.old.{}", std::process::id()));
-        fs::rename(&dir, &old).with_context(|| format!("moving stale {} aside", dir.display()))?;
-        fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))?;
-    }
-    fs::rename(&tmp, &dir)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
+    publish(&tmp, &dir)?;
     Ok(fixtures)
+}
+
+/// Moves the finished build at `tmp` to `dir`. A stale build at `dir`
+/// (other spec or generator version) is swapped out atomically, so `dir`
+/// never goes missing or half-built, and then deleted.
+fn publish(tmp: &Path, dir: &Path) -> anyhow::Result<()> {
+    if fs::symlink_metadata(dir).is_err() {
+        return fs::rename(tmp, dir)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()));
+    }
+    let cwd = rustix::fs::CWD;
+    match rustix::fs::renameat_with(cwd, tmp, cwd, dir, rustix::fs::RenameFlags::EXCHANGE) {
+        Ok(()) => {
+            // `tmp` now holds the stale build.
+            fs::remove_dir_all(tmp).with_context(|| format!("removing stale {}", tmp.display()))
+        }
+        // Filesystems without RENAME_EXCHANGE: a short window without `dir`
+        // beats failing.
+        Err(e) if e == rustix::io::Errno::INVAL || e == rustix::io::Errno::NOSYS => {
+            let old = tmp.with_extension("old");
+            fs::rename(dir, &old)
+                .with_context(|| format!("moving stale {} aside", dir.display()))?;
+            fs::rename(tmp, dir)
+                .with_context(|| format!("renaming {} to {}", tmp.display(), dir.display()))?;
+            fs::remove_dir_all(&old).with_context(|| format!("removing {}", old.display()))
+        }
+        Err(e) => Err(e)
+            .with_context(|| format!("exchanging {} with stale {}", tmp.display(), dir.display())),
+    }
 }
 
 /// The default location: `<workspace>/target/fixtures/<scale>-<share>`.
@@ -403,12 +406,13 @@ fn rebase(f: &mut Fixtures, dir: &Path) {
 }
 
 fn remove_scratch(parent: &Path, name: &str) -> anyhow::Result<()> {
-    let prefixes = [format!(".{name}.tmp."), format!(".{name}.old.")];
+    // Covers both scratch builds and stale builds moved aside by publish.
+    let prefix = format!(".{name}.tmp.");
     for entry in fs::read_dir(parent).with_context(|| format!("listing {}", parent.display()))? {
         let entry = entry.with_context(|| format!("listing {}", parent.display()))?;
         let file_name = entry.file_name();
         let file_name = file_name.to_string_lossy();
-        if prefixes.iter().any(|p| file_name.starts_with(p.as_str())) {
+        if file_name.starts_with(&prefix) {
             let p = entry.path();
             fs::remove_dir_all(&p).with_context(|| format!("removing stale {}", p.display()))?;
         }
@@ -432,43 +436,73 @@ fn build(spec: &FixtureSpec, tmp: &Path, final_dir: &Path) -> anyhow::Result<Fix
     create_dir_mode(tmp, 0o755)?;
 
     let v1 = plan_tree(spec.scale, SEED);
-    let (v2, _update) = plan_update(&v1, spec.update_share, SEED.wrapping_add(1));
+    let (v2, update) = plan_update(&v1, spec.update_share, SEED.wrapping_add(1));
+    eprintln!(
+        "xtask:   v2 rewrites {}, adds {} and removes {} of v1's {} regular files",
+        update.rewritten.len(),
+        update.added.len(),
+        update.removed.len(),
+        v1.stats().files
+    );
     let plans = [v1, v2];
 
-    let mut releases = Vec::with_capacity(RELEASES.len());
-    let mut parent: Option<String> = None;
-    for (def, plan) in RELEASES.iter().zip(&plans) {
-        let t = Instant::now();
-        let tree = tmp.join(format!("tree-{}", def.version));
-        write_tree(plan, &tree).with_context(|| format!("writing tree {}", tree.display()))?;
-        let oscontainer = tmp.join(def.version);
-        create_dir_mode(&oscontainer, 0o755)?;
-        create_dir_mode(&oscontainer.join("srv"), 0o755)?;
-        let repo = oscontainer.join("srv").join("repo");
-        let commit = commit_release(spec, def, &tree, &repo, parent.as_deref())?;
-        // The full tree is 1 GiB: only the repo is kept.
-        fs::remove_dir_all(&tree).with_context(|| format!("removing {}", tree.display()))?;
-        let stats = plan.stats();
-        eprintln!(
-            "xtask:   {} committed {commit} ({} files) in {:.1}s",
-            def.version,
-            stats.files + stats.symlinks,
-            t.elapsed().as_secs_f64()
-        );
-        releases.push(Release {
-            version: def.version.to_owned(),
-            commit: commit.clone(),
-            oscontainer: oscontainer.clone(),
-            repo,
-            repo_bytes: 0,
-            tree_files: stats.files + stats.symlinks,
-            image_bytes: 0,
-            tree_bytes: stats.bytes,
-            parent: parent.clone(),
-            image_manifest: String::new(),
-        });
-        parent = Some(commit);
-    }
+    let trees: Vec<PathBuf> = RELEASES
+        .iter()
+        .map(|def| tmp.join(format!("tree-{}", def.version)))
+        .collect();
+    let mut releases = std::thread::scope(|s| -> anyhow::Result<Vec<Release>> {
+        // Commits are sequential (v2 names v1's commit as its parent) and
+        // ostree commits on one core, so later trees are written meanwhile.
+        let writers: Vec<_> = plans
+            .iter()
+            .zip(&trees)
+            .map(|(plan, tree)| {
+                s.spawn(move || {
+                    let t = Instant::now();
+                    write_tree(plan, tree)
+                        .with_context(|| format!("writing tree {}", tree.display()))?;
+                    anyhow::Ok(t.elapsed())
+                })
+            })
+            .collect();
+        let mut releases = Vec::with_capacity(RELEASES.len());
+        let mut parent: Option<String> = None;
+        for (((def, plan), tree), writer) in RELEASES.iter().zip(&plans).zip(&trees).zip(writers) {
+            let wrote = writer
+                .join()
+                .map_err(|_| anyhow!("tree writer for {} panicked", def.version))??;
+            let t = Instant::now();
+            let oscontainer = tmp.join(def.version);
+            create_dir_mode(&oscontainer, 0o755)?;
+            create_dir_mode(&oscontainer.join("srv"), 0o755)?;
+            let repo = oscontainer.join("srv").join("repo");
+            let commit = commit_release(spec, def, tree, &repo, parent.as_deref())?;
+            // The full tree is 1 GiB: only the repo is kept.
+            fs::remove_dir_all(tree).with_context(|| format!("removing {}", tree.display()))?;
+            let stats = plan.stats();
+            eprintln!(
+                "xtask:   {} committed {commit} ({} files): tree written in {:.1}s, committed in {:.1}s",
+                def.version,
+                stats.files + stats.symlinks,
+                wrote.as_secs_f64(),
+                t.elapsed().as_secs_f64()
+            );
+            releases.push(Release {
+                version: def.version.to_owned(),
+                commit: commit.clone(),
+                oscontainer: oscontainer.clone(),
+                repo,
+                repo_bytes: 0,
+                tree_files: stats.files + stats.symlinks,
+                image_bytes: 0,
+                tree_bytes: stats.bytes,
+                parent: parent.clone(),
+                image_manifest: String::new(),
+            });
+            parent = Some(commit);
+        }
+        Ok(releases)
+    })?;
 
     let t = Instant::now();
     let oci = tmp.join("oci");
@@ -725,12 +759,12 @@ fn os_concat(prefix: &str, path: impl AsRef<OsStr>) -> OsString {
     s
 }
 
-fn create_dir_mode(path: &Path, mode: u32) -> anyhow::Result<()> {
+pub(crate) fn create_dir_mode(path: &Path, mode: u32) -> anyhow::Result<()> {
     fs::create_dir(path).with_context(|| format!("creating {}", path.display()))?;
     set_mode(path, mode)
 }
 
-fn set_mode(path: &Path, mode: u32) -> anyhow::Result<()> {
+pub(crate) fn set_mode(path: &Path, mode: u32) -> anyhow::Result<()> {
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .with_context(|| format!("chmod {mode:o} {}", path.display()))
 }
@@ -749,1225 +783,69 @@ fn write_file_synced(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     set_mode(path, 0o644)
 }
 
-// ---------------------------------------------------------------------------
-// Planner: pure functions of a seed
-// ---------------------------------------------------------------------------
-
-/// How a file's bytes look, which decides how well they compress.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Style {
-    /// ELF-like: mostly random with string tables and zero padding
-    /// (gzip ~1.5x).
-    Binary,
-    /// Already compressed (`.ko.xz`, `.gz`, firmware): random, ~1.0x.
-    Compressed,
-    /// Config files, scripts, docs: words and punctuation, ~3-4x.
-    Text,
-}
-
-/// A planned file's bytes: generated from `seed`, `size` long.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Content {
-    pub seed: u64,
-    pub size: u64,
-    pub style: Style,
-}
-
-/// One entry of a planned tree.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Node {
-    Dir { mode: u32 },
-    File { mode: u32, content: Content },
-    Symlink { target: String },
-}
-
-/// A planned tree: relative paths (no leading `/`) to entries. Sorted, so
-/// every directory comes before its contents.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct TreePlan {
-    pub entries: BTreeMap<String, Node>,
-}
-
-/// Counts over a [`TreePlan`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct TreeStats {
-    pub dirs: u64,
-    /// Regular files.
-    pub files: u64,
-    pub symlinks: u64,
-    pub absolute_symlinks: u64,
-    pub empty_files: u64,
-    pub executables: u64,
-    pub setuid: u64,
-    /// Apparent bytes of regular files.
-    pub bytes: u64,
-    pub largest_file: u64,
-    /// Path components of the deepest entry.
-    pub max_depth: u64,
-}
-
-impl TreePlan {
-    pub fn stats(&self) -> TreeStats {
-        let mut s = TreeStats::default();
-        for (path, node) in &self.entries {
-            s.max_depth = s.max_depth.max(path.split('/').count() as u64);
-            match node {
-                Node::Dir { .. } => s.dirs += 1,
-                Node::File { mode, content } => {
-                    s.files += 1;
-                    s.bytes += content.size;
-                    s.largest_file = s.largest_file.max(content.size);
-                    s.empty_files += u64::from(content.size == 0);
-                    s.executables += u64::from(mode & 0o111 != 0);
-                    s.setuid += u64::from(mode & 0o4000 != 0);
-                }
-                Node::Symlink { target } => {
-                    s.symlinks += 1;
-                    s.absolute_symlinks += u64::from(target.starts_with('/'));
-                }
-            }
-        }
-        s
-    }
-
-    /// Paths of regular files, sorted.
-    pub fn regular_files(&self) -> Vec<&str> {
-        self.entries
-            .iter()
-            .filter(|(_, n)| matches!(n, Node::File { .. }))
-            .map(|(p, _)| p.as_str())
-            .collect()
-    }
-
-    /// Inserts `node` at `path`, creating missing parents as 0755 dirs.
-    /// Returns false (and changes nothing) if `path` exists.
-    fn insert(&mut self, path: &str, node: Node) -> bool {
-        if self.entries.contains_key(path) {
-            return false;
-        }
-        let mut end = 0;
-        while let Some(i) = path[end..].find('/') {
-            end += i;
-            self.entries
-                .entry(path[..end].to_owned())
-                .or_insert(Node::Dir { mode: 0o755 });
-            end += 1;
-        }
-        self.entries.insert(path.to_owned(), node);
-        true
-    }
-
-    /// Inserts a file under `dir` named `stem` + `ext`, adding a numeric
-    /// suffix to the stem on collision. Returns the path used.
-    fn insert_unique(&mut self, dir: &str, stem: &str, ext: &str, node: Node) -> String {
-        let mut path = format!("{dir}/{stem}{ext}");
-        let mut n = 1u32;
-        while !self.insert(&path, node.clone()) {
-            n += 1;
-            path = format!("{dir}/{stem}{n}{ext}");
-        }
-        path
-    }
-}
-
-/// Where a category's files go below its base directory.
-enum Subdirs {
-    /// Directly in the base.
-    Flat,
-    /// Spread over these fixed subdirectories.
-    Fixed(&'static [&'static str]),
-    /// Spread over generated package directories (small count, full count),
-    /// each with up to `depth` further generated levels.
-    Packages { small: u64, full: u64, depth: u32 },
-}
-
-/// How a category names its files.
-enum Names {
-    /// Generated word, then the extension.
-    Generated {
-        prefix: &'static str,
-        ext: &'static str,
-    },
-    /// Picked from a fixed list (documentation files and the like).
-    Fixed(&'static [&'static str]),
-}
-
-/// One family of files in the tree: e.g. "executables in usr/bin".
-struct Category {
-    base: &'static str,
-    subdirs: Subdirs,
-    names: Names,
-    small: u64,
-    full: u64,
-    /// File sizes are log-uniform in [2^lo, 2^hi) before scaling to the
-    /// target total.
-    size_log2: (u32, u32),
-    style: Style,
-    mode: u32,
-    /// Chance, per mille, that a file is empty.
-    empty_per_mille: u32,
-    links: Links,
-}
-
-/// Symlinks a category adds next to its files.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Links {
-    None,
-    /// `libfoo.so.1 -> libfoo.so.1.2.3` for every library.
-    Soname,
-    /// A relative link to a sibling, for this many per mille of files.
-    Sibling(u32),
-    /// `<dir>/<name> -> /<file>`, for this many per mille of files.
-    Absolute(&'static str, u32),
-}
-
-const KERNEL_SUBSYSTEMS: &[&str] = &[
-    "drivers/net/ethernet/intel/ice",
-    "drivers/net/ethernet/mellanox/mlx5/core",
-    "drivers/net/wireless/intel/iwlwifi",
-    "drivers/gpu/drm/amd/amdgpu",
-    "drivers/gpu/drm/i915",
-    "drivers/scsi/megaraid",
-    "drivers/nvme/host",
-    "drivers/usb/host",
-    "drivers/infiniband/hw/mlx5",
-    "drivers/md",
-    "drivers/hid",
-    "drivers/block",
-    "fs/xfs",
-    "fs/btrfs",
-    "fs/nfs",
-    "fs/ceph",
-    "net/ipv6/netfilter",
-    "net/netfilter",
-    "net/sched",
-    "crypto",
-    "lib",
-    "sound/pci/hda",
-];
-
-const MAN_SECTIONS: &[&str] = &["man1", "man3", "man5", "man7", "man8"];
-
-const LOCALES: &[&str] = &[
-    "de/LC_MESSAGES",
-    "fr/LC_MESSAGES",
-    "es/LC_MESSAGES",
-    "it/LC_MESSAGES",
-    "ja/LC_MESSAGES",
-    "ko/LC_MESSAGES",
-    "pt_BR/LC_MESSAGES",
-    "ru/LC_MESSAGES",
-    "zh_CN/LC_MESSAGES",
-    "zh_TW/LC_MESSAGES",
-    "pl/LC_MESSAGES",
-    "cs/LC_MESSAGES",
-    "nl/LC_MESSAGES",
-    "sv/LC_MESSAGES",
-    "uk/LC_MESSAGES",
-    "tr/LC_MESSAGES",
-];
-
-const ZONE_REGIONS: &[&str] = &[
-    "Africa",
-    "America",
-    "America/Argentina",
-    "Antarctica",
-    "Asia",
-    "Atlantic",
-    "Australia",
-    "Europe",
-    "Indian",
-    "Pacific",
-    "Etc",
-];
-
-const DOC_NAMES: &[&str] = &[
-    "README",
-    "README.md",
-    "NEWS",
-    "AUTHORS",
-    "ChangeLog",
-    "CHANGES.md",
-    "THANKS",
-    "TODO",
-    "CONTRIBUTING.md",
-    "example.conf",
-];
-
-const LICENSE_NAMES: &[&str] = &["LICENSE", "COPYING", "COPYING.LIB", "NOTICE", "LICENSE.MIT"];
-
-/// The tree's make-up. Counts are (small, full); sizes are scaled
-/// afterwards so the total hits the scale's target.
-const CATEGORIES: &[Category] = &[
-    Category {
-        base: "usr/bin",
-        subdirs: Subdirs::Flat,
-        names: Names::Generated {
-            prefix: "",
-            ext: "",
-        },
-        small: 120,
-        full: 1400,
-        size_log2: (11, 19),
-        style: Style::Binary,
-        mode: 0o755,
-        empty_per_mille: 2,
-        links: Links::Sibling(60),
-    },
-    Category {
-        base: "usr/sbin",
-        subdirs: Subdirs::Flat,
-        names: Names::Generated {
-            prefix: "",
-            ext: "",
-        },
-        small: 30,
-        full: 300,
-        size_log2: (11, 19),
-        style: Style::Binary,
-        mode: 0o755,
-        empty_per_mille: 0,
-        links: Links::Absolute("usr/etc/alternatives", 50),
-    },
-    Category {
-        base: "usr/libexec",
-        subdirs: Subdirs::Packages {
-            small: 8,
-            full: 60,
-            depth: 1,
-        },
-        names: Names::Generated {
-            prefix: "",
-            ext: "",
-        },
-        small: 50,
-        full: 600,
-        size_log2: (11, 19),
-        style: Style::Binary,
-        mode: 0o755,
-        empty_per_mille: 0,
-        links: Links::None,
-    },
-    Category {
-        base: "usr/lib64",
-        subdirs: Subdirs::Flat,
-        names: Names::Generated {
-            prefix: "lib",
-            ext: ".so",
-        },
-        small: 140,
-        full: 1600,
-        size_log2: (12, 19),
-        style: Style::Binary,
-        mode: 0o755,
-        empty_per_mille: 0,
-        links: Links::Soname,
-    },
-    Category {
-        base: "usr/lib64",
-        subdirs: Subdirs::Packages {
-            small: 12,
-            full: 120,
-            depth: 1,
-        },
-        names: Names::Generated {
-            prefix: "",
-            ext: ".so",
-        },
-        small: 200,
-        full: 2200,
-        size_log2: (11, 18),
-        style: Style::Binary,
-        mode: 0o755,
-        empty_per_mille: 0,
-        links: Links::None,
-    },
-    Category {
-        base: "usr/lib/python3.13/site-packages",
-        subdirs: Subdirs::Packages {
-            small: 15,
-            full: 150,
-            depth: 2,
-        },
-        names: Names::Generated {
-            prefix: "",
-            ext: ".py",
-        },
-        small: 380,
-        full: 4500,
-        size_log2: (9, 15),
-        style: Style::Text,
-        mode: 0o644,
-        empty_per_mille: 40,
-        links: Links::None,
-    },
-    Category {
-        base: concat!("usr/lib/modules/", kver!(), "/kernel"),
-        subdirs: Subdirs::Fixed(KERNEL_SUBSYSTEMS),
-        names: Names::Generated {
-            prefix: "",
-            ext: ".ko.xz",
-        },
-        small: 300,
-        full: 4600,
-        size_log2: (10, 16),
-        style: Style::Compressed,
-        mode: 0o644,
-        empty_per_mille: 0,
-        links: Links::None,
-    },
-    Category {
-        base: "usr/lib/firmware",
-        subdirs: Subdirs::Packages {
-            small: 8,
-            full: 80,
-            depth: 1,
-        },
-        names: Names::Generated {
-            prefix: "",
-            ext: ".bin.xz",
-        },
-        small: 90,
-        full: 1400,
-        size_log2: (11, 19),
-        style: Style::Compressed,
-        mode: 0o644,
-        empty_per_mille: 0,
-        links: Links::Sibling(30),
-    },
-    Category {
-        base: "usr/lib/systemd/system",
-        subdirs: Subdirs::Flat,
-        names: Names::Generated {
-            prefix: "",
-            ext: ".service",
-        },
-        small: 70,
-        full: 800,
-        size_log2: (8, 12),
-        style: Style::Text,
-        mode: 0o644,
-        empty_per_mille: 0,
-        links: Links::Absolute("usr/lib/systemd/system/multi-user.target.wants", 150),
-    },
-    Category {
-        base: "usr/share/doc",
-        subdirs: Subdirs::Packages {
-            small: 40,
-            full: 400,
-            depth: 0,
-        },
-        names: Names::Fixed(DOC_NAMES),
-        small: 120,
-        full: 1500,
-        size_log2: (9, 16),
-        style: Style::Text,
-        mode: 0o644,
-        empty_per_mille: 10,
-        links: Links::None,
-    },
-    Category {
-        base: "usr/share/licenses",
-        subdirs: Subdirs::Packages {
-            small: 40,
-            full: 400,
-            depth: 0,
-        },
-        names: Names::Fixed(LICENSE_NAMES),
-        small: 50,
-        full: 600,
-        size_log2: (10, 15),
-        style: Style::Text,
-        mode: 0o644,
-        empty_per_mille: 0,
-        links: Links::None,
-    },
-    Category {
-        base: "usr/share/man",
-        subdirs: Subdirs::Fixed(MAN_SECTIONS),
-        names: Names::Generated {
-            prefix: "",
-            ext: ".gz",
-        },
-        small: 200,
-        full: 2400,
-        size_log2: (10, 15),
-        style: Style::Compressed,
-        mode: 0o644,
-        empty_per_mille: 0,
-        links: Links::Sibling(40),
-    },
-    Category {
-        base: "usr/share/locale",
-        subdirs: Subdirs::Fixed(LOCALES),
-        names: Names::Generated {
-            prefix: "",
-            ext: ".mo",
-        },
-        small: 250,
-        full: 3200,
-        size_log2: (10, 16),
-        style: Style::Binary,
-        mode: 0o644,
-        empty_per_mille: 0,
-        links: Links::None,
-    },
-    Category {
-        base: "usr/share/zoneinfo",
-        subdirs: Subdirs::Fixed(ZONE_REGIONS),
-        names: Names::Generated {
-            prefix: "",
-            ext: "",
-        },
-        small: 60,
-        full: 600,
-        size_log2: (7, 12),
-        style: Style::Binary,
-        mode: 0o644,
-        empty_per_mille: 0,
-        links: Links::Sibling(100),
-    },
-    Category {
-        base: "usr/etc",
-        subdirs: Subdirs::Packages {
-            small: 15,
-            full: 120,
-            depth: 1,
-        },
-        names: Names::Generated {
-            prefix: "",
-            ext: ".conf",
-        },
-        small: 80,
-        full: 900,
-        size_log2: (6, 13),
-        style: Style::Text,
-        mode: 0o644,
-        empty_per_mille: 80,
-        links: Links::None,
-    },
-    Category {
-        base: "usr/share",
-        subdirs: Subdirs::Packages {
-            small: 20,
-            full: 200,
-            depth: 2,
-        },
-        names: Names::Generated {
-            prefix: "",
-            ext: ".dat",
-        },
-        small: 250,
-        full: 3000,
-        size_log2: (10, 17),
-        style: Style::Binary,
-        mode: 0o644,
-        empty_per_mille: 5,
-        links: Links::None,
-    },
-    Category {
-        base: "usr/share/fonts",
-        subdirs: Subdirs::Packages {
-            small: 4,
-            full: 30,
-            depth: 1,
-        },
-        names: Names::Generated {
-            prefix: "",
-            ext: ".otf",
-        },
-        small: 20,
-        full: 300,
-        size_log2: (14, 20),
-        style: Style::Compressed,
-        mode: 0o644,
-        empty_per_mille: 0,
-        links: Links::None,
-    },
-];
-
-/// A few big files, as in a real OS: (path, MiB at small scale, MiB at full
-/// scale, style, mode). Not scaled.
-const LARGE_FILES: &[(&str, u64, u64, Style, u32)] = &[
-    (
-        concat!("usr/lib/modules/", kver!(), "/vmlinuz"),
-        2,
-        15,
-        Style::Compressed,
-        0o755,
-    ),
-    (
-        concat!("usr/lib/modules/", kver!(), "/initramfs.img"),
-        3,
-        70,
-        Style::Compressed,
-        0o644,
-    ),
-    ("usr/lib64/libLLVM.so.19.1", 3, 100, Style::Binary, 0o755),
-    ("usr/bin/podman", 2, 40, Style::Binary, 0o755),
-    ("usr/bin/kubelet", 2, 80, Style::Binary, 0o755),
-];
-
-/// Files with specific modes: setuid binaries and private config. Sizes in
-/// bytes, not scaled.
-const SPECIAL_FILES: &[(&str, u64, Style, u32)] = &[
-    ("usr/bin/passwd", 32 * 1024, Style::Binary, 0o4755),
-    ("usr/bin/su", 56 * 1024, Style::Binary, 0o4755),
-    ("usr/bin/sudo", 260 * 1024, Style::Binary, 0o4111),
-    ("usr/bin/newgrp", 40 * 1024, Style::Binary, 0o4755),
-    ("usr/lib/os-release", 600, Style::Text, 0o644),
-    ("usr/etc/shadow", 900, Style::Text, 0o400),
-    ("usr/etc/gshadow", 700, Style::Text, 0o400),
-    ("usr/etc/sudoers", 4300, Style::Text, 0o440),
-    ("usr/etc/.pwd.lock", 0, Style::Text, 0o600),
-    ("usr/etc/subuid", 0, Style::Text, 0o644),
-    ("usr/etc/subgid", 0, Style::Text, 0o644),
-    ("usr/share/zoneinfo/Etc/UTC", 114, Style::Binary, 0o644),
-];
-
-/// Top-level layout of an ostree-based OS: the real directories live in
-/// usr/ and var/, the rest are links or mount points.
-const ROOT_SYMLINKS: &[(&str, &str)] = &[
-    ("bin", "usr/bin"),
-    ("sbin", "usr/sbin"),
-    ("lib", "usr/lib"),
-    ("lib64", "usr/lib64"),
-    ("home", "var/home"),
-    ("root", "var/roothome"),
-    ("opt", "var/opt"),
-    ("srv", "var/srv"),
-    ("mnt", "var/mnt"),
-    ("media", "run/media"),
-    ("ostree", "sysroot/ostree"),
-    ("usr/etc/localtime", "../usr/share/zoneinfo/Etc/UTC"),
-    ("usr/etc/os-release", "../usr/lib/os-release"),
-    ("usr/share/zoneinfo/UTC", "Etc/UTC"),
-    ("usr/etc/mtab", "/proc/self/mounts"),
-    (
-        "usr/etc/resolv.conf",
-        "/run/systemd/resolve/stub-resolv.conf",
-    ),
-];
-
-/// Empty directories (mount points and the like), with their real modes.
-const EMPTY_DIRS: &[(&str, u32)] = &[
-    ("boot", 0o755),
-    ("dev", 0o755),
-    ("proc", 0o555),
-    ("run", 0o755),
-    ("sys", 0o555),
-    ("sysroot", 0o755),
-    ("tmp", 0o1777),
-    ("var", 0o755),
-    ("usr/local", 0o755),
-    ("usr/etc/sudoers.d", 0o750),
-    ("usr/etc/polkit-1/rules.d", 0o700),
-];
-
-const SYLLABLES: &[&str] = &[
-    "ab", "ar", "bel", "cor", "dex", "fin", "gal", "hut", "ix", "jor", "kel", "lum", "mor", "nex",
-    "ol", "pra", "qu", "ris", "sol", "tor", "ur", "vex", "wen", "xy", "yo", "zan", "ct", "fs",
-    "net", "d", "ctl", "io",
-];
-
-fn word(rng: &mut ChaCha8Rng) -> String {
-    let n = rng.gen_range(1..=3u32);
-    let mut s = String::new();
-    for i in 0..n {
-        if i > 0 && rng.gen_range(0..4u32) == 0 {
-            s.push('-');
-        }
-        let syllable: &str = pick::<&str>(rng, SYLLABLES);
-        s.push_str(syllable);
-    }
-    s
-}
-
-/// Uniform pick. Indices go through u64 so the stream does not depend on
-/// the platform's usize.
-fn pick<'a, T>(rng: &mut ChaCha8Rng, items: &'a [T]) -> &'a T {
-    &items[rng.gen_range(0..items.len() as u64) as usize]
-}
-
-/// Log-uniform size in [2^lo, 2^hi), in integers only, so plans do not
-/// depend on a platform's libm.
-fn log_uniform(rng: &mut ChaCha8Rng, (lo, hi): (u32, u32)) -> u64 {
-    let k = rng.gen_range(lo..hi);
-    (1u64 << k) + rng.gen_range(0..(1u64 << k))
-}
-
-fn leaf_dirs(rng: &mut ChaCha8Rng, cat: &Category, scale: Scale) -> Vec<String> {
-    match &cat.subdirs {
-        Subdirs::Flat => vec![cat.base.to_owned()],
-        Subdirs::Fixed(list) => list.iter().map(|d| format!("{}/{d}", cat.base)).collect(),
-        Subdirs::Packages { small, full, depth } => {
-            let count = match scale {
-                Scale::Small => *small,
-                Scale::Full => *full,
-            };
-            let mut dirs = BTreeSet::new();
-            while (dirs.len() as u64) < count {
-                let pkg = format!("{}/{}", cat.base, word(rng));
-                let mut d = pkg.clone();
-                dirs.insert(pkg);
-                for _ in 0..rng.gen_range(0..=*depth) {
-                    d = format!("{d}/{}", word(rng));
-                    dirs.insert(d.clone());
-                }
-            }
-            dirs.into_iter().collect()
-        }
-    }
-}
-
-/// Plans an OS-shaped tree for `scale`: the same (scale, seed) always gives
-/// the same plan.
-pub fn plan_tree(scale: Scale, seed: u64) -> TreePlan {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut plan = TreePlan::default();
-    let target = match scale {
-        Scale::Small => SMALL_TARGET_BYTES,
-        Scale::Full => FULL_TARGET_BYTES,
-    };
-
-    for &(path, mode) in EMPTY_DIRS {
-        plan.insert(path, Node::Dir { mode });
-    }
-    let mut fixed_bytes = 0;
-    for &(path, small, full, style, mode) in LARGE_FILES {
-        let mib = match scale {
-            Scale::Small => small,
-            Scale::Full => full,
-        };
-        let content = Content {
-            seed: rng.gen(),
-            size: mib * MIB,
-            style,
-        };
-        fixed_bytes += mib * MIB;
-        plan.insert(path, Node::File { mode, content });
-    }
-    for &(path, size, style, mode) in SPECIAL_FILES {
-        let content = Content {
-            seed: rng.gen(),
-            size,
-            style,
-        };
-        fixed_bytes += size;
-        plan.insert(path, Node::File { mode, content });
-    }
-    for &(path, target) in ROOT_SYMLINKS {
-        plan.insert(
-            path,
-            Node::Symlink {
-                target: target.to_owned(),
-            },
-        );
-    }
-
-    // Category sizes are drawn from each category's distribution, then
-    // scaled together so the whole tree hits the target.
-    let mut scalable = Vec::new();
-    for cat in CATEGORIES {
-        let dirs = leaf_dirs(&mut rng, cat, scale);
-        let count = match scale {
-            Scale::Small => cat.small,
-            Scale::Full => cat.full,
-        };
-        for _ in 0..count {
-            let dir = pick(&mut rng, &dirs).clone();
-            let (stem, ext) = match &cat.names {
-                Names::Generated { prefix, ext } => (format!("{prefix}{}", word(&mut rng)), *ext),
-                Names::Fixed(list) => ((*pick(&mut rng, list)).to_owned(), ""),
-            };
-            let size = if rng.gen_range(0..1000u32) < cat.empty_per_mille {
-                0
-            } else {
-                log_uniform(&mut rng, cat.size_log2)
-            };
-            let content = Content {
-                seed: rng.gen(),
-                size,
-                style: cat.style,
-            };
-            let node = Node::File {
-                mode: cat.mode,
-                content,
-            };
-            let ext = if cat.links == Links::Soname {
-                // Real libraries are versioned files behind soname links.
-                format!(
-                    "{ext}.{}.{}.{}",
-                    rng.gen_range(0..4u32),
-                    rng.gen_range(0..30u32),
-                    rng.gen_range(0..10u32)
-                )
-            } else {
-                ext.to_owned()
-            };
-            let path = plan.insert_unique(&dir, &stem, &ext, node);
-            add_links(&mut rng, &mut plan, cat.links, &path);
-            scalable.push(path);
-        }
-    }
-
-    scale_sizes(&mut plan, &scalable, target.saturating_sub(fixed_bytes));
-    plan
-}
-
-fn add_links(rng: &mut ChaCha8Rng, plan: &mut TreePlan, links: Links, path: &str) {
-    let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
-    match links {
-        Links::None => {}
-        Links::Soname => {
-            // libfoo.so.1.2.3 -> libfoo.so.1
-            let mut parts = name.rsplitn(3, '.');
-            let _patch = parts.next();
-            let _minor = parts.next();
-            if let Some(soname) = parts.next() {
-                plan.insert(
-                    &format!("{dir}/{soname}"),
-                    Node::Symlink {
-                        target: name.to_owned(),
-                    },
-                );
-            }
-        }
-        Links::Sibling(per_mille) => {
-            if rng.gen_range(0..1000u32) < per_mille {
-                let alias = word(rng);
-                plan.insert(
-                    &format!("{dir}/{alias}"),
-                    Node::Symlink {
-                        target: name.to_owned(),
-                    },
-                );
-            }
-        }
-        Links::Absolute(link_dir, per_mille) => {
-            if rng.gen_range(0..1000u32) < per_mille {
-                plan.insert(
-                    &format!("{link_dir}/{name}"),
-                    Node::Symlink {
-                        target: format!("/{path}"),
-                    },
-                );
-            }
-        }
-    }
-}
-
-/// Scales the non-empty files at `paths` so they total about `target`,
-/// keeping the shape of the size distribution.
-fn scale_sizes(plan: &mut TreePlan, paths: &[String], target: u64) {
-    let size_of = |plan: &TreePlan, p: &String| match plan.entries.get(p) {
-        Some(Node::File { content, .. }) => content.size,
-        _ => 0,
-    };
-    let raw: u64 = paths.iter().map(|p| size_of(plan, p)).sum();
-    if raw == 0 {
-        return;
-    }
-    for p in paths {
-        if let Some(Node::File { content, .. }) = plan.entries.get_mut(p) {
-            if content.size > 0 {
-                let scaled = u128::from(content.size) * u128::from(target) / u128::from(raw);
-                content.size = u64::try_from(scaled).unwrap_or(u64::MAX).max(1);
-            }
-        }
-    }
-}
-
-/// What [`plan_update`] changed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct UpdateSummary {
-    /// Regular files of v1 whose content v2 replaces.
-    pub rewritten: Vec<String>,
-    /// Regular files new in v2.
-    pub added: Vec<String>,
-    /// Regular files of v1 absent from v2.
-    pub removed: Vec<String>,
-}
-
-/// Plans v2 from v1: rewrites `round(share * regular files)` of v1's regular
-/// files, adds and removes a number proportional to that.
-pub fn plan_update(v1: &TreePlan, share: f64, seed: u64) -> (TreePlan, UpdateSummary) {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut v2 = v1.clone();
-    let mut files: Vec<String> = v1.regular_files().into_iter().map(str::to_owned).collect();
-    let n = files.len() as u64;
-    let n_rewrite = ((share.clamp(0.0, 1.0) * n as f64).round() as u64).min(n);
-    // Partial Fisher-Yates: the first n_rewrite are rewritten, the next
-    // ones are removal candidates.
-    shuffle_prefix(&mut rng, &mut files, n);
-
-    let mut summary = UpdateSummary::default();
-    for path in &files[..n_rewrite as usize] {
-        if let Some(Node::File { content, .. }) = v2.entries.get_mut(path) {
-            content.seed = rng.gen();
-            content.size = if content.size == 0 {
-                log_uniform(&mut rng, (6, 12))
-            } else {
-                jitter(&mut rng, content.size)
-            };
-            summary.rewritten.push(path.clone());
-        }
-    }
-
-    // Files that a relative symlink points at stay, so v2 has no dangling
-    // links that v1 did not have.
-    let linked: BTreeSet<String> = v1
-        .entries
-        .iter()
-        .filter_map(|(p, n)| match n {
-            Node::Symlink { target } if !target.starts_with('/') && !target.contains('/') => {
-                let dir = p.rsplit_once('/').map_or("", |(d, _)| d);
-                Some(format!("{dir}/{target}"))
-            }
-            _ => None,
-        })
-        .collect();
-    let n_remove = n_rewrite * REMOVED_PER_MILLE_OF_REWRITTEN / 1000;
-    for path in files[n_rewrite as usize..]
-        .iter()
-        .filter(|p| !linked.contains(*p))
-    {
-        if summary.removed.len() as u64 >= n_remove {
-            break;
-        }
-        v2.entries.remove(path);
-        summary.removed.push(path.clone());
-    }
-
-    let n_add = n_rewrite * ADDED_PER_MILLE_OF_REWRITTEN / 1000;
-    for i in 0..n_add {
-        // New files land next to existing ones and look like them.
-        let sibling = &files[rng.gen_range(0..n) as usize];
-        let Some(Node::File { mode, content }) = v1.entries.get(sibling) else {
-            continue;
-        };
-        let (dir, name) = sibling.rsplit_once('/').unwrap_or(("", sibling));
-        let ext = name.find('.').map_or("", |i| &name[i..]);
-        let content = Content {
-            seed: rng.gen(),
-            size: if content.size == 0 {
-                0
-            } else {
-                jitter(&mut rng, content.size)
-            },
-            style: content.style,
-        };
-        let stem = format!("{}-{i}", word(&mut rng));
-        let path = v2.insert_unique(
-            dir,
-            &stem,
-            ext,
-            Node::File {
-                mode: *mode,
-                content,
-            },
-        );
-        summary.added.push(path);
-    }
-    summary.rewritten.sort();
-    summary.removed.sort();
-    summary.added.sort();
-    (v2, summary)
-}
-
-fn shuffle_prefix(rng: &mut ChaCha8Rng, items: &mut [String], n: u64) {
-    for i in 0..n.min(items.len() as u64) {
-        let j = rng.gen_range(i..items.len() as u64);
-        items.swap(i as usize, j as usize);
-    }
-}
-
-fn jitter(rng: &mut ChaCha8Rng, size: u64) -> u64 {
-    let delta = size * REWRITE_SIZE_JITTER_PER_MILLE / 1000;
-    (size - delta + rng.gen_range(0..=2 * delta)).max(1)
-}
-
-// ---------------------------------------------------------------------------
-// Content and writer
-// ---------------------------------------------------------------------------
-
-const WORDS: &[&str] = &[
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "for",
-    "on",
-    "with",
-    "by",
-    "this",
-    "that",
-    "if",
-    "return",
-    "value",
-    "error",
-    "config",
-    "system",
-    "service",
-    "kernel",
-    "device",
-    "network",
-    "file",
-    "path",
-    "user",
-    "group",
-    "default",
-    "enable",
-    "disable",
-    "option",
-    "true",
-    "false",
-    "None",
-    "self",
-    "def",
-    "import",
-    "from",
-    "class",
-    "static",
-    "const",
-    "struct",
-    "int",
-    "char",
-    "void",
-    "license",
-    "copyright",
-    "version",
-    "update",
-    "install",
-    "target",
-    "After=",
-    "Wants=",
-    "ExecStart=",
-    "Type=",
-    "[Unit]",
-    "[Service]",
-    "[Install]",
-    "#",
-    "=",
-    "{",
-    "}",
-    "(",
-    ")",
-    "0",
-    "1",
-    "64",
-    "/usr/lib",
-    "/etc",
-    "/var/lib",
-];
-
-/// Bytes per write chunk when generating content.
-const CHUNK: usize = 64 * 1024;
-
-/// Writes `content`'s bytes to `out`.
-pub fn write_content(content: &Content, out: &mut impl Write) -> std::io::Result<()> {
-    let mut rng = ChaCha8Rng::seed_from_u64(content.seed);
-    let mut remaining = content.size;
-    let mut buf = Vec::with_capacity(CHUNK);
-    if content.style == Style::Binary {
-        // Binaries start with an ELF identification, like the real thing.
-        let header = b"\x7fELF\x02\x01\x01\0\0\0\0\0\0\0\0\0";
-        let n = header.len().min(remaining as usize);
-        out.write_all(&header[..n])?;
-        remaining -= n as u64;
-    }
-    while remaining > 0 {
-        buf.clear();
-        let want = (remaining as usize).min(CHUNK);
-        match content.style {
-            Style::Compressed => random_bytes(&mut rng, &mut buf, want),
-            Style::Text => text_bytes(&mut rng, &mut buf, want),
-            Style::Binary => {
-                // Sections: code and data (random), string tables (text)
-                // and alignment padding (zeros).
-                let len = rng.gen_range(64..=4096u64).min(want as u64) as usize;
-                match rng.gen_range(0..100u32) {
-                    0..=59 => random_bytes(&mut rng, &mut buf, len),
-                    60..=87 => text_bytes(&mut rng, &mut buf, len),
-                    _ => buf.resize(len, 0),
-                }
-            }
-        }
-        out.write_all(&buf)?;
-        remaining -= buf.len() as u64;
-    }
-    Ok(())
-}
-
-fn random_bytes(rng: &mut ChaCha8Rng, buf: &mut Vec<u8>, len: usize) {
-    let start = buf.len();
-    buf.resize(start + len, 0);
-    rng.fill_bytes(&mut buf[start..]);
-}
-
-fn text_bytes(rng: &mut ChaCha8Rng, buf: &mut Vec<u8>, len: usize) {
-    let end = buf.len() + len;
-    while buf.len() < end {
-        let w = pick(rng, WORDS).as_bytes();
-        buf.extend_from_slice(w);
-        // Identifiers and numbers keep text from compressing to nothing.
-        if rng.gen_range(0..4u32) == 0 {
-            let n: u32 = rng.gen();
-            buf.extend_from_slice(format!("_{n:x}").as_bytes());
-        }
-        buf.push(if rng.gen_range(0..10u32) == 0 {
-            b'\n'
-        } else {
-            b' '
-        });
-    }
-    buf.truncate(end);
-}
-
-/// Writes `plan` below `root` (which must not exist), with every mode set
-/// explicitly so the result does not depend on the umask.
-pub fn write_tree(plan: &TreePlan, root: &Path) -> anyhow::Result<()> {
-    create_dir_mode(root, 0o755)?;
-    for (path, node) in &plan.entries {
-        let p = root.join(path);
-        match node {
-            Node::Dir { .. } => {
-                // Modes come last: a 0555 directory could not be filled.
-                fs::create_dir(&p).with_context(|| format!("creating {}", p.display()))?;
-            }
-            Node::File { mode, content } => {
-                let f =
-                    fs::File::create(&p).with_context(|| format!("creating {}", p.display()))?;
-                let mut w = BufWriter::with_capacity(CHUNK, f);
-                write_content(content, &mut w)
-                    .with_context(|| format!("writing {}", p.display()))?;
-                w.flush()
-                    .with_context(|| format!("writing {}", p.display()))?;
-                // After writing: a write by a non-root owner clears setuid.
-                set_mode(&p, *mode)?;
-            }
-            Node::Symlink { target } => {
-                symlink(target, &p)
-                    .with_context(|| format!("symlink {} -> {target}", p.display()))?;
-            }
-        }
-    }
-    for (path, node) in plan.entries.iter().rev() {
-        if let Node::Dir { mode } = node {
-            set_mode(&root.join(path), *mode)?;
-        }
-    }
-    Ok(())
-}
-
-// ---------------------------------------------------------------------------
-// Tests
-// ---------------------------------------------------------------------------
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn plans_are_deterministic() {
-        for (scale, seed) in [(Scale::Small, SEED), (Scale::Small, 7), (Scale::Full, SEED)] {
-            let a = plan_tree(scale, seed);
-            let b = plan_tree(scale, seed);
-            assert_eq!(a, b, "{scale} {seed}");
-            let (a2, sa) = plan_update(&a, 0.05, seed + 1);
-            let (b2, sb) = plan_update(&b, 0.05, seed + 1);
-            assert_eq!(a2, b2, "{scale} {seed}");
-            assert_eq!(sa, sb, "{scale} {seed}");
-        }
-        assert_ne!(plan_tree(Scale::Small, 1), plan_tree(Scale::Small, 2));
-    }
+    /// The small fixtures' commits. They pin the whole generator: if they
+    /// change on purpose, bump GENERATOR_VERSION and update them.
+    const SMALL_COMMITS: [&str; 2] = [
+        "fa613f96c24369e60f972617269486f48dcc18d5a6fb0d5433576aaa67a92a01",
+        "5c96137809dbcfcf395624fa23d60d9bea8bc6ca837f24e8eea664be46639c19",
+    ];
 
+    /// Builds real fixtures with ostree and umoci (about 10 s).
     #[test]
-    fn plans_have_the_intended_shape() {
-        // (scale, files+symlinks range, bytes range in MiB, largest file at least MiB)
-        let cases = [
-            (Scale::Small, 1500..=3000u64, 30..=40u64, 2u64),
-            (Scale::Full, 27_000..=33_000, 1000..=1050, 64),
-        ];
-        for (scale, files, mib, largest) in cases {
-            let s = plan_tree(scale, SEED).stats();
-            assert!(files.contains(&(s.files + s.symlinks)), "{scale}: {s:?}");
-            assert!(mib.contains(&(s.bytes / MIB)), "{scale}: {s:?}");
-            assert!(s.largest_file >= largest * MIB, "{scale}: {s:?}");
-            assert!(
-                s.symlinks > s.absolute_symlinks && s.absolute_symlinks > 0,
-                "{scale}: {s:?}"
-            );
-            assert!(s.executables > 100, "{scale}: {s:?}");
-            assert!(s.setuid >= 4, "{scale}: {s:?}");
-            assert!(s.empty_files >= 5, "{scale}: {s:?}");
-            assert!(s.max_depth >= 8, "{scale}: {s:?}");
+    fn ensure_builds_once_under_contention_and_reuses() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("small");
+        let spec = FixtureSpec::new(Scale::Small);
+        let built: Vec<Fixtures> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..3).map(|_| s.spawn(|| ensure(&spec, &dir))).collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap().unwrap())
+                .collect()
+        });
+        for f in &built {
+            let commits: Vec<&str> = f.releases.iter().map(|r| r.commit.as_str()).collect();
+            assert_eq!(commits, SMALL_COMMITS);
         }
-    }
-
-    #[test]
-    fn update_respects_share() {
-        let v1 = plan_tree(Scale::Small, SEED);
-        let n = v1.regular_files().len() as f64;
-        for share in [0.0, 0.01, 0.05, 0.2, 1.0] {
-            let (v2, s) = plan_update(&v1, share, 99);
-            let expected = (share * n).round() as usize;
-            assert_eq!(s.rewritten.len(), expected, "share {share}");
-            assert_eq!(
-                s.added.len() as u64,
-                expected as u64 * ADDED_PER_MILLE_OF_REWRITTEN / 1000
-            );
-            // At share 1.0 nothing is left to remove: every file is rewritten.
-            let removed = expected as u64 * REMOVED_PER_MILLE_OF_REWRITTEN / 1000;
-            if share < 1.0 {
-                assert_eq!(s.removed.len() as u64, removed, "share {share}");
-            } else {
-                assert!(s.removed.is_empty(), "share {share}");
-            }
-            // The summary is exactly the difference between the plans.
-            let mut changed = Vec::new();
-            for (p, n1) in &v1.entries {
-                match (n1, v2.entries.get(p)) {
-                    (Node::File { content: c1, .. }, Some(Node::File { content: c2, .. })) => {
-                        if c1 != c2 {
-                            changed.push(p.clone());
-                        }
-                    }
-                    (_, None) => assert!(s.removed.contains(p), "{p} vanished"),
-                    (a, Some(b)) => assert_eq!(a, b, "{p}"),
-                }
-            }
-            assert_eq!(changed, s.rewritten, "share {share}");
-            for p in &s.added {
-                assert!(
-                    !v1.entries.contains_key(p) && v2.entries.contains_key(p),
-                    "{p}"
+        let f = &built[0];
+        assert_eq!(f.root, dir);
+        assert_eq!(f.releases[1].parent.as_deref(), Some(SMALL_COMMITS[0]));
+        for r in &f.releases {
+            assert!(r.repo.starts_with(&dir) && r.repo.join("config").is_file());
+            assert!(!r.repo.join("summary").exists(), "{}", r.version);
+            for kind in ["heads", "remotes", "mirrors"] {
+                let refs = r.repo.join("refs").join(kind);
+                assert_eq!(
+                    fs::read_dir(&refs).unwrap().count(),
+                    0,
+                    "{}",
+                    refs.display()
                 );
             }
-            if share == 0.0 {
-                assert_eq!(v1, v2);
-            }
+            assert!(r.repo_bytes > 20 * MIB && r.image_bytes > r.repo_bytes / 2);
+            assert!(r.image_manifest.starts_with("sha256:"));
         }
-    }
+        let index = fs::read_to_string(f.oci_layout.join("index.json")).unwrap();
+        for r in &f.releases {
+            assert!(index.contains(&format!("\"{}\"", r.version)), "{index}");
+        }
+        // Nothing but the fixtures and the lock next to them.
+        let mut siblings: Vec<_> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        siblings.sort();
+        assert_eq!(siblings, ["small", "small.lock"]);
 
-    #[test]
-    fn content_is_deterministic_and_sized() {
-        for style in [Style::Binary, Style::Compressed, Style::Text] {
-            for size in [0u64, 1, 15, 16, 17, 4096, 200_000] {
-                let c = Content {
-                    seed: 5,
-                    size,
-                    style,
-                };
-                let (mut a, mut b) = (Vec::new(), Vec::new());
-                write_content(&c, &mut a).unwrap();
-                write_content(&c, &mut b).unwrap();
-                assert_eq!(a.len() as u64, size, "{style:?}");
-                assert_eq!(a, b, "{style:?}");
-            }
-        }
+        let manifest = dir.join(MANIFEST_NAME);
+        let before = fs::metadata(&manifest).unwrap().modified().unwrap();
+        let again = ensure(&spec, &dir).unwrap();
+        assert_eq!(fs::metadata(&manifest).unwrap().modified().unwrap(), before);
+        assert_eq!(again.releases[1].commit, SMALL_COMMITS[1]);
     }
 
     #[test]

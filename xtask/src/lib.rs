@@ -3,3 +3,6 @@
 //! need without shelling out to cargo.
 
 pub mod fixtures;
+pub mod demo;
+pub mod deps;
+pub mod testrun;

@@ -20,6 +20,28 @@ struct Cli {
 enum Cmd {
     /// Build (or reuse) the deterministic oscontainer fixtures and print a summary.
     Fixtures(FixturesArgs),
+    /// Install the Debian packages the project needs (as root), or say which.
+    Deps,
+    /// Formatting and clippy lints.
+    Check,
+    /// Every check and test, as CI runs them: deps, check, build, fixtures, tests.
+    Test,
+    /// Build demo oscontainers, serve v1 then v2, update a fresh node repo
+    /// with stock `ostree pull`, and print what it fetched against the image.
+    Demo(DemoArgs),
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Fixture scale for the demo images.
+    #[arg(long, value_enum, default_value_t = Scale::Small)]
+    scale: Scale,
+    /// Share of v1's regular files that v2 rewrites.
+    #[arg(long, default_value_t = fixtures::DEFAULT_UPDATE_SHARE)]
+    share: f64,
+    /// Keep serving v2 after the update, until Ctrl-C.
+    #[arg(long)]
+    keep_serving: bool,
 }
 
 #[derive(Args)]
@@ -50,6 +72,14 @@ fn main() -> anyhow::Result<()> {
             let built = fixtures::ensure(&spec, &dir)?;
             print!("{}", fixtures::summary(&built));
         }
+        Cmd::Deps => xtask::deps::ensure()?,
+        Cmd::Check => xtask::testrun::check()?,
+        Cmd::Test => xtask::testrun::test()?,
+        Cmd::Demo(a) => xtask::demo::demo(&xtask::demo::DemoOptions {
+            scale: a.scale,
+            share: a.share,
+            keep_serving: a.keep_serving,
+        })?,
     }
     Ok(())
 }

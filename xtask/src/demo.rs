@@ -1,0 +1,190 @@
+//! `cargo xtask demo`: builds the demo oscontainers, serves v1 and then v2,
+//! updates a fresh bare-user node repo with stock `ostree pull`, and prints
+//! what the update fetched against what the whole image costs.
+
+use crate::fixtures::{self, FixtureSpec, Fixtures, Scale};
+use crate::{deps, testrun};
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the server may take to print its address.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Demo options.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    pub scale: Scale,
+    pub share: f64,
+    /// Keep the v2 server running until Ctrl-C.
+    pub keep_serving: bool,
+}
+
+/// A running `oscontent-server`, stopped (SIGTERM) on drop.
+struct Server {
+    child: Child,
+    url: String,
+    access_log: PathBuf,
+}
+
+impl Server {
+    fn start(oscontainer: &Path, work: &Path, name: &str) -> Result<Self> {
+        let bin = testrun::bin_dir().join("oscontent-server");
+        let access_log = work.join(format!("access-{name}.log"));
+        let stderr = std::fs::File::create(work.join(format!("server-{name}.log")))
+            .with_context(|| format!("creating the {name} server log"))?;
+        let mut child = Command::new(&bin)
+            .arg("serve")
+            .arg("--oscontainer")
+            .arg(oscontainer)
+            .arg("--state-dir")
+            .arg(work.join(format!("state-{name}")))
+            .args(["--listen", "127.0.0.1:0", "--access-log"])
+            .arg(&access_log)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let stdout = child.stdout.take().context("server stdout")?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
+        let Some(url) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            bail!("server {name} did not start; see {}", work.join(format!("server-{name}.log")).display());
+        };
+        Ok(Self { url: url.to_owned(), child, access_log })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let pid = rustix::process::Pid::from_child(&self.child);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn ostree(repo: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new("ostree")
+        .arg(format!("--repo={}", repo.display()))
+        .args(args)
+        .output()
+        .with_context(|| format!("running ostree {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!("ostree {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Requests in an access log, summed per kind over successful GETs.
+#[derive(Debug, Default)]
+pub struct Fetched {
+    pub by_kind: BTreeMap<String, (u64, u64)>,
+}
+
+impl Fetched {
+    pub fn from_access_log(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut f = Fetched::default();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let v: serde_json::Value =
+                serde_json::from_str(line).with_context(|| format!("parsing access log line {line:?}"))?;
+            if v["method"] != "GET" || v["status"] != 200 {
+                continue;
+            }
+            let kind = v["kind"].as_str().unwrap_or("other").to_owned();
+            let e = f.by_kind.entry(kind).or_default();
+            e.0 += 1;
+            e.1 += v["bytes"].as_u64().unwrap_or(0);
+        }
+        Ok(f)
+    }
+
+    pub fn objects(&self) -> (u64, u64) {
+        ["commit", "dirtree", "dirmeta", "filez"]
+            .iter()
+            .filter_map(|k| self.by_kind.get(*k))
+            .fold((0, 0), |(n, b), (n2, b2)| (n + n2, b + b2))
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.by_kind.values().map(|(_, b)| b).sum()
+    }
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+}
+
+pub fn demo(opts: &DemoOptions) -> Result<()> {
+    deps::ensure()?;
+    testrun::cargo(&["build", "--workspace", "--bins", "--quiet"])?;
+    let spec = FixtureSpec { update_share: opts.share, ..FixtureSpec::new(opts.scale) };
+    eprintln!("xtask: building (or reusing) the {:?} demo oscontainers", opts.scale);
+    let fx: Fixtures = fixtures::ensure(&spec, &fixtures::default_dir(&spec))?;
+    let (v1, v2) = (&fx.releases[0], &fx.releases[1]);
+    let work = testrun::target_dir().join("demo");
+    if work.exists() {
+        std::fs::remove_dir_all(&work).with_context(|| format!("clearing {}", work.display()))?;
+    }
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let node = work.join("node-repo");
+    ostree(&node, &["init", "--mode=bare-user"])?;
+
+    println!("== v1 {} ({}) served from {}", v1.version, &v1.commit[..12], v1.oscontainer.display());
+    let s1 = Server::start(&v1.oscontainer, &work, "v1")?;
+    ostree(&node, &["remote", "add", "--no-gpg-verify", "oscontent", &s1.url])?;
+    ostree(&node, &["pull", "oscontent", &spec.ref_name])?;
+    println!("   node installed v1 with stock `ostree pull` from {}", s1.url);
+    drop(s1);
+
+    println!("== v2 {} ({}): the new release rolls out", v2.version, &v2.commit[..12]);
+    let s2 = Server::start(&v2.oscontainer, &work, "v2")?;
+    ostree(&node, &["remote", "delete", "oscontent"])?;
+    ostree(&node, &["remote", "add", "--no-gpg-verify", "oscontent", &s2.url])?;
+    let t = Instant::now();
+    ostree(&node, &["pull", "oscontent", &spec.ref_name])?;
+    let took = t.elapsed();
+    let head = ostree(&node, &["rev-parse", &format!("oscontent:{}", spec.ref_name)])?;
+    anyhow::ensure!(head.trim() == v2.commit, "node is at {} after the update, expected {}", head.trim(), v2.commit);
+    ostree(&node, &["fsck", "--quiet"])?;
+
+    let fetched = Fetched::from_access_log(&s2.access_log)?;
+    let (objs, obj_bytes) = fetched.objects();
+    let content = fetched.by_kind.get("filez").copied().unwrap_or_default();
+    println!("   node updated to v2 in {:.2}s; `ostree fsck` is clean", took.as_secs_f64());
+    println!();
+    println!("   what the update fetched        {objs} objects ({} content), {}", content.0, mib(obj_bytes));
+    println!("   all HTTP bytes (with summary)  {}", mib(fetched.total_bytes()));
+    println!("   the whole v2 oscontainer       {} compressed image, {} repo, {} files", mib(v2.image_bytes), mib(v2.repo_bytes), v2.tree_files);
+    println!(
+        "   fetched / image                {:.1}%  ({:.0}x less to download and write)",
+        100.0 * fetched.total_bytes() as f64 / v2.image_bytes.max(1) as f64,
+        v2.image_bytes as f64 / fetched.total_bytes().max(1) as f64
+    );
+    if opts.keep_serving {
+        let mut s2 = s2;
+        println!();
+        println!("v2 is served at {} (ref {}); Ctrl-C to stop.", s2.url, spec.ref_name);
+        // Ctrl-C reaches the server too (same process group); it drains and
+        // exits, and this wait returns.
+        s2.child.wait().context("waiting for the server")?;
+    }
+    Ok(())
+}
