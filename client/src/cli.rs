@@ -30,7 +30,10 @@ pub enum Cmd {
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -62,11 +65,17 @@ fn ls_remote(url: &str, json: bool) -> Result<()> {
             })
             .collect();
         let deltas: Vec<_> = s.deltas.iter().map(|d| d.name.summary_name()).collect();
-        let out = serde_json::json!({ "refs": refs, "deltas": deltas, "last_modified": s.last_modified });
+        let out =
+            serde_json::json!({ "refs": refs, "deltas": deltas, "last_modified": s.last_modified });
         println!("{out}");
     } else {
         for r in &s.refs {
-            println!("{}\t{}\t{}", r.name, r.commit, r.version.as_deref().unwrap_or("-"));
+            println!(
+                "{}\t{}\t{}",
+                r.name,
+                r.commit,
+                r.version.as_deref().unwrap_or("-")
+            );
         }
     }
     Ok(())

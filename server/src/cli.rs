@@ -51,7 +51,12 @@ pub struct ServeArgs {
     pub source: SourceArgs,
     /// The server's own directory: everything it derives lives here, never
     /// in the served repo. Wiped of stale generations at start.
-    #[arg(long, value_name = "DIR", env = "OSCONTENT_STATE_DIR", default_value = "/var/lib/oscontent")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "OSCONTENT_STATE_DIR",
+        default_value = "/var/lib/oscontent"
+    )]
     pub state_dir: PathBuf,
     /// Address to listen on (HTTP/1.1 and HTTP/2 prior knowledge).
     #[arg(long, default_value = "0.0.0.0:8080", env = "OSCONTENT_LISTEN")]
@@ -80,7 +85,9 @@ pub struct ServeArgs {
 pub fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => b.init(),
         LogFormat::Json => b.json().init(),
@@ -117,17 +124,31 @@ async fn serve(args: ServeArgs) -> Result<()> {
         (None, Some(d)) => Source::Repo(d),
         _ => unreachable!("clap enforces exactly one source"),
     };
+    // Installed first: a SIGTERM that arrives while publishing must still
+    // mean a graceful stop, not the default instant death.
+    let signals = Signals::install()?;
     let access_log = args.access_log.as_ref().map(open_access_log).transpose()?;
-    let state = AppState::new(HttpConfig { metadata_max_age: Duration::from_secs(args.metadata_max_age) }, access_log);
-    let state_dir = StateDir::open(&args.state_dir)?;
-    let req = PublishRequest { source: source.clone(), commit: args.commit, refs: args.refs };
+    let state = AppState::new(
+        HttpConfig {
+            metadata_max_age: Duration::from_secs(args.metadata_max_age),
+        },
+        access_log,
+    );
+    let state_dir = StateDir::open(&args.state_dir, &[source.repo_path()])?;
+    let req = PublishRequest {
+        source: source.clone(),
+        commit: args.commit,
+        refs: args.refs,
+    };
     let generation = tokio::task::spawn_blocking(move || {
         let g = publish::publish(&req, &state_dir);
         (g, state_dir)
     })
     .await
     .context("publish task")?;
-    let generation = generation.0.with_context(|| format!("publishing {}", source.repo_path().display()))?;
+    let generation = generation
+        .0
+        .with_context(|| format!("publishing {}", source.repo_path().display()))?;
     for (name, commit) in &generation.derived_refs {
         tracing::info!(r#ref = name, %commit, "published");
     }
@@ -148,24 +169,38 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let server = tokio::spawn(crate::run(listener, state, async move {
         let _ = rx.await;
     }));
-    shutdown_signal().await?;
+    signals.recv().await;
     tracing::info!("shutting down: finishing in-flight requests");
     drain_state.start_draining();
     let _ = tx.send(());
     match tokio::time::timeout(timeout, server).await {
         Ok(res) => res.context("server task")?.context("serving")?,
-        Err(_) => tracing::warn!("in-flight requests still running after {timeout:?}; exiting anyway"),
+        Err(_) => {
+            tracing::warn!("in-flight requests still running after {timeout:?}; exiting anyway")
+        }
     }
     Ok(())
 }
 
-async fn shutdown_signal() -> Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGTERM and SIGINT, both meaning "drain and exit".
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        })
     }
-    Ok(())
+
+    async fn recv(mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
 }

@@ -1,7 +1,9 @@
 //! HTTP validators, preconditions and byte ranges (RFC 9110 §8.8, §13, §14),
 //! as pure functions of headers and the representation's validators.
 
-use http::header::{HeaderMap, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, RANGE};
+use http::header::{
+    HeaderMap, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, RANGE,
+};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What the preconditions say to do (for GET and HEAD).
@@ -21,7 +23,9 @@ pub struct Validators {
 }
 
 fn secs(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn header_str<'a>(h: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a str> {
@@ -29,7 +33,9 @@ fn header_str<'a>(h: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a str> 
 }
 
 fn date(h: &HeaderMap, name: &http::HeaderName) -> Option<u64> {
-    header_str(h, name).and_then(|s| httpdate::parse_http_date(s).ok()).map(secs)
+    header_str(h, name)
+        .and_then(|s| httpdate::parse_http_date(s).ok())
+        .map(secs)
 }
 
 /// Splits an entity-tag list. `None` for `*`.
@@ -81,7 +87,11 @@ pub fn evaluate(h: &HeaderMap, v: &Validators) -> Precondition {
         }
     }
     if let Some(list) = header_str(h, &IF_NONE_MATCH) {
-        return if none_match_hits(list, &v.etag) { Precondition::NotModified } else { Precondition::Proceed };
+        return if none_match_hits(list, &v.etag) {
+            Precondition::NotModified
+        } else {
+            Precondition::Proceed
+        };
     }
     if let (Some(since), Some(lm)) = (date(h, &IF_MODIFIED_SINCE), lm) {
         if lm <= since {
@@ -96,7 +106,10 @@ pub fn evaluate(h: &HeaderMap, v: &Validators) -> Precondition {
 pub enum RangeOutcome {
     Full,
     /// Inclusive byte range.
-    Partial { start: u64, end: u64 },
+    Partial {
+        start: u64,
+        end: u64,
+    },
     Unsatisfiable,
 }
 
@@ -104,7 +117,9 @@ pub enum RangeOutcome {
 /// malformed headers are served in full, as the RFC allows; an If-Range
 /// that does not match (strongly, or by exact date) also means full.
 pub fn range(h: &HeaderMap, len: u64, v: &Validators) -> RangeOutcome {
-    let Some(spec) = header_str(h, &RANGE) else { return RangeOutcome::Full };
+    let Some(spec) = header_str(h, &RANGE) else {
+        return RangeOutcome::Full;
+    };
     if let Some(cond) = header_str(h, &IF_RANGE) {
         let ok = if cond.starts_with('"') || cond.starts_with("W/") {
             strong_hit(cond, &v.etag)
@@ -116,13 +131,19 @@ pub fn range(h: &HeaderMap, len: u64, v: &Validators) -> RangeOutcome {
             return RangeOutcome::Full;
         }
     }
-    let Some(set) = spec.trim().strip_prefix("bytes=") else { return RangeOutcome::Full };
+    let Some(set) = spec.trim().strip_prefix("bytes=") else {
+        return RangeOutcome::Full;
+    };
     if set.contains(',') {
         return RangeOutcome::Full;
     }
-    let Some((a, b)) = set.trim().split_once('-') else { return RangeOutcome::Full };
+    let Some((a, b)) = set.trim().split_once('-') else {
+        return RangeOutcome::Full;
+    };
     let num = |s: &str| -> Option<u64> {
-        (!s.is_empty() && s.bytes().all(|c| c.is_ascii_digit())).then(|| s.parse().ok()).flatten()
+        (!s.is_empty() && s.bytes().all(|c| c.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
     };
     match (a.trim(), b.trim()) {
         ("", suffix) => match num(suffix) {
@@ -131,11 +152,16 @@ pub fn range(h: &HeaderMap, len: u64, v: &Validators) -> RangeOutcome {
                 let _ = n;
                 RangeOutcome::Unsatisfiable
             }
-            Some(n) => RangeOutcome::Partial { start: len.saturating_sub(n), end: len - 1 },
+            Some(n) => RangeOutcome::Partial {
+                start: len.saturating_sub(n),
+                end: len - 1,
+            },
             None => RangeOutcome::Full,
         },
         (first, last) => {
-            let Some(start) = num(first) else { return RangeOutcome::Full };
+            let Some(start) = num(first) else {
+                return RangeOutcome::Full;
+            };
             let end = if last.is_empty() {
                 len.saturating_sub(1)
             } else {
@@ -161,13 +187,19 @@ mod tests {
     const T0: u64 = 1_700_000_000;
 
     fn v() -> Validators {
-        Validators { etag: "\"abc\"".into(), last_modified: Some(UNIX_EPOCH + Duration::from_secs(T0)) }
+        Validators {
+            etag: "\"abc\"".into(),
+            last_modified: Some(UNIX_EPOCH + Duration::from_secs(T0)),
+        }
     }
 
     fn hdrs(pairs: &[(&str, String)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, val) in pairs {
-            h.insert(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), val.parse().unwrap());
+            h.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                val.parse().unwrap(),
+            );
         }
         h
     }
@@ -183,7 +215,10 @@ mod tests {
             (vec![], Proceed),
             (vec![("if-none-match", "\"abc\"".into())], NotModified),
             (vec![("if-none-match", "W/\"abc\"".into())], NotModified),
-            (vec![("if-none-match", "\"x\", \"abc\"".into())], NotModified),
+            (
+                vec![("if-none-match", "\"x\", \"abc\"".into())],
+                NotModified,
+            ),
             (vec![("if-none-match", "*".into())], NotModified),
             (vec![("if-none-match", "\"x\"".into())], Proceed),
             (vec![("if-modified-since", at(0))], NotModified),
@@ -191,8 +226,20 @@ mod tests {
             (vec![("if-modified-since", at(-1))], Proceed),
             (vec![("if-modified-since", "garbage".into())], Proceed),
             // If-None-Match wins over If-Modified-Since, both ways.
-            (vec![("if-none-match", "\"x\"".into()), ("if-modified-since", at(10))], Proceed),
-            (vec![("if-none-match", "\"abc\"".into()), ("if-modified-since", at(-10))], NotModified),
+            (
+                vec![
+                    ("if-none-match", "\"x\"".into()),
+                    ("if-modified-since", at(10)),
+                ],
+                Proceed,
+            ),
+            (
+                vec![
+                    ("if-none-match", "\"abc\"".into()),
+                    ("if-modified-since", at(-10)),
+                ],
+                NotModified,
+            ),
             (vec![("if-match", "\"abc\"".into())], Proceed),
             (vec![("if-match", "W/\"abc\"".into())], Failed),
             (vec![("if-match", "\"x\"".into())], Failed),
@@ -208,23 +255,66 @@ mod tests {
     #[test]
     fn ranges() {
         use RangeOutcome::*;
-        let cases: Vec<(Vec<(&str, String)>, u64, RangeOutcome)> = vec![
+        type Case = (Vec<(&'static str, String)>, u64, RangeOutcome);
+        let cases: Vec<Case> = vec![
             (vec![], 100, Full),
-            (vec![("range", "bytes=0-9".into())], 100, Partial { start: 0, end: 9 }),
-            (vec![("range", "bytes=90-".into())], 100, Partial { start: 90, end: 99 }),
-            (vec![("range", "bytes=90-1000".into())], 100, Partial { start: 90, end: 99 }),
-            (vec![("range", "bytes=-10".into())], 100, Partial { start: 90, end: 99 }),
-            (vec![("range", "bytes=-1000".into())], 100, Partial { start: 0, end: 99 }),
+            (
+                vec![("range", "bytes=0-9".into())],
+                100,
+                Partial { start: 0, end: 9 },
+            ),
+            (
+                vec![("range", "bytes=90-".into())],
+                100,
+                Partial { start: 90, end: 99 },
+            ),
+            (
+                vec![("range", "bytes=90-1000".into())],
+                100,
+                Partial { start: 90, end: 99 },
+            ),
+            (
+                vec![("range", "bytes=-10".into())],
+                100,
+                Partial { start: 90, end: 99 },
+            ),
+            (
+                vec![("range", "bytes=-1000".into())],
+                100,
+                Partial { start: 0, end: 99 },
+            ),
             (vec![("range", "bytes=100-".into())], 100, Unsatisfiable),
             (vec![("range", "bytes=-0".into())], 100, Unsatisfiable),
             (vec![("range", "bytes=5-1".into())], 100, Full),
             (vec![("range", "bytes=0-1,5-6".into())], 100, Full),
             (vec![("range", "items=0-1".into())], 100, Full),
             (vec![("range", "bytes=a-b".into())], 100, Full),
-            (vec![("range", "bytes=0-9".into()), ("if-range", "\"abc\"".into())], 100, Partial { start: 0, end: 9 }),
-            (vec![("range", "bytes=0-9".into()), ("if-range", "\"old\"".into())], 100, Full),
-            (vec![("range", "bytes=0-9".into()), ("if-range", at(0))], 100, Partial { start: 0, end: 9 }),
-            (vec![("range", "bytes=0-9".into()), ("if-range", at(-5))], 100, Full),
+            (
+                vec![
+                    ("range", "bytes=0-9".into()),
+                    ("if-range", "\"abc\"".into()),
+                ],
+                100,
+                Partial { start: 0, end: 9 },
+            ),
+            (
+                vec![
+                    ("range", "bytes=0-9".into()),
+                    ("if-range", "\"old\"".into()),
+                ],
+                100,
+                Full,
+            ),
+            (
+                vec![("range", "bytes=0-9".into()), ("if-range", at(0))],
+                100,
+                Partial { start: 0, end: 9 },
+            ),
+            (
+                vec![("range", "bytes=0-9".into()), ("if-range", at(-5))],
+                100,
+                Full,
+            ),
         ];
         for (h, len, want) in cases {
             assert_eq!(range(&hdrs(&h), len, &v()), want, "{h:?}");

@@ -25,7 +25,12 @@ fn valid_component(c: &str) -> bool {
 fn open_root(root: &Path) -> io::Result<OwnedFd> {
     // The root itself may be a symlink (a mount path, a Kubernetes volume
     // `..data` link): that is the operator's choice, so it is followed.
-    Ok(openat(CWD, root, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?)
+    Ok(openat(
+        CWD,
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
 }
 
 /// Maps "this is not a plain file/dir beneath the root" to `None`.
@@ -56,7 +61,12 @@ fn walk(root: &Path, rel: &str, last_flags: OFlags) -> io::Result<Option<OwnedFd
             Err(e) => return absent(e),
         };
     }
-    match openat(&dir, *last, last_flags | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty()) {
+    match openat(
+        &dir,
+        *last,
+        last_flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
         Ok(f) => Ok(Some(f)),
         Err(e) => absent(e),
     }
@@ -79,7 +89,11 @@ pub fn open_file(root: &Path, rel: &str) -> io::Result<Option<(File, std::fs::Me
 
 /// Reads a small file fully; files over `max` bytes are an error, because
 /// the callers (refs, config, summary) expect small metadata.
-pub fn read_file(root: &Path, rel: &str, max: u64) -> io::Result<Option<(Vec<u8>, std::fs::Metadata)>> {
+pub fn read_file(
+    root: &Path,
+    rel: &str,
+    max: u64,
+) -> io::Result<Option<(Vec<u8>, std::fs::Metadata)>> {
     let Some((file, meta)) = open_file(root, rel)? else {
         return Ok(None);
     };
@@ -119,10 +133,11 @@ pub fn list_dir(root: &Path, rel: &str, max: usize) -> io::Result<Option<Vec<Ent
         }
     };
     let mut out = Vec::new();
-    let mut it = rustix::fs::Dir::read_from(&dir)?;
-    while let Some(ent) = it.next() {
+    for ent in rustix::fs::Dir::read_from(&dir)? {
         let ent = ent?;
-        let Ok(name) = ent.file_name().to_str() else { continue };
+        let Ok(name) = ent.file_name().to_str() else {
+            continue;
+        };
         if name == "." || name == ".." {
             continue;
         }
@@ -167,7 +182,14 @@ mod tests {
         symlink(outside.path().join("secret"), r.join("refs/heads/link")).unwrap();
         symlink(outside.path(), r.join("refs/escape")).unwrap();
         std::fs::create_dir(r.join("fifo-dir")).unwrap();
-        rustix::fs::mknodat(CWD, &r.join("fifo-dir/fifo"), rustix::fs::FileType::Fifo, Mode::from_raw_mode(0o644), 0).unwrap();
+        rustix::fs::mknodat(
+            CWD,
+            r.join("fifo-dir/fifo"),
+            rustix::fs::FileType::Fifo,
+            Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
 
         let cases: &[(&str, bool)] = &[
             ("refs/heads/ok", true),
@@ -186,7 +208,10 @@ mod tests {
         }
         let listing = list_dir(r, "refs", 10).unwrap().unwrap();
         let escape = listing.iter().find(|e| e.name == "escape").unwrap();
-        assert!(!escape.is_dir && !escape.is_file, "symlink listed as {escape:?}");
+        assert!(
+            !escape.is_dir && !escape.is_file,
+            "symlink listed as {escape:?}"
+        );
         assert!(list_dir(r, "refs/escape", 10).unwrap().is_none());
     }
 
@@ -195,6 +220,9 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         std::fs::write(root.path().join("big"), vec![0u8; 100]).unwrap();
         assert!(read_file(root.path(), "big", 99).is_err());
-        assert_eq!(read_file(root.path(), "big", 100).unwrap().unwrap().0.len(), 100);
+        assert_eq!(
+            read_file(root.path(), "big", 100).unwrap().unwrap().0.len(),
+            100
+        );
     }
 }

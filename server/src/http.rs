@@ -38,7 +38,9 @@ pub struct HttpConfig {
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        Self { metadata_max_age: Duration::from_secs(30) }
+        Self {
+            metadata_max_age: Duration::from_secs(30),
+        }
     }
 }
 
@@ -85,7 +87,9 @@ impl AppState {
     /// Makes a generation visible in one step. Requests already holding the
     /// previous one finish on it; it is dropped with its last request.
     pub fn publish(&self, generation: Generation) {
-        self.metrics.published_refs.set(generation.derived_refs.len() as i64);
+        self.metrics
+            .published_refs
+            .set(generation.derived_refs.len() as i64);
         self.metrics.generation.set(generation.id as i64);
         self.current.store(Some(Arc::new(generation)));
         self.metrics.ready.set(1);
@@ -121,7 +125,11 @@ async fn readyz(State(st): State<AppState>) -> Response {
     } else if st.draining.load(Ordering::SeqCst) {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "no verified content published yet\n").into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no verified content published yet\n",
+        )
+            .into_response()
     }
 }
 
@@ -168,9 +176,18 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    st.metrics.requests.with_label_values(&[kind, &status.to_string()]).inc();
-    st.metrics.response_bytes.with_label_values(&[kind]).inc_by(bytes);
-    st.metrics.latency.with_label_values(&[kind]).observe(elapsed.as_secs_f64());
+    st.metrics
+        .requests
+        .with_label_values(&[kind, &status.to_string()])
+        .inc();
+    st.metrics
+        .response_bytes
+        .with_label_values(&[kind])
+        .inc_by(bytes);
+    st.metrics
+        .latency
+        .with_label_values(&[kind])
+        .observe(elapsed.as_secs_f64());
     if let Some(log) = &st.access_log {
         let line = serde_json::json!({
             "ts": httpdate::fmt_http_date(SystemTime::now()),
@@ -209,8 +226,14 @@ impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let (status, extra) = match self {
             AppError::NotFound => (StatusCode::NOT_FOUND, None),
-            AppError::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, Some((header::ALLOW, "GET, HEAD"))),
-            AppError::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, Some((header::RETRY_AFTER, "5"))),
+            AppError::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                Some((header::ALLOW, "GET, HEAD")),
+            ),
+            AppError::Unavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some((header::RETRY_AFTER, "5")),
+            ),
             AppError::Internal(e) => {
                 tracing::error!("internal error: {e:#}");
                 (StatusCode::INTERNAL_SERVER_ERROR, None)
@@ -218,7 +241,8 @@ impl IntoResponse for AppError {
         };
         let mut r = Response::new(Body::empty());
         *r.status_mut() = status;
-        r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        r.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         if let Some((k, v)) = extra {
             r.headers_mut().insert(k, HeaderValue::from_static(v));
         }
@@ -254,14 +278,24 @@ fn digest_etag(bytes: &[u8]) -> String {
 }
 
 /// Serves one repo path. GET and HEAD only.
-async fn repo(State(st): State<AppState>, method: Method, headers: HeaderMap, uri: http::Uri) -> Response {
+async fn repo(
+    State(st): State<AppState>,
+    method: Method,
+    headers: HeaderMap,
+    uri: http::Uri,
+) -> Response {
     match serve_repo(&st, &method, &headers, uri.path()).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn serve_repo(st: &AppState, method: &Method, headers: &HeaderMap, path: &str) -> Result<Response, AppError> {
+async fn serve_repo(
+    st: &AppState,
+    method: &Method,
+    headers: &HeaderMap,
+    path: &str,
+) -> Result<Response, AppError> {
     let Some(rp) = path.strip_prefix('/').and_then(RepoPath::parse) else {
         return Err(AppError::NotFound);
     };
@@ -278,40 +312,58 @@ async fn serve_repo(st: &AppState, method: &Method, headers: &HeaderMap, path: &
         .map_err(|e| anyhow::anyhow!("resolver task: {e}"))??;
     let cache = match policy(&rp) {
         CachePolicy::Immutable => HeaderValue::from_static(IMMUTABLE),
-        CachePolicy::ShortLived => {
-            HeaderValue::from_str(&format!("public, max-age={}", st.config.metadata_max_age.as_secs()))
-                .expect("ascii")
-        }
+        CachePolicy::ShortLived => HeaderValue::from_str(&format!(
+            "public, max-age={}",
+            st.config.metadata_max_age.as_secs()
+        ))
+        .expect("ascii"),
     };
     let head = method == Method::HEAD;
     match resolved {
         Resolved::Missing => Err(AppError::NotFound),
         Resolved::Generated(g) => {
-            let v = Validators { etag: digest_etag(&g.bytes), last_modified: Some(g.produced) };
+            let v = Validators {
+                etag: digest_etag(&g.bytes),
+                last_modified: Some(g.produced),
+            };
             Ok(respond_bytes(headers, g.bytes, &v, cache, head))
         }
         Resolved::File { layer, root, rel } => {
             if is_small_metadata(&rp) {
-                let read = tokio::task::spawn_blocking(move || fsutil::read_file(&root, &rel, MAX_METADATA_FILE))
-                    .await
-                    .map_err(|e| anyhow::anyhow!("read task: {e}"))?
-                    .map_err(|e| anyhow::anyhow!("reading {path}: {e}"))?;
+                let read = tokio::task::spawn_blocking(move || {
+                    fsutil::read_file(&root, &rel, MAX_METADATA_FILE)
+                })
+                .await
+                .map_err(|e| anyhow::anyhow!("read task: {e}"))?
+                .map_err(|e| anyhow::anyhow!("reading {path}: {e}"))?;
                 // Gone between resolve and read (a tool replacing it): 404,
                 // and the client retries.
-                let Some((bytes, meta)) = read else { return Err(AppError::NotFound) };
-                let v = Validators { etag: digest_etag(&bytes), last_modified: meta.modified().ok() };
+                let Some((bytes, meta)) = read else {
+                    return Err(AppError::NotFound);
+                };
+                let v = Validators {
+                    etag: digest_etag(&bytes),
+                    last_modified: meta.modified().ok(),
+                };
                 Ok(respond_bytes(headers, bytes.into(), &v, cache, head))
             } else {
                 let opened = tokio::task::spawn_blocking(move || fsutil::open_file(&root, &rel))
                     .await
                     .map_err(|e| anyhow::anyhow!("open task: {e}"))?
                     .map_err(|e| anyhow::anyhow!("opening {path}: {e}"))?;
-                let Some((file, meta)) = opened else { return Err(AppError::NotFound) };
+                let Some((file, meta)) = opened else {
+                    return Err(AppError::NotFound);
+                };
                 let etag = match &rp {
                     // Content-addressed: the name is the identity; length
                     // and inode guard against a re-compressed copy.
                     RepoPath::Object(ObjectName { checksum, kind }) => {
-                        format!("\"{}.{}-{:x}\"", checksum.to_hex(), kind.extension(), meta.len())
+                        format!(
+                            "\"{}.{}-{:x}\"",
+                            checksum.to_hex(),
+                            kind.extension(),
+                            meta.len()
+                        )
                     }
                     _ => format!(
                         "\"{:x}-{:x}-{:x}.{:x}-{}\"",
@@ -322,7 +374,10 @@ async fn serve_repo(st: &AppState, method: &Method, headers: &HeaderMap, path: &
                         u8::from(layer == Layer::Overlay)
                     ),
                 };
-                let v = Validators { etag, last_modified: meta.modified().ok() };
+                let v = Validators {
+                    etag,
+                    last_modified: meta.modified().ok(),
+                };
                 respond_file(headers, file, meta.len(), &v, cache, head).await
             }
         }
@@ -330,9 +385,15 @@ async fn serve_repo(st: &AppState, method: &Method, headers: &HeaderMap, path: &
 }
 
 fn base_headers(h: &mut HeaderMap, v: &Validators, cache: HeaderValue) {
-    h.insert(header::ETAG, HeaderValue::from_str(&v.etag).expect("ascii etag"));
+    h.insert(
+        header::ETAG,
+        HeaderValue::from_str(&v.etag).expect("ascii etag"),
+    );
     if let Some(lm) = v.last_modified {
-        h.insert(header::LAST_MODIFIED, HeaderValue::from_str(&httpdate::fmt_http_date(lm)).expect("ascii"));
+        h.insert(
+            header::LAST_MODIFIED,
+            HeaderValue::from_str(&httpdate::fmt_http_date(lm)).expect("ascii"),
+        );
     }
     h.insert(header::CACHE_CONTROL, cache);
 }
@@ -344,7 +405,13 @@ fn status_only(status: StatusCode, v: &Validators, cache: HeaderValue) -> Respon
     r
 }
 
-fn respond_bytes(h: &HeaderMap, bytes: bytes::Bytes, v: &Validators, cache: HeaderValue, head: bool) -> Response {
+fn respond_bytes(
+    h: &HeaderMap,
+    bytes: bytes::Bytes,
+    v: &Validators,
+    cache: HeaderValue,
+    head: bool,
+) -> Response {
     match conditional::evaluate(h, v) {
         Precondition::NotModified => return status_only(StatusCode::NOT_MODIFIED, v, cache),
         Precondition::Failed => return AppError::from_precondition(),
@@ -353,13 +420,19 @@ fn respond_bytes(h: &HeaderMap, bytes: bytes::Bytes, v: &Validators, cache: Head
     let len = bytes.len() as u64;
     let (status, body, range) = match conditional::range(h, len, v) {
         RangeOutcome::Full => (StatusCode::OK, bytes, None),
-        RangeOutcome::Partial { start, end } => {
-            (StatusCode::PARTIAL_CONTENT, bytes.slice(start as usize..=end as usize), Some((start, end)))
-        }
+        RangeOutcome::Partial { start, end } => (
+            StatusCode::PARTIAL_CONTENT,
+            bytes.slice(start as usize..=end as usize),
+            Some((start, end)),
+        ),
         RangeOutcome::Unsatisfiable => return unsatisfiable(len),
     };
     let blen = body.len();
-    let mut r = Response::new(if head { Body::empty() } else { Body::from(body) });
+    let mut r = Response::new(if head {
+        Body::empty()
+    } else {
+        Body::from(body)
+    });
     *r.status_mut() = status;
     finish_headers(r.headers_mut(), v, cache, blen as u64, len, range);
     r
@@ -369,7 +442,8 @@ impl AppError {
     fn from_precondition() -> Response {
         let mut r = Response::new(Body::empty());
         *r.status_mut() = StatusCode::PRECONDITION_FAILED;
-        r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        r.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         r
     }
 }
@@ -377,19 +451,35 @@ impl AppError {
 fn unsatisfiable(len: u64) -> Response {
     let mut r = Response::new(Body::empty());
     *r.status_mut() = StatusCode::RANGE_NOT_SATISFIABLE;
+    r.headers_mut().insert(
+        header::CONTENT_RANGE,
+        HeaderValue::from_str(&format!("bytes */{len}")).expect("ascii"),
+    );
     r.headers_mut()
-        .insert(header::CONTENT_RANGE, HeaderValue::from_str(&format!("bytes */{len}")).expect("ascii"));
-    r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
     r
 }
 
-fn finish_headers(h: &mut HeaderMap, v: &Validators, cache: HeaderValue, body_len: u64, total: u64, range: Option<(u64, u64)>) {
+fn finish_headers(
+    h: &mut HeaderMap,
+    v: &Validators,
+    cache: HeaderValue,
+    body_len: u64,
+    total: u64,
+    range: Option<(u64, u64)>,
+) {
     base_headers(h, v, cache);
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(body_len));
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     if let Some((s, e)) = range {
-        h.insert(header::CONTENT_RANGE, HeaderValue::from_str(&format!("bytes {s}-{e}/{total}")).expect("ascii"));
+        h.insert(
+            header::CONTENT_RANGE,
+            HeaderValue::from_str(&format!("bytes {s}-{e}/{total}")).expect("ascii"),
+        );
     }
 }
 
@@ -408,7 +498,12 @@ async fn respond_file(
     }
     let (status, start, count, range) = match conditional::range(h, len, v) {
         RangeOutcome::Full => (StatusCode::OK, 0, len, None),
-        RangeOutcome::Partial { start, end } => (StatusCode::PARTIAL_CONTENT, start, end - start + 1, Some((start, end))),
+        RangeOutcome::Partial { start, end } => (
+            StatusCode::PARTIAL_CONTENT,
+            start,
+            end - start + 1,
+            Some((start, end)),
+        ),
         RangeOutcome::Unsatisfiable => return Ok(unsatisfiable(len)),
     };
     let body = if head {
@@ -416,11 +511,16 @@ async fn respond_file(
     } else {
         let mut f = tokio::fs::File::from_std(file);
         if start > 0 {
-            f.seek(std::io::SeekFrom::Start(start)).await.map_err(|e| anyhow::anyhow!("seek: {e}"))?;
+            f.seek(std::io::SeekFrom::Start(start))
+                .await
+                .map_err(|e| anyhow::anyhow!("seek: {e}"))?;
         }
         // `take` bounds the body to what Content-Length promised, even if
         // the file grows underneath.
-        Body::from_stream(tokio_util::io::ReaderStream::with_capacity(f.take(count), CHUNK))
+        Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
+            f.take(count),
+            CHUNK,
+        ))
     };
     let mut r = Response::new(body);
     *r.status_mut() = status;

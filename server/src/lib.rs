@@ -8,6 +8,7 @@ pub mod http;
 pub mod metrics;
 pub mod publish;
 pub mod served;
+pub mod source;
 
 pub use http::{app, AppState, HttpConfig};
 
@@ -21,5 +22,16 @@ pub async fn run(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown).await
+    use axum::serve::ListenerExt;
+    // Without TCP_NODELAY, Nagle plus the client's delayed ACK adds ~40 ms to
+    // every small response on a keep-alive connection (ostree's curl sends
+    // requests one after another on few connections).
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY: {e}");
+        }
+    });
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown)
+        .await
 }

@@ -1,12 +1,14 @@
 //! `/metrics`, Prometheus text format 0.0.4.
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{
+    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
 
 /// Latency buckets: 100 µs to ~13 s. Objects are served from page cache in
 /// well under a millisecond; the tail is big deltas over slow links.
 const LATENCY_BUCKETS: [f64; 18] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-    10.0, 30.0, 60.0,
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
 ];
 
 #[derive(Debug)]
@@ -30,12 +32,18 @@ impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let requests = IntCounterVec::new(
-            Opts::new("oscontent_http_requests_total", "HTTP requests by path kind and status code"),
+            Opts::new(
+                "oscontent_http_requests_total",
+                "HTTP requests by path kind and status code",
+            ),
             &["kind", "status"],
         )
         .expect("valid metric");
         let response_bytes = IntCounterVec::new(
-            Opts::new("oscontent_http_response_bytes_total", "Response body bytes sent, by path kind"),
+            Opts::new(
+                "oscontent_http_response_bytes_total",
+                "Response body bytes sent, by path kind",
+            ),
             &["kind"],
         )
         .expect("valid metric");
@@ -48,12 +56,15 @@ impl Metrics {
             &["kind"],
         )
         .expect("valid metric");
-        let ready = IntGauge::new("oscontent_ready", "1 once verified content is published").expect("valid metric");
-        let published_refs =
-            IntGauge::new("oscontent_published_refs", "Refs the server derived for the current generation")
-                .expect("valid metric");
-        let generation =
-            IntGauge::new("oscontent_generation", "ID of the generation being served").expect("valid metric");
+        let ready = IntGauge::new("oscontent_ready", "1 once verified content is published")
+            .expect("valid metric");
+        let published_refs = IntGauge::new(
+            "oscontent_published_refs",
+            "Refs the server derived for the current generation",
+        )
+        .expect("valid metric");
+        let generation = IntGauge::new("oscontent_generation", "ID of the generation being served")
+            .expect("valid metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(response_bytes.clone()),
@@ -64,13 +75,23 @@ impl Metrics {
         ] {
             registry.register(c).expect("unique metric names");
         }
-        Self { registry, requests, response_bytes, latency, ready, published_refs, generation }
+        Self {
+            registry,
+            requests,
+            response_bytes,
+            latency,
+            ready,
+            published_refs,
+            generation,
+        }
     }
 
     /// The exposition text and its content type.
     pub fn render(&self) -> (String, &'static str) {
         let enc = TextEncoder::new();
-        let text = enc.encode_to_string(&self.registry.gather()).unwrap_or_default();
+        let text = enc
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_default();
         (text, prometheus::TEXT_FORMAT)
     }
 }

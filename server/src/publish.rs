@@ -65,16 +65,35 @@ const GENERATIONS: &str = "generations";
 impl StateDir {
     /// Opens (creating if needed) the state dir and removes what an earlier
     /// run left: generations are cheap to rebuild, and a half-written one
-    /// must never be served.
-    pub fn open(root: &Path) -> Result<Self> {
-        std::fs::create_dir_all(root).with_context(|| format!("creating state dir {}", root.display()))?;
-        let root = root.canonicalize().with_context(|| format!("resolving {}", root.display()))?;
+    /// must never be served. `served` are the repos the server will serve:
+    /// the state dir may neither lie inside one nor contain one, and this is
+    /// checked before anything is created or removed.
+    pub fn open(root: &Path, served: &[PathBuf]) -> Result<Self> {
+        let resolved = resolve_nonexistent(root)?;
+        // A missing repo is reported by publication, with a clearer message.
+        for repo in served.iter().filter(|r| r.exists()) {
+            check_disjoint(&resolved, repo)?;
+        }
+        std::fs::create_dir_all(root)
+            .with_context(|| format!("creating state dir {}", root.display()))?;
+        let root = root
+            .canonicalize()
+            .with_context(|| format!("resolving {}", root.display()))?;
+        anyhow::ensure!(
+            root == resolved,
+            "state dir {} moved while opening it",
+            root.display()
+        );
         let gens = root.join(GENERATIONS);
         if gens.exists() {
-            std::fs::remove_dir_all(&gens).with_context(|| format!("removing stale {}", gens.display()))?;
+            std::fs::remove_dir_all(&gens)
+                .with_context(|| format!("removing stale {}", gens.display()))?;
         }
         std::fs::create_dir_all(&gens).with_context(|| format!("creating {}", gens.display()))?;
-        Ok(Self { root, next_id: AtomicU64::new(1) })
+        Ok(Self {
+            root,
+            next_id: AtomicU64::new(1),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -108,8 +127,13 @@ pub fn config_value(config: &str, key: &str) -> Option<String> {
 }
 
 fn check_archive_repo(repo: &Path) -> Result<Option<String>> {
-    let meta = std::fs::metadata(repo).with_context(|| format!("source repo {} is not accessible", repo.display()))?;
-    anyhow::ensure!(meta.is_dir(), "source repo {} is not a directory", repo.display());
+    let meta = std::fs::metadata(repo)
+        .with_context(|| format!("source repo {} is not accessible", repo.display()))?;
+    anyhow::ensure!(
+        meta.is_dir(),
+        "source repo {} is not a directory",
+        repo.display()
+    );
     anyhow::ensure!(
         fsutil::list_dir(repo, "objects", 1024)?.is_some(),
         "{} is not an ostree repo: it has no objects/ directory",
@@ -138,7 +162,9 @@ pub fn find_single_commit(repo: &Path) -> Result<Checksum> {
     for d in dirs.into_iter().filter(|d| d.is_dir && d.name.len() == 2) {
         let rel = format!("objects/{}", d.name);
         for f in fsutil::list_dir(repo, &rel, 10_000_000)?.unwrap_or_default() {
-            if let Some(format::RepoPath::Object(o)) = format::RepoPath::parse(&format!("{rel}/{}", f.name)) {
+            if let Some(format::RepoPath::Object(o)) =
+                format::RepoPath::parse(&format!("{rel}/{}", f.name))
+            {
                 if o.kind == ObjectKind::Commit && f.is_file {
                     found.push(o.checksum);
                 }
@@ -149,13 +175,21 @@ pub fn find_single_commit(repo: &Path) -> Result<Checksum> {
         [] => bail!("{} contains no commit object", repo.display()),
         [one] => Ok(*one),
         many => {
-            let shown: Vec<String> = many.iter().take(MAX_COMMITS_LISTED).map(|c| c.to_hex()).collect();
+            let shown: Vec<String> = many
+                .iter()
+                .take(MAX_COMMITS_LISTED)
+                .map(|c| c.to_hex())
+                .collect();
             bail!(
                 "{} contains {} commits ({}{}); choose one with --commit",
                 repo.display(),
                 many.len(),
                 shown.join(", "),
-                if many.len() > MAX_COMMITS_LISTED { ", ..." } else { "" }
+                if many.len() > MAX_COMMITS_LISTED {
+                    ", ..."
+                } else {
+                    ""
+                }
             )
         }
     }
@@ -178,11 +212,21 @@ pub fn derive_refs(commit: &Commit, requested: &[String]) -> Result<Vec<String>>
     }
     if !bindings.is_empty() {
         for r in &bindings {
-            format::validate_ref(r).with_context(|| format!("commit {} binds an invalid ref name", commit.checksum))?;
+            format::validate_ref(r)
+                .with_context(|| format!("commit {} binds an invalid ref name", commit.checksum))?;
         }
         return Ok(bindings);
     }
-    let Some(version) = commit.version().and_then(|v| format::sanitize_ref_component(&v)) else {
+    if commit.ref_binding().is_some() {
+        tracing::warn!(
+            commit = %commit.checksum,
+            "the commit has an empty ostree.ref-binding: stock ostree refuses to pull it under any ref name, only by checksum"
+        );
+    }
+    let Some(version) = commit
+        .version()
+        .and_then(|v| format::sanitize_ref_component(&v))
+    else {
         bail!(
             "commit {} has neither an ostree.ref-binding nor a version to name a ref after; pass --ref",
             commit.checksum
@@ -198,10 +242,45 @@ fn write_file(path: &Path, contents: &[u8]) -> Result<()> {
     std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
 }
 
+/// The canonical form of a path that may not exist yet: its nearest
+/// existing ancestor canonicalized, plus the rest.
+fn resolve_nonexistent(p: &Path) -> Result<PathBuf> {
+    let abs = if p.is_absolute() {
+        p.to_owned()
+    } else {
+        std::env::current_dir()
+            .context("reading the current directory")?
+            .join(p)
+    };
+    let mut existing = abs.as_path();
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
+            break;
+        };
+        rest.push(name.to_owned());
+        existing = parent;
+    }
+    let mut out = existing
+        .canonicalize()
+        .with_context(|| format!("resolving {}", existing.display()))?;
+    for name in rest.iter().rev() {
+        anyhow::ensure!(
+            name != ".." && name != ".",
+            "state dir {} must not contain . or ..",
+            p.display()
+        );
+        out.push(name);
+    }
+    Ok(out)
+}
+
 /// Refuses a state dir inside the served repo (or the other way round): the
-/// server would then be writing the repo it serves.
+/// server would then be writing (or wiping) the repo it serves.
 fn check_disjoint(state: &Path, repo: &Path) -> Result<()> {
-    let repo = repo.canonicalize().with_context(|| format!("resolving {}", repo.display()))?;
+    let repo = repo
+        .canonicalize()
+        .with_context(|| format!("resolving {}", repo.display()))?;
     if state.starts_with(&repo) || repo.starts_with(state) {
         bail!(
             "--state-dir {} overlaps the served repo {}; the server never writes the repo it serves",
@@ -217,6 +296,8 @@ fn check_disjoint(state: &Path, repo: &Path) -> Result<()> {
 pub fn publish(req: &PublishRequest, state: &StateDir) -> Result<Generation> {
     let repo = req.source.repo_path();
     let config = check_archive_repo(&repo)?;
+    // Also checked before the state dir was created; the repo may have
+    // moved since, and this is cheap.
     check_disjoint(state.path(), &repo)?;
     let existing = Generation::list_refs(&repo)?;
     if let Source::Oscontainer(_) = req.source {
@@ -230,7 +311,10 @@ pub fn publish(req: &PublishRequest, state: &StateDir) -> Result<Generation> {
     let result = (|| -> Result<Vec<(String, Checksum)>> {
         std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         if config.is_none() {
-            write_file(&tmp.join("config"), b"[core]\nrepo_version=1\nmode=archive-z2\n")?;
+            write_file(
+                &tmp.join("config"),
+                b"[core]\nrepo_version=1\nmode=archive-z2\n",
+            )?;
         }
         if !derive {
             return Ok(Vec::new());
@@ -254,7 +338,10 @@ pub fn publish(req: &PublishRequest, state: &StateDir) -> Result<Generation> {
         }
         let names = derive_refs(&commit, &req.refs)?;
         for name in &names {
-            write_file(&tmp.join("refs/heads").join(name), format!("{checksum}\n").as_bytes())?;
+            write_file(
+                &tmp.join("refs/heads").join(name),
+                format!("{checksum}\n").as_bytes(),
+            )?;
         }
         Ok(names.into_iter().map(|n| (n, checksum)).collect())
     })();
@@ -262,9 +349,16 @@ pub fn publish(req: &PublishRequest, state: &StateDir) -> Result<Generation> {
         // Validate the overlay before it becomes a generation: a broken repo
         // fails here, not on the first client.
         let probe = Generation::new(0, repo.clone(), tmp.clone(), refs.clone());
-        anyhow::ensure!(!probe.refs()?.is_empty(), "nothing to publish: {} has no refs", repo.display());
-        probe.generated_summary().context("generating the summary")?;
-        std::fs::rename(&tmp, &dir).with_context(|| format!("renaming {} into place", tmp.display()))?;
+        anyhow::ensure!(
+            !probe.refs()?.is_empty(),
+            "nothing to publish: {} has no refs",
+            repo.display()
+        );
+        probe
+            .generated_summary()
+            .context("generating the summary")?;
+        std::fs::rename(&tmp, &dir)
+            .with_context(|| format!("renaming {} into place", tmp.display()))?;
         Ok(refs)
     });
     match checked {
@@ -283,7 +377,11 @@ mod tests {
     #[test]
     fn config_values() {
         let cfg = "[core]\nrepo_version=1\nmode = archive-z2\n\n[remote \"x\"]\nmode=bare\n";
-        let cases = [("mode", Some("archive-z2")), ("repo_version", Some("1")), ("collection-id", None)];
+        let cases = [
+            ("mode", Some("archive-z2")),
+            ("repo_version", Some("1")),
+            ("collection-id", None),
+        ];
         for (k, want) in cases {
             assert_eq!(config_value(cfg, k).as_deref(), want, "{k}");
         }

@@ -10,8 +10,8 @@
 use crate::fsutil;
 use anyhow::{Context, Result};
 use oscontent::format::{
-    self, build_summary, Checksum, Commit, DeltaName, ObjectKind, ObjectName, RefNamespace, RepoPath,
-    Summary, SummaryDelta, SummaryRef,
+    self, build_summary, Checksum, Commit, DeltaName, ObjectKind, ObjectName, RefNamespace,
+    RepoPath, Summary, SummaryDelta, SummaryRef,
 };
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
@@ -47,7 +47,11 @@ pub struct Generated {
 /// How a request path is answered.
 #[derive(Debug)]
 pub enum Resolved {
-    File { layer: Layer, root: PathBuf, rel: String },
+    File {
+        layer: Layer,
+        root: PathBuf,
+        rel: String,
+    },
     Generated(Generated),
     Missing,
 }
@@ -83,7 +87,12 @@ pub struct FoundRef {
 }
 
 impl Generation {
-    pub fn new(id: u64, source: PathBuf, overlay: PathBuf, derived_refs: Vec<(String, Checksum)>) -> Self {
+    pub fn new(
+        id: u64,
+        source: PathBuf,
+        overlay: PathBuf,
+        derived_refs: Vec<(String, Checksum)>,
+    ) -> Self {
         Self {
             id,
             source,
@@ -106,8 +115,15 @@ impl Generation {
         for (layer, root) in self.layers(order) {
             // Existence check only; the HTTP layer reopens by the same safe
             // walk, so a file replaced in between is still read safely.
-            if fsutil::open_file(root, rel).with_context(|| format!("opening {rel}"))?.is_some() {
-                return Ok(Resolved::File { layer, root: root.to_owned(), rel: rel.to_owned() });
+            if fsutil::open_file(root, rel)
+                .with_context(|| format!("opening {rel}"))?
+                .is_some()
+            {
+                return Ok(Resolved::File {
+                    layer,
+                    root: root.to_owned(),
+                    rel: rel.to_owned(),
+                });
             }
         }
         Ok(Resolved::Missing)
@@ -136,9 +152,10 @@ impl Generation {
             }
             // Detached metadata from the server (signature bundles) wins
             // over what the source carries: it is the merged superset.
-            RepoPath::Object(ObjectName { kind: ObjectKind::CommitMeta, .. }) => {
-                self.first_file(&path.to_path(), OVERLAY_FIRST)
-            }
+            RepoPath::Object(ObjectName {
+                kind: ObjectKind::CommitMeta,
+                ..
+            }) => self.first_file(&path.to_path(), OVERLAY_FIRST),
             _ => self.first_file(&path.to_path(), SOURCE_FIRST),
         }
     }
@@ -146,7 +163,11 @@ impl Generation {
     fn source_summary(&self) -> Result<Option<Resolved>> {
         Ok(fsutil::open_file(&self.source, "summary")
             .context("opening the source summary")?
-            .map(|_| Resolved::File { layer: Layer::Source, root: self.source.clone(), rel: "summary".into() }))
+            .map(|_| Resolved::File {
+                layer: Layer::Source,
+                root: self.source.clone(),
+                rel: "summary".into(),
+            }))
     }
 
     /// Refs in one layer, validated. Invalid names and unreadable or
@@ -157,21 +178,33 @@ impl Generation {
         for ns in [RefNamespace::Heads, RefNamespace::Mirrors] {
             let mut stack = vec![(String::new(), 0usize)];
             while let Some((prefix, depth)) = stack.pop() {
-                let dir = if prefix.is_empty() { ns.dir().to_owned() } else { format!("{}/{prefix}", ns.dir()) };
+                let dir = if prefix.is_empty() {
+                    ns.dir().to_owned()
+                } else {
+                    format!("{}/{prefix}", ns.dir())
+                };
                 let Some(entries) = fsutil::list_dir(root, &dir, MAX_DIR_ENTRIES)
                     .with_context(|| format!("listing {}/{dir}", root.display()))?
                 else {
                     continue;
                 };
                 for e in entries {
-                    let name = if prefix.is_empty() { e.name.clone() } else { format!("{prefix}/{}", e.name) };
+                    let name = if prefix.is_empty() {
+                        e.name.clone()
+                    } else {
+                        format!("{prefix}/{}", e.name)
+                    };
                     if e.is_dir && depth + 1 < fsutil::MAX_DEPTH {
                         stack.push((name, depth + 1));
                     } else if e.is_file {
                         if let Some(r) = read_ref(root, ns, &name) {
                             out.push(r);
                         }
-                        anyhow::ensure!(out.len() <= MAX_REFS, "{} has more than {MAX_REFS} refs", root.display());
+                        anyhow::ensure!(
+                            out.len() <= MAX_REFS,
+                            "{} has more than {MAX_REFS} refs",
+                            root.display()
+                        );
                     }
                 }
             }
@@ -198,7 +231,9 @@ impl Generation {
         let rel = ObjectName::new(*c, ObjectKind::Commit).path();
         let (bytes, _) = [&self.source, &self.overlay]
             .into_iter()
-            .find_map(|root| fsutil::read_file(root, &rel, format::commit::MAX_COMMIT_SIZE as u64).transpose())
+            .find_map(|root| {
+                fsutil::read_file(root, &rel, format::commit::MAX_COMMIT_SIZE as u64).transpose()
+            })
             .transpose()
             .with_context(|| format!("reading commit {c}"))?
             .with_context(|| format!("commit {c} is not in the repo"))?;
@@ -208,7 +243,10 @@ impl Generation {
             "commit object {c} is corrupt: its bytes hash to {}",
             commit.checksum
         );
-        self.commits.lock().expect("poisoned").insert(*c, commit.clone());
+        self.commits
+            .lock()
+            .expect("poisoned")
+            .insert(*c, commit.clone());
         Ok(commit)
     }
 
@@ -224,7 +262,11 @@ impl Generation {
                 if let Some(RepoPath::Delta { name, .. }) = RepoPath::parse(&rel) {
                     out.push((name, rel));
                 }
-                anyhow::ensure!(out.len() <= MAX_DELTAS, "{} has more than {MAX_DELTAS} deltas", root.display());
+                anyhow::ensure!(
+                    out.len() <= MAX_DELTAS,
+                    "{} has more than {MAX_DELTAS} deltas",
+                    root.display()
+                );
             }
         }
         Ok(out)
@@ -234,7 +276,8 @@ impl Generation {
     fn collection_id(&self) -> Result<Option<String>> {
         for root in [&self.source, &self.overlay] {
             if let Some((cfg, _)) = fsutil::read_file(root, "config", MAX_METADATA_FILE)? {
-                let cid = crate::publish::config_value(&String::from_utf8_lossy(&cfg), "collection-id");
+                let cid =
+                    crate::publish::config_value(&String::from_utf8_lossy(&cfg), "collection-id");
                 return Ok(cid.filter(|c| format::validate_collection_id(c).is_ok()));
             }
         }
@@ -287,13 +330,24 @@ impl Generation {
         }
         let mut summary_deltas = Vec::new();
         for (name, (root, rel)) in &deltas {
-            let Some((bytes, _)) = fsutil::read_file(root, rel, MAX_METADATA_FILE)? else { continue };
-            summary_deltas.push(SummaryDelta { name: *name, superblock: Checksum::digest(&bytes) });
+            let Some((bytes, _)) = fsutil::read_file(root, rel, MAX_METADATA_FILE)? else {
+                continue;
+            };
+            summary_deltas.push(SummaryDelta {
+                name: *name,
+                superblock: Checksum::digest(&bytes),
+            });
         }
         let mut summary = summary_for(&refs, summary_deltas, indexed, |c| self.commit(c))?;
         summary.collection_id = collection_id;
-        let generated = Generated { bytes: build_summary(&summary)?.into(), produced: SystemTime::now() };
-        *cache = Some(SummaryCache { fingerprint, summary: generated.clone() });
+        let generated = Generated {
+            bytes: build_summary(&summary)?.into(),
+            produced: SystemTime::now(),
+        };
+        *cache = Some(SummaryCache {
+            fingerprint,
+            summary: generated.clone(),
+        });
         Ok(generated)
     }
 }
@@ -343,7 +397,10 @@ pub fn summary_for(
             RefNamespace::Mirrors => {
                 let (cid, name) = r.name.split_once('/').expect("validated mirror ref");
                 entry.name = name.to_owned();
-                s.collection_map.entry(cid.to_owned()).or_default().push(entry);
+                s.collection_map
+                    .entry(cid.to_owned())
+                    .or_default()
+                    .push(entry);
             }
         }
     }
@@ -353,9 +410,9 @@ pub fn summary_for(
 fn read_ref(root: &Path, ns: RefNamespace, name: &str) -> Option<FoundRef> {
     let valid = match ns {
         RefNamespace::Heads => format::validate_ref(name).is_ok(),
-        RefNamespace::Mirrors => name
-            .split_once('/')
-            .is_some_and(|(c, r)| format::validate_collection_id(c).is_ok() && format::validate_ref(r).is_ok()),
+        RefNamespace::Mirrors => name.split_once('/').is_some_and(|(c, r)| {
+            format::validate_collection_id(c).is_ok() && format::validate_ref(r).is_ok()
+        }),
     };
     if !valid {
         tracing::warn!(root = %root.display(), r#ref = name, "skipping ref with an invalid name");
@@ -372,7 +429,11 @@ fn read_ref(root: &Path, ns: RefNamespace, name: &str) -> Option<FoundRef> {
     };
     let text = String::from_utf8_lossy(&bytes);
     match Checksum::from_hex(text.trim_end_matches('\n')) {
-        Ok(commit) => Some(FoundRef { namespace: ns, name: name.to_owned(), commit }),
+        Ok(commit) => Some(FoundRef {
+            namespace: ns,
+            name: name.to_owned(),
+            commit,
+        }),
         Err(e) => {
             tracing::warn!(root = %root.display(), r#ref = name, "skipping malformed ref: {e}");
             None

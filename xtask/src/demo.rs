@@ -58,9 +58,16 @@ impl Server {
         let line = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
         let Some(url) = line.trim().strip_prefix("listening on ") else {
             let _ = child.kill();
-            bail!("server {name} did not start; see {}", work.join(format!("server-{name}.log")).display());
+            bail!(
+                "server {name} did not start; see {}",
+                work.join(format!("server-{name}.log")).display()
+            );
         };
-        Ok(Self { url: url.to_owned(), child, access_log })
+        Ok(Self {
+            url: url.to_owned(),
+            child,
+            access_log,
+        })
     }
 }
 
@@ -87,7 +94,11 @@ fn ostree(repo: &Path, args: &[&str]) -> Result<String> {
         .output()
         .with_context(|| format!("running ostree {}", args.join(" ")))?;
     if !out.status.success() {
-        bail!("ostree {} failed: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "ostree {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -100,11 +111,12 @@ pub struct Fetched {
 
 impl Fetched {
     pub fn from_access_log(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         let mut f = Fetched::default();
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let v: serde_json::Value =
-                serde_json::from_str(line).with_context(|| format!("parsing access log line {line:?}"))?;
+            let v: serde_json::Value = serde_json::from_str(line)
+                .with_context(|| format!("parsing access log line {line:?}"))?;
             if v["method"] != "GET" || v["status"] != 200 {
                 continue;
             }
@@ -135,8 +147,14 @@ fn mib(b: u64) -> String {
 pub fn demo(opts: &DemoOptions) -> Result<()> {
     deps::ensure()?;
     testrun::cargo(&["build", "--workspace", "--bins", "--quiet"])?;
-    let spec = FixtureSpec { update_share: opts.share, ..FixtureSpec::new(opts.scale) };
-    eprintln!("xtask: building (or reusing) the {:?} demo oscontainers", opts.scale);
+    let spec = FixtureSpec {
+        update_share: opts.share,
+        ..FixtureSpec::new(opts.scale)
+    };
+    eprintln!(
+        "xtask: building (or reusing) the {:?} demo oscontainers",
+        opts.scale
+    );
     let fx: Fixtures = fixtures::ensure(&spec, &fixtures::default_dir(&spec))?;
     let (v1, v2) = (&fx.releases[0], &fx.releases[1]);
     let work = testrun::target_dir().join("demo");
@@ -147,32 +165,73 @@ pub fn demo(opts: &DemoOptions) -> Result<()> {
     let node = work.join("node-repo");
     ostree(&node, &["init", "--mode=bare-user"])?;
 
-    println!("== v1 {} ({}) served from {}", v1.version, &v1.commit[..12], v1.oscontainer.display());
+    println!(
+        "== v1 {} ({}) served from {}",
+        v1.version,
+        &v1.commit[..12],
+        v1.oscontainer.display()
+    );
     let s1 = Server::start(&v1.oscontainer, &work, "v1")?;
-    ostree(&node, &["remote", "add", "--no-gpg-verify", "oscontent", &s1.url])?;
+    ostree(
+        &node,
+        &["remote", "add", "--no-gpg-verify", "oscontent", &s1.url],
+    )?;
     ostree(&node, &["pull", "oscontent", &spec.ref_name])?;
-    println!("   node installed v1 with stock `ostree pull` from {}", s1.url);
+    println!(
+        "   node installed v1 with stock `ostree pull` from {}",
+        s1.url
+    );
     drop(s1);
 
-    println!("== v2 {} ({}): the new release rolls out", v2.version, &v2.commit[..12]);
+    println!(
+        "== v2 {} ({}): the new release rolls out",
+        v2.version,
+        &v2.commit[..12]
+    );
     let s2 = Server::start(&v2.oscontainer, &work, "v2")?;
     ostree(&node, &["remote", "delete", "oscontent"])?;
-    ostree(&node, &["remote", "add", "--no-gpg-verify", "oscontent", &s2.url])?;
+    ostree(
+        &node,
+        &["remote", "add", "--no-gpg-verify", "oscontent", &s2.url],
+    )?;
     let t = Instant::now();
     ostree(&node, &["pull", "oscontent", &spec.ref_name])?;
     let took = t.elapsed();
-    let head = ostree(&node, &["rev-parse", &format!("oscontent:{}", spec.ref_name)])?;
-    anyhow::ensure!(head.trim() == v2.commit, "node is at {} after the update, expected {}", head.trim(), v2.commit);
+    let head = ostree(
+        &node,
+        &["rev-parse", &format!("oscontent:{}", spec.ref_name)],
+    )?;
+    anyhow::ensure!(
+        head.trim() == v2.commit,
+        "node is at {} after the update, expected {}",
+        head.trim(),
+        v2.commit
+    );
     ostree(&node, &["fsck", "--quiet"])?;
 
     let fetched = Fetched::from_access_log(&s2.access_log)?;
     let (objs, obj_bytes) = fetched.objects();
     let content = fetched.by_kind.get("filez").copied().unwrap_or_default();
-    println!("   node updated to v2 in {:.2}s; `ostree fsck` is clean", took.as_secs_f64());
+    println!(
+        "   node updated to v2 in {:.2}s; `ostree fsck` is clean",
+        took.as_secs_f64()
+    );
     println!();
-    println!("   what the update fetched        {objs} objects ({} content), {}", content.0, mib(obj_bytes));
-    println!("   all HTTP bytes (with summary)  {}", mib(fetched.total_bytes()));
-    println!("   the whole v2 oscontainer       {} compressed image, {} repo, {} files", mib(v2.image_bytes), mib(v2.repo_bytes), v2.tree_files);
+    println!(
+        "   what the update fetched        {objs} objects ({} content), {}",
+        content.0,
+        mib(obj_bytes)
+    );
+    println!(
+        "   all HTTP bytes (with summary)  {}",
+        mib(fetched.total_bytes())
+    );
+    println!(
+        "   the whole v2 oscontainer       {} compressed image, {} repo, {} files",
+        mib(v2.image_bytes),
+        mib(v2.repo_bytes),
+        v2.tree_files
+    );
     println!(
         "   fetched / image                {:.1}%  ({:.0}x less to download and write)",
         100.0 * fetched.total_bytes() as f64 / v2.image_bytes.max(1) as f64,
@@ -181,7 +240,10 @@ pub fn demo(opts: &DemoOptions) -> Result<()> {
     if opts.keep_serving {
         let mut s2 = s2;
         println!();
-        println!("v2 is served at {} (ref {}); Ctrl-C to stop.", s2.url, spec.ref_name);
+        println!(
+            "v2 is served at {} (ref {}); Ctrl-C to stop.",
+            s2.url, spec.ref_name
+        );
         // Ctrl-C reaches the server too (same process group); it drains and
         // exits, and this wait returns.
         s2.child.wait().context("waiting for the server")?;

@@ -10,31 +10,56 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ("libostree-dev", "the ostree crate links libostree 2022.7"),
     ("libglib2.0-dev", "glib/gio for the ostree crate"),
     ("pkg-config", "locating libostree, glib and nettle"),
-    ("clang", "sequoia-openpgp's nettle backend generates bindings"),
+    (
+        "clang",
+        "sequoia-openpgp's nettle backend generates bindings",
+    ),
     ("nettle-dev", "sequoia-openpgp crypto-nettle backend"),
-    ("ostree", "the stock client and independent verifier in tests"),
-    ("gnupg", "cross-checks sequoia signatures; ostree's gpgme backend"),
+    (
+        "ostree",
+        "the stock client and independent verifier in tests",
+    ),
+    (
+        "gnupg",
+        "cross-checks sequoia signatures; ostree's gpgme backend",
+    ),
     ("curl", "raw HTTP probes in tests"),
     ("umoci", "builds OCI image layouts of the fixtures"),
     ("skopeo", "pushes fixture images to the test registry"),
-    ("docker-registry", "a real OCI distribution registry on loopback"),
+    (
+        "docker-registry",
+        "a real OCI distribution registry on loopback",
+    ),
     ("apache2-utils", "htpasswd for registry basic auth"),
     ("fio", "the latency-sensitive neighbour in I/O benchmarks"),
-    ("etcd-server", "a real etcd as an optional benchmark neighbour"),
-    ("xfsprogs", "isolated XFS filesystems on loop devices for benchmarks"),
+    (
+        "etcd-server",
+        "a real etcd as an optional benchmark neighbour",
+    ),
+    (
+        "xfsprogs",
+        "isolated XFS filesystems on loop devices for benchmarks",
+    ),
 ];
 
 fn installed(pkg: &str) -> bool {
     Command::new("dpkg-query")
         .args(["-W", "-f=${Status}", pkg])
         .output()
-        .map(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .map(|o| {
+            o.status.success()
+                && String::from_utf8_lossy(&o.stdout).contains("install ok installed")
+        })
         .unwrap_or(false)
 }
 
 /// Packages from [`PACKAGES`] that are not installed.
 pub fn missing() -> Vec<&'static str> {
-    PACKAGES.iter().map(|(p, _)| *p).filter(|p| !installed(p)).collect()
+    PACKAGES
+        .iter()
+        .map(|(p, _)| *p)
+        .filter(|p| !installed(p))
+        .collect()
 }
 
 /// Installs whatever is missing (as root, with apt-get), or explains what
@@ -53,7 +78,10 @@ pub fn ensure() -> Result<()> {
         );
     }
     eprintln!("xtask: installing {}", missing.join(" "));
-    let update = Command::new("apt-get").args(["update", "-qq"]).status().context("running apt-get update")?;
+    let update = Command::new("apt-get")
+        .args(["update", "-qq"])
+        .status()
+        .context("running apt-get update")?;
     anyhow::ensure!(update.success(), "apt-get update failed: {update}");
     let status = Command::new("apt-get")
         .args(["install", "-y", "-qq", "--no-install-recommends"])
@@ -61,14 +89,24 @@ pub fn ensure() -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive")
         .status()
         .context("running apt-get install")?;
-    anyhow::ensure!(status.success(), "apt-get install {} failed: {status}", missing.join(" "));
+    anyhow::ensure!(
+        status.success(),
+        "apt-get install {} failed: {status}",
+        missing.join(" ")
+    );
     let still = self::missing();
-    anyhow::ensure!(still.is_empty(), "still missing after install: {}", still.join(" "));
+    anyhow::ensure!(
+        still.is_empty(),
+        "still missing after install: {}",
+        still.join(" ")
+    );
     Ok(())
 }
 
 /// The first `name` on PATH.
 pub fn which(name: &str) -> Option<std::path::PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
 }

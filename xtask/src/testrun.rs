@@ -27,14 +27,26 @@ pub fn cargo(args: &[&str]) -> Result<()> {
         .env("OSCONTENT_BIN_DIR", bin_dir())
         .status()
         .with_context(|| format!("running cargo {}", args.join(" ")))?;
-    anyhow::ensure!(status.success(), "cargo {} failed: {status}", args.join(" "));
+    anyhow::ensure!(
+        status.success(),
+        "cargo {} failed: {status}",
+        args.join(" ")
+    );
     Ok(())
 }
 
 /// Formatting and lints; part of `test` so CI enforces them.
 pub fn check() -> Result<()> {
     cargo(&["fmt", "--all", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"])
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--quiet",
+        "--",
+        "-D",
+        "warnings",
+    ])
 }
 
 /// Installs what is missing, checks, builds, prepares fixtures once (so test

@@ -24,7 +24,8 @@ impl Checksum {
     /// `ostree_validate_checksum_string` demands.
     pub fn from_hex(s: &str) -> Result<Self, FormatError> {
         let ok = s.len() == Self::HEX_LEN
-            && s.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c));
+            && s.bytes()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c));
         if !ok {
             return Err(FormatError::Checksum(truncate(s)));
         }
@@ -121,7 +122,14 @@ mod tests {
     #[test]
     fn rejects_bad_hex() {
         let upper = HEX.to_uppercase();
-        let cases: &[&str] = &["", "abc", &HEX[1..], &upper, &format!("{HEX}0"), &HEX.replace('5', "g")];
+        let cases: &[&str] = &[
+            "",
+            "abc",
+            &HEX[1..],
+            &upper,
+            &format!("{HEX}0"),
+            &HEX.replace('5', "g"),
+        ];
         for s in cases {
             assert!(Checksum::from_hex(s).is_err(), "{s:?} accepted");
         }
@@ -130,7 +138,13 @@ mod tests {
     #[test]
     fn rejects_bad_mbase64() {
         let noncanonical = format!("{}B", &MB64[..42]);
-        let cases: &[&str] = &["", &MB64[1..], &MB64.replace('_', "/"), &format!("{MB64}="), &noncanonical];
+        let cases: &[&str] = &[
+            "",
+            &MB64[1..],
+            &MB64.replace('_', "/"),
+            &format!("{MB64}="),
+            &noncanonical,
+        ];
         for s in cases {
             assert!(Checksum::from_mbase64(s).is_err(), "{s:?} accepted");
         }

@@ -32,7 +32,10 @@ pub struct Commit {
 }
 
 fn err(why: impl Into<String>) -> FormatError {
-    FormatError::Variant { what: "commit object", why: why.into() }
+    FormatError::Variant {
+        what: "commit object",
+        why: why.into(),
+    }
 }
 
 impl Commit {
@@ -40,20 +43,31 @@ impl Commit {
     /// that what we parse is what ostree hashes.
     pub fn parse(bytes: &[u8]) -> Result<Self, FormatError> {
         if bytes.len() > MAX_COMMIT_SIZE {
-            return Err(err(format!("{} bytes exceeds the {MAX_COMMIT_SIZE} byte limit", bytes.len())));
+            return Err(err(format!(
+                "{} bytes exceeds the {MAX_COMMIT_SIZE} byte limit",
+                bytes.len()
+            )));
         }
         let ty = VariantTy::new(COMMIT_GVARIANT_TYPE).expect("valid type string");
+        // glib keeps pointers into the buffer in child values without tying
+        // them to a borrow, so it must own the bytes.
+        #[allow(clippy::unnecessary_to_owned)]
         let v = Variant::from_data_with_type(bytes.to_vec(), ty);
         if !v.is_normal_form() {
             return Err(err("not in GVariant normal form"));
         }
         let checksum_at = |i: usize, what: &str| -> Result<Checksum, FormatError> {
             let c = v.child_value(i);
-            let b = c.fixed_array::<u8>().map_err(|e| err(format!("{what}: {e}")))?;
+            let b = c
+                .fixed_array::<u8>()
+                .map_err(|e| err(format!("{what}: {e}")))?;
             Checksum::from_bytes(b).map_err(|_| err(format!("{what}: {} bytes, want 32", b.len())))
         };
         let parent_v = v.child_value(1);
-        let parent = match parent_v.fixed_array::<u8>().map_err(|e| err(e.to_string()))? {
+        let parent = match parent_v
+            .fixed_array::<u8>()
+            .map_err(|e| err(e.to_string()))?
+        {
             [] => None,
             b => Some(Checksum::from_bytes(b).map_err(|_| err("parent checksum is not 32 bytes"))?),
         };
@@ -64,7 +78,11 @@ impl Commit {
             parent,
             subject: v.child_value(3).str().unwrap_or_default().to_owned(),
             body: v.child_value(4).str().unwrap_or_default().to_owned(),
-            timestamp: u64::from_be(v.child_value(5).get::<u64>().ok_or_else(|| err("timestamp"))?),
+            timestamp: u64::from_be(
+                v.child_value(5)
+                    .get::<u64>()
+                    .ok_or_else(|| err("timestamp"))?,
+            ),
             root_tree: checksum_at(6, "root dirtree")?,
             root_meta: checksum_at(7, "root dirmeta")?,
         })
@@ -77,18 +95,26 @@ impl Commit {
 
     /// The `version` metadata string, if any.
     pub fn version(&self) -> Option<String> {
-        self.lookup(VERSION_KEY, "s").and_then(|v| v.str().map(str::to_owned))
+        self.lookup(VERSION_KEY, "s")
+            .and_then(|v| v.str().map(str::to_owned))
     }
 
-    /// The refs this commit is bound to (`ostree.ref-binding`, `as`).
-    pub fn ref_bindings(&self) -> Vec<String> {
+    /// The refs this commit is bound to (`ostree.ref-binding`, `as`), or
+    /// `None` if it carries no binding. `Some(empty)` is a commit stock
+    /// ostree refuses to pull under any ref name.
+    pub fn ref_binding(&self) -> Option<Vec<String>> {
         self.lookup(REF_BINDING_KEY, "as")
             .and_then(|v| v.get::<Vec<String>>())
-            .unwrap_or_default()
+    }
+
+    /// The bound refs; empty when there is no (or an empty) binding.
+    pub fn ref_bindings(&self) -> Vec<String> {
+        self.ref_binding().unwrap_or_default()
     }
 
     pub fn collection_binding(&self) -> Option<String> {
-        self.lookup(COLLECTION_BINDING_KEY, "s").and_then(|v| v.str().map(str::to_owned))
+        self.lookup(COLLECTION_BINDING_KEY, "s")
+            .and_then(|v| v.str().map(str::to_owned))
     }
 
     /// A metadata value rendered as text, for `ostree show`-like output.
@@ -96,4 +122,3 @@ impl Commit {
         VariantDict::new(Some(&self.metadata)).lookup_value(key, None)
     }
 }
-

@@ -5,12 +5,14 @@
 
 mod checksum;
 pub mod commit;
+pub mod gpgsigs;
 mod path;
 mod refname;
 pub mod summary;
 
 pub use checksum::Checksum;
 pub use commit::{Commit, COMMIT_GVARIANT_TYPE};
+pub use gpgsigs::{build_gpgsigs, merge_gpgsigs, parse_gpgsigs};
 pub use path::{DeltaFile, DeltaName, ObjectKind, ObjectName, RefNamespace, RepoPath};
 pub use refname::{sanitize_ref_component, validate_collection_id, validate_ref};
 pub use summary::{build_summary, parse_summary, Summary, SummaryDelta, SummaryRef};

@@ -63,7 +63,12 @@ impl ObjectName {
     /// `objects/ab/cdef….ext`, relative to the repo root.
     pub fn path(&self) -> String {
         let hex = self.checksum.to_hex();
-        format!("objects/{}/{}.{}", &hex[..2], &hex[2..], self.kind.extension())
+        format!(
+            "objects/{}/{}.{}",
+            &hex[..2],
+            &hex[2..],
+            self.kind.extension()
+        )
     }
 }
 
@@ -107,7 +112,10 @@ impl DeltaName {
                 from: Some(Checksum::from_hex(f).ok()?),
                 to: Checksum::from_hex(t).ok()?,
             }),
-            None => Some(Self { from: None, to: Checksum::from_hex(s).ok()? }),
+            None => Some(Self {
+                from: None,
+                to: Checksum::from_hex(s).ok()?,
+            }),
         }
     }
 
@@ -131,7 +139,10 @@ impl DeltaName {
                 from: Some(Checksum::from_mbase64(f).ok()?),
                 to: Checksum::from_mbase64(t).ok()?,
             }),
-            None => Some(Self { from: None, to: Checksum::from_mbase64(&joined).ok()? }),
+            None => Some(Self {
+                from: None,
+                to: Checksum::from_mbase64(&joined).ok()?,
+            }),
         }
     }
 
@@ -160,10 +171,18 @@ pub enum RepoPath {
     Config,
     Summary,
     SummarySig,
-    Ref { namespace: RefNamespace, name: String },
+    Ref {
+        namespace: RefNamespace,
+        name: String,
+    },
     Object(ObjectName),
-    Delta { name: DeltaName, file: DeltaFile },
-    DeltaIndex { to: Checksum },
+    Delta {
+        name: DeltaName,
+        file: DeltaFile,
+    },
+    DeltaIndex {
+        to: Checksum,
+    },
 }
 
 impl RepoPath {
@@ -183,13 +202,19 @@ impl RepoPath {
         }
         if let Some(rest) = p.strip_prefix("refs/heads/") {
             refname::validate_ref(rest).ok()?;
-            return Some(RepoPath::Ref { namespace: RefNamespace::Heads, name: rest.to_owned() });
+            return Some(RepoPath::Ref {
+                namespace: RefNamespace::Heads,
+                name: rest.to_owned(),
+            });
         }
         if let Some(rest) = p.strip_prefix("refs/mirrors/") {
             let (cid, r) = rest.split_once('/')?;
             refname::validate_collection_id(cid).ok()?;
             refname::validate_ref(r).ok()?;
-            return Some(RepoPath::Ref { namespace: RefNamespace::Mirrors, name: rest.to_owned() });
+            return Some(RepoPath::Ref {
+                namespace: RefNamespace::Mirrors,
+                name: rest.to_owned(),
+            });
         }
         if let Some(rest) = p.strip_prefix("objects/") {
             let (prefix, file) = rest.split_once('/')?;
@@ -274,15 +299,57 @@ mod tests {
             ("config".into(), RepoPath::Config),
             ("summary".into(), RepoPath::Summary),
             ("summary.sig".into(), RepoPath::SummarySig),
-            ("refs/heads/fedora/x86_64/coreos/stable".into(), RepoPath::Ref { namespace: RefNamespace::Heads, name: "fedora/x86_64/coreos/stable".into() }),
-            ("refs/mirrors/org.example.Os/os/stable".into(), RepoPath::Ref { namespace: RefNamespace::Mirrors, name: "org.example.Os/os/stable".into() }),
-            (format!("objects/79/{}.commit", &C1[2..]), obj(ObjectKind::Commit)),
-            (format!("objects/79/{}.dirtree", &C1[2..]), obj(ObjectKind::DirTree)),
-            (format!("objects/79/{}.dirmeta", &C1[2..]), obj(ObjectKind::DirMeta)),
-            (format!("objects/79/{}.filez", &C1[2..]), obj(ObjectKind::File)),
-            (format!("objects/79/{}.commitmeta", &C1[2..]), obj(ObjectKind::CommitMeta)),
-            (DELTA_FROM.into(), RepoPath::Delta { name: DeltaName { from: Some(c1), to: c2 }, file: DeltaFile::Superblock }),
-            (DELTA_EMPTY.into(), RepoPath::Delta { name: DeltaName { from: None, to: c2 }, file: DeltaFile::Part(0) }),
+            (
+                "refs/heads/fedora/x86_64/coreos/stable".into(),
+                RepoPath::Ref {
+                    namespace: RefNamespace::Heads,
+                    name: "fedora/x86_64/coreos/stable".into(),
+                },
+            ),
+            (
+                "refs/mirrors/org.example.Os/os/stable".into(),
+                RepoPath::Ref {
+                    namespace: RefNamespace::Mirrors,
+                    name: "org.example.Os/os/stable".into(),
+                },
+            ),
+            (
+                format!("objects/79/{}.commit", &C1[2..]),
+                obj(ObjectKind::Commit),
+            ),
+            (
+                format!("objects/79/{}.dirtree", &C1[2..]),
+                obj(ObjectKind::DirTree),
+            ),
+            (
+                format!("objects/79/{}.dirmeta", &C1[2..]),
+                obj(ObjectKind::DirMeta),
+            ),
+            (
+                format!("objects/79/{}.filez", &C1[2..]),
+                obj(ObjectKind::File),
+            ),
+            (
+                format!("objects/79/{}.commitmeta", &C1[2..]),
+                obj(ObjectKind::CommitMeta),
+            ),
+            (
+                DELTA_FROM.into(),
+                RepoPath::Delta {
+                    name: DeltaName {
+                        from: Some(c1),
+                        to: c2,
+                    },
+                    file: DeltaFile::Superblock,
+                },
+            ),
+            (
+                DELTA_EMPTY.into(),
+                RepoPath::Delta {
+                    name: DeltaName { from: None, to: c2 },
+                    file: DeltaFile::Part(0),
+                },
+            ),
             (INDEX.into(), RepoPath::DeltaIndex { to: c2 }),
         ];
         for (p, want) in cases {

@@ -20,7 +20,9 @@ pub fn validate_ref(r: &str) -> Result<(), FormatError> {
         let b = comp.as_bytes();
         let ok = !b.is_empty()
             && is_word(b[0])
-            && b[1..].iter().all(|&c| is_word(c) || matches!(c, b'-' | b'.'));
+            && b[1..]
+                .iter()
+                .all(|&c| is_word(c) || matches!(c, b'-' | b'.'));
         if !ok {
             return Err(bad());
         }
@@ -58,7 +60,13 @@ pub fn sanitize_ref_component(s: &str) -> Option<String> {
     let mut out: String = s
         .chars()
         .take(MAX_REF_LEN / 2)
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_') { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     if !out.as_bytes()[0].is_ascii_alphanumeric() && out.as_bytes()[0] != b'_' {
         out.insert(0, '_');

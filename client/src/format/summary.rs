@@ -88,7 +88,10 @@ fn ref_list(refs: &[SummaryRef]) -> Result<Variant, FormatError> {
         }
     }
     if sorted.len() > MAX_REFS {
-        return Err(FormatError::Variant { what: "summary", why: format!("more than {MAX_REFS} refs") });
+        return Err(FormatError::Variant {
+            what: "summary",
+            why: format!("more than {MAX_REFS} refs"),
+        });
     }
     let entries = sorted.into_iter().map(|r| {
         let mut meta = BTreeMap::new();
@@ -98,14 +101,19 @@ fn ref_list(refs: &[SummaryRef]) -> Result<Variant, FormatError> {
         if let Some(v) = &r.version {
             meta.insert(KEY_COMMIT_VERSION, v.to_variant());
         }
+        // libostree writes the size in host order (unlike the timestamps,
+        // which it stores big-endian): GVariant's own little-endian here.
         let inner = Variant::tuple_from_iter([
-            r.commit_size.to_be().to_variant(),
+            r.commit_size.to_variant(),
             ay(r.commit.as_bytes()),
             asv(meta),
         ]);
         Variant::tuple_from_iter([r.name.to_variant(), inner])
     });
-    Ok(Variant::array_from_iter_with_type(ty("(s(taya{sv}))"), entries))
+    Ok(Variant::array_from_iter_with_type(
+        ty("(s(taya{sv}))"),
+        entries,
+    ))
 }
 
 /// Serializes a summary. Deterministic; see the module docs.
@@ -133,13 +141,19 @@ pub fn build_summary(s: &Summary) -> Result<Vec<u8>, FormatError> {
         for d in &s.deltas {
             by_name.insert(d.name.summary_name(), ay(d.superblock.as_bytes()));
         }
-        let borrowed = by_name.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        let borrowed = by_name
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.clone()))
+            .collect();
         meta.insert(KEY_STATIC_DELTAS, asv(borrowed));
     }
     if !s.collection_map.is_empty() {
         let mut entries = Vec::new();
         for (cid, refs) in &s.collection_map {
-            entries.push(Variant::from_dict_entry(&cid.to_variant(), &ref_list(refs)?));
+            entries.push(Variant::from_dict_entry(
+                &cid.to_variant(),
+                &ref_list(refs)?,
+            ));
         }
         meta.insert(
             KEY_COLLECTION_MAP,
@@ -151,7 +165,10 @@ pub fn build_summary(s: &Summary) -> Result<Vec<u8>, FormatError> {
 }
 
 fn verr(why: impl Into<String>) -> FormatError {
-    FormatError::Variant { what: "summary", why: why.into() }
+    FormatError::Variant {
+        what: "summary",
+        why: why.into(),
+    }
 }
 
 fn parse_ref_list(v: &Variant) -> Result<Vec<SummaryRef>, FormatError> {
@@ -162,7 +179,7 @@ fn parse_ref_list(v: &Variant) -> Result<Vec<SummaryRef>, FormatError> {
     for entry in v.iter() {
         let name = entry.child_value(0).str().unwrap_or_default().to_owned();
         let inner = entry.child_value(1);
-        let size = u64::from_be(inner.child_value(0).get::<u64>().unwrap_or_default());
+        let size = inner.child_value(0).get::<u64>().unwrap_or_default();
         let cs = inner.child_value(1);
         let commit = Checksum::from_bytes(cs.fixed_array::<u8>().map_err(|e| verr(e.to_string()))?)
             .map_err(|_| verr(format!("ref {name:?}: checksum is not 32 bytes")))?;
@@ -194,26 +211,47 @@ fn parse_ref_list(v: &Variant) -> Result<Vec<SummaryRef>, FormatError> {
 /// Parses summary bytes from an untrusted remote.
 pub fn parse_summary(bytes: &[u8]) -> Result<Summary, FormatError> {
     if bytes.len() > MAX_SUMMARY_SIZE {
-        return Err(verr(format!("{} bytes exceeds the {MAX_SUMMARY_SIZE} byte limit", bytes.len())));
+        return Err(verr(format!(
+            "{} bytes exceeds the {MAX_SUMMARY_SIZE} byte limit",
+            bytes.len()
+        )));
     }
+    // glib keeps pointers into the buffer in child values without tying
+    // them to a borrow, so it must own the bytes.
+    #[allow(clippy::unnecessary_to_owned)]
     let v = Variant::from_data_with_type(bytes.to_vec(), ty(SUMMARY_GVARIANT_TYPE));
     if !v.is_normal_form() {
         return Err(verr("not in GVariant normal form"));
     }
     let refs = parse_ref_list(&v.child_value(0))?;
     let meta = VariantDict::new(Some(&v.child_value(1)));
-    let get_t = |k| meta.lookup_value(k, Some(ty("t"))).and_then(|v| v.get::<u64>()).map(u64::from_be);
-    let get_b = |k| meta.lookup_value(k, Some(ty("b"))).and_then(|v| v.get::<bool>()).unwrap_or(false);
-    let get_s = |k| meta.lookup_value(k, Some(ty("s"))).and_then(|v| v.str().map(str::to_owned));
+    let get_t = |k| {
+        meta.lookup_value(k, Some(ty("t")))
+            .and_then(|v| v.get::<u64>())
+            .map(u64::from_be)
+    };
+    let get_b = |k| {
+        meta.lookup_value(k, Some(ty("b")))
+            .and_then(|v| v.get::<bool>())
+            .unwrap_or(false)
+    };
+    let get_s = |k| {
+        meta.lookup_value(k, Some(ty("s")))
+            .and_then(|v| v.str().map(str::to_owned))
+    };
     let mut deltas = Vec::new();
     if let Some(d) = meta.lookup_value(KEY_STATIC_DELTAS, Some(ty("a{sv}"))) {
         for e in d.iter() {
             let name = e.child_value(0).str().unwrap_or_default().to_owned();
-            let val = e.child_value(1).as_variant().ok_or_else(|| verr("static delta value"))?;
+            let val = e
+                .child_value(1)
+                .as_variant()
+                .ok_or_else(|| verr("static delta value"))?;
             let name = DeltaName::parse_summary_name(&name)
                 .ok_or_else(|| verr(format!("bad static delta name {name:?}")))?;
             let sb = val.fixed_array::<u8>().map_err(|e| verr(e.to_string()))?;
-            let superblock = Checksum::from_bytes(sb).map_err(|_| verr("delta superblock checksum"))?;
+            let superblock =
+                Checksum::from_bytes(sb).map_err(|_| verr("delta superblock checksum"))?;
             deltas.push(SummaryDelta { name, superblock });
         }
     }
@@ -248,10 +286,28 @@ mod tests {
     fn sample() -> Summary {
         Summary {
             refs: vec![
-                SummaryRef { name: "z/last".into(), commit: c(2), commit_size: 150, timestamp: Some(1_706_745_600), version: Some("2.0".into()) },
-                SummaryRef { name: "a/first".into(), commit: c(1), commit_size: 99, timestamp: Some(1_704_067_200), version: None },
+                SummaryRef {
+                    name: "z/last".into(),
+                    commit: c(2),
+                    commit_size: 150,
+                    timestamp: Some(1_706_745_600),
+                    version: Some("2.0".into()),
+                },
+                SummaryRef {
+                    name: "a/first".into(),
+                    commit: c(1),
+                    commit_size: 99,
+                    timestamp: Some(1_704_067_200),
+                    version: None,
+                },
             ],
-            deltas: vec![SummaryDelta { name: DeltaName { from: Some(c(1)), to: c(2) }, superblock: c(9) }],
+            deltas: vec![SummaryDelta {
+                name: DeltaName {
+                    from: Some(c(1)),
+                    to: c(2),
+                },
+                superblock: c(9),
+            }],
             indexed_deltas: true,
             last_modified: Some(1_706_745_600),
             mode: Some(super::super::ARCHIVE_MODE.into()),
@@ -277,18 +333,25 @@ mod tests {
     }
 
     #[test]
-    fn big_endian_like_libostree() {
-        // libostree stores sizes and timestamps big-endian; 150 = 0x96.
+    fn byte_order_like_libostree() {
+        // As `ostree summary -u` writes them: the commit size (150 = 0x96)
+        // in host order, timestamps big-endian.
         let bytes = build_summary(&sample()).unwrap();
-        let needle = [0, 0, 0, 0, 0, 0, 0, 0x96];
-        assert!(bytes.windows(8).any(|w| w == needle));
+        let size = 150u64.to_le_bytes();
+        let ts = 1_706_745_600u64.to_be_bytes();
+        for (what, needle) in [("size", size), ("timestamp", ts)] {
+            assert!(bytes.windows(8).any(|w| w == needle), "{what} not found");
+        }
     }
 
     #[test]
     fn refuses_duplicates_and_garbage() {
         let mut s = sample();
         s.refs.push(s.refs[0].clone());
-        assert_eq!(build_summary(&s), Err(FormatError::DuplicateRef("z/last".into())));
+        assert_eq!(
+            build_summary(&s),
+            Err(FormatError::DuplicateRef("z/last".into()))
+        );
         for junk in [&b""[..], b"garbage", &[0xff; 64]] {
             // Garbage either fails or parses to nothing; it never panics.
             if let Ok(p) = parse_summary(junk) {

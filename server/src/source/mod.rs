@@ -1,0 +1,493 @@
+//! Sources: get an oscontainer onto local disk once, verified.
+//!
+//! A registry image, an OCI layout or an OCI archive is streamed: no
+//! compressed blob is ever stored. Every blob's sha256 and size are checked
+//! against its descriptor while the bytes go by, as are the manifest's
+//! digest (against the reference, when pulling by digest; always recorded)
+//! and the config's. Layers are decompressed (gzip, zstd, or plain tar) and
+//! applied in order with OCI whiteouts, but only `srv/repo/**` is written
+//! (see [`unpack`] for the entry rules), plus the config labels. If
+//! anything fails, the whole staging directory is removed: nothing
+//! unverified is ever kept.
+//!
+//! # API
+//!
+//! ```no_run
+//! # async fn f() -> anyhow::Result<()> {
+//! use oscontent_server::source::{self, FetchOptions, ImageRef};
+//! let parent = std::path::Path::new("/var/lib/oscontent/images");
+//! source::clean_staging(parent)?; // once, at startup, before any fetch
+//! let image: ImageRef = "docker://quay.io/org/os@sha256:…".parse()?;
+//! match source::fetch(&image, &FetchOptions::default(), parent).await {
+//!     Ok(staged) => { /* publish Source::Oscontainer(staged.root) */ }
+//!     Err(e) if e.is_retryable() => { /* back off and retry */ }
+//!     Err(e) => { /* log it; retry slowly or give up */ }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! - [`ImageRef`] parses `docker://HOST[:PORT]/REPO[:TAG|@sha256:DIGEST]`,
+//!   `oci:DIR[:TAG]` and `oci-archive:FILE[:TAG]`.
+//! - [`fetch`] streams the image into `staging_parent/staging-XXXX`; on
+//!   success, after `syncfs`, renames it to `staging_parent/image-XXXX` and
+//!   returns it as a [`StagedImage`] (its `root` holds `srv/repo`). The
+//!   caller owns it from then on (publish it; remove it with
+//!   [`StagedImage::remove`] once no generation uses it).
+//! - On error nothing is left under `staging_parent`, and the
+//!   [`SourceError`] names the image, the object (manifest, config or
+//!   layer, with its digest) and the reason.
+//! - [`clean_staging`] removes what an earlier process left (`staging-*`
+//!   from a crash mid-stream, and `image-*` it had fetched: this process
+//!   fetches afresh).
+//!
+//! # Registries
+//!
+//! OCI distribution v2; OCI and Docker schema2 manifests, OCI indexes and
+//! Docker manifest lists (the [`FetchOptions::platform`] entry is picked).
+//! Auth: Basic and Bearer challenges with credentials from auth files
+//! ([`auth`]); TLS: the system CAs plus [`FetchOptions::ca_files`];
+//! [`FetchOptions::insecure_registries`] use plain HTTP. Mirrors come from a
+//! `registries.conf` ([`mirrors`]): the mirrors are tried in order, then the
+//! primary; an endpoint failing with a retryable error (connection,
+//! timeout, 404, auth, 5xx, a corrupted blob) passes to the next, starting
+//! again from a fresh staging directory; a fatal one (unsafe content,
+//! limits, labels) stops at once.
+//!
+//! # Bounds
+//!
+//! Everything read from outside is bounded ([`Limits`]): manifest, config,
+//! token and auth-file sizes, layer count, total compressed size (from the
+//! manifest, before fetching), tar entries, extension headers, path length
+//! and depth, total decompressed bytes and the compression ratio. Time:
+//! connect and per-read timeouts, and [`FetchOptions::total_timeout`] for
+//! the whole fetch.
+//!
+//! Cancelling (dropping) the future stops the blocking worker at its next
+//! read, which removes the staging directory.
+//!
+//! # Why not oci-client
+//!
+//! The protocol part is small (two GETs and two challenges), and
+//! `oci-client` 0.18 reads manifests unbounded into memory, swallows token
+//! errors into anonymous retries, knows mirrors only as `?ns=` hosts (no
+//! registries.conf path rewriting), and brings a second reqwest (0.13) with
+//! aws-lc-sys. Here: reqwest 0.12 (already in the workspace) with rustls
+//! and the system CA store, `http-auth` for challenge parsing, `oci-spec`
+//! for the manifest, index and config types. The HTTP proxy variables are
+//! honoured, as reqwest does by default.
+
+pub mod auth;
+mod error;
+mod layout;
+pub mod mirrors;
+mod pipeline;
+mod reference;
+mod registry;
+pub mod unpack;
+mod verify;
+
+pub use error::{SourceError, Subject};
+pub use reference::{ImageRef, Platform, Reference};
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The label naming the ostree commit an oscontainer carries.
+pub const COMMIT_LABEL: &str = "com.coreos.ostree-commit";
+/// The label naming the release version (it names the ref).
+pub const VERSION_LABEL: &str = "version";
+
+/// Name prefix of in-progress (unverified) staging directories.
+pub const STAGING_PREFIX: &str = "staging-";
+/// Name prefix of fetched, verified and synced image directories.
+pub const IMAGE_PREFIX: &str = "image-";
+
+/// Default [`Limits::max_manifest_bytes`]: the distribution spec's 4 MiB.
+pub const DEFAULT_MAX_MANIFEST_BYTES: u64 = 4 << 20;
+/// Default [`Limits::max_config_bytes`].
+pub const DEFAULT_MAX_CONFIG_BYTES: u64 = 8 << 20;
+/// Default [`Limits::max_layers`] (Docker's historic 127, and some).
+pub const DEFAULT_MAX_LAYERS: usize = 256;
+/// Default [`Limits::max_decompressed_bytes`]: 64 GiB, all layers (an
+/// RHCOS repo is a few GiB).
+pub const DEFAULT_MAX_DECOMPRESSED_BYTES: u64 = 64 << 30;
+/// Default [`Limits::max_ratio`]: ostree archive objects are already
+/// zlib-compressed, so real layers are near 1:1; gzip tops out near 1032:1.
+pub const DEFAULT_MAX_RATIO: u64 = 100;
+/// Default [`Limits::ratio_grace_bytes`].
+pub const DEFAULT_RATIO_GRACE_BYTES: u64 = 64 << 20;
+/// Default [`Limits::max_entries`]: tar entries, all layers.
+pub const DEFAULT_MAX_ENTRIES: u64 = 2_000_000;
+/// Default [`Limits::max_path_bytes`] (PATH_MAX).
+pub const DEFAULT_MAX_PATH_BYTES: usize = 4096;
+/// Default [`Limits::max_depth`].
+pub const DEFAULT_MAX_DEPTH: usize = 64;
+/// Default [`Limits::max_extension_bytes`].
+pub const DEFAULT_MAX_EXTENSION_BYTES: u64 = 1 << 20;
+/// Default [`FetchOptions::connect_timeout`].
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Default [`FetchOptions::read_timeout`].
+pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default [`FetchOptions::total_timeout`]: a few GiB over a slow link.
+pub const DEFAULT_TOTAL_TIMEOUT: Duration = Duration::from_secs(4 * 3600);
+/// Default [`Limits::max_compressed_bytes`].
+pub const DEFAULT_MAX_COMPRESSED_BYTES: u64 = 64 << 30;
+
+/// Bounds on everything read from an image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest manifest, index or layout `index.json`.
+    pub max_manifest_bytes: u64,
+    /// Largest image config.
+    pub max_config_bytes: u64,
+    /// Most layers in a manifest.
+    pub max_layers: usize,
+    /// Most compressed bytes, all layers together (checked against the
+    /// manifest before anything is fetched; the descriptors' sizes are
+    /// then enforced while reading).
+    pub max_compressed_bytes: u64,
+    /// Most decompressed tar bytes, all layers together (what is skipped
+    /// counts too: it still has to be decompressed).
+    pub max_decompressed_bytes: u64,
+    /// Largest decompressed:compressed ratio of a layer, checked once the
+    /// layer has produced `ratio_grace_bytes`.
+    pub max_ratio: u64,
+    /// Decompressed bytes a layer may produce before the ratio applies.
+    pub ratio_grace_bytes: u64,
+    /// Most tar entries, all layers (also bounds an OCI archive's entries).
+    pub max_entries: u64,
+    /// Longest entry path or link target.
+    pub max_path_bytes: usize,
+    /// Most path components of an extracted entry.
+    pub max_depth: usize,
+    /// Largest PAX or GNU long-name header.
+    pub max_extension_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_manifest_bytes: DEFAULT_MAX_MANIFEST_BYTES,
+            max_config_bytes: DEFAULT_MAX_CONFIG_BYTES,
+            max_layers: DEFAULT_MAX_LAYERS,
+            max_compressed_bytes: DEFAULT_MAX_COMPRESSED_BYTES,
+            max_decompressed_bytes: DEFAULT_MAX_DECOMPRESSED_BYTES,
+            max_ratio: DEFAULT_MAX_RATIO,
+            ratio_grace_bytes: DEFAULT_RATIO_GRACE_BYTES,
+            max_entries: DEFAULT_MAX_ENTRIES,
+            max_path_bytes: DEFAULT_MAX_PATH_BYTES,
+            max_depth: DEFAULT_MAX_DEPTH,
+            max_extension_bytes: DEFAULT_MAX_EXTENSION_BYTES,
+        }
+    }
+}
+
+/// How to fetch.
+#[derive(Debug, Clone)]
+pub struct FetchOptions {
+    /// Which manifest to take from an index (default `linux/amd64`).
+    pub platform: Platform,
+    /// Credentials file; else `$REGISTRY_AUTH_FILE`, else the containers
+    /// and docker defaults (see [`auth`]).
+    pub authfile: Option<PathBuf>,
+    /// PEM files of extra CAs to trust, besides the system's.
+    pub ca_files: Vec<PathBuf>,
+    /// `HOST[:PORT]`s reached over plain HTTP.
+    pub insecure_registries: Vec<String>,
+    /// A `registries.conf` with mirrors (see [`mirrors`]).
+    pub registries_conf: Option<PathBuf>,
+    pub limits: Limits,
+    /// TCP (and TLS) connect timeout.
+    pub connect_timeout: Duration,
+    /// Longest wait for a response, and for each read of a body.
+    pub read_timeout: Duration,
+    /// Longest a whole fetch may take (all endpoints); `None`: no limit
+    /// beyond the per-read timeout and the sizes.
+    pub total_timeout: Option<Duration>,
+}
+
+impl Default for FetchOptions {
+    fn default() -> Self {
+        Self {
+            platform: Platform::default(),
+            authfile: None,
+            ca_files: Vec::new(),
+            insecure_registries: Vec::new(),
+            registries_conf: None,
+            limits: Limits::default(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            read_timeout: DEFAULT_READ_TIMEOUT,
+            total_timeout: Some(DEFAULT_TOTAL_TIMEOUT),
+        }
+    }
+}
+
+/// A fetched, verified, synced oscontainer tree.
+#[derive(Debug, Clone)]
+pub struct StagedImage {
+    /// The oscontainer root: it holds `srv/repo` and nothing else.
+    pub root: PathBuf,
+    /// The image config's labels.
+    pub labels: BTreeMap<String, String>,
+    /// Digest of the image manifest used (for a multi-platform image, the
+    /// platform's manifest).
+    pub manifest_digest: String,
+    /// Digest of the index the manifest was picked from, if any.
+    pub index_digest: Option<String>,
+    pub config_digest: String,
+    /// Bytes read: config plus layers, as stored (compressed).
+    pub compressed_bytes: u64,
+    /// Bytes written into files under `root`.
+    pub written_bytes: u64,
+    /// The `com.coreos.ostree-commit` label; its `.commit` object exists
+    /// under `srv/repo` (that it is the repo's commit is for the publisher
+    /// to check).
+    pub commit: String,
+    /// The `version` label.
+    pub version: Option<String>,
+}
+
+impl StagedImage {
+    /// Deletes the tree (once no generation serves it).
+    pub fn remove(self) -> std::io::Result<()> {
+        std::fs::remove_dir_all(&self.root)
+    }
+}
+
+/// Sets the flag when the fetch future is dropped.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Streams `image` into a new directory under `staging_parent` (created if
+/// needed), verifying everything; see the module docs.
+pub async fn fetch(
+    image: &ImageRef,
+    opts: &FetchOptions,
+    staging_parent: &Path,
+) -> Result<StagedImage, SourceError> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let _guard = CancelOnDrop(cancel.clone());
+    let (image, opts, parent) = (image.clone(), opts.clone(), staging_parent.to_path_buf());
+    let name = image.to_string();
+    let result =
+        tokio::task::spawn_blocking(move || fetch_blocking(&image, &opts, &parent, &cancel)).await;
+    match result {
+        Ok(r) => r,
+        Err(e) => Err(SourceError::Io {
+            subject: Subject::new(name, "fetch worker"),
+            path: "(none)".into(),
+            source: std::io::Error::other(format!("fetch worker failed: {e}")),
+        }),
+    }
+}
+
+/// [`fetch`], on the calling thread (which must not be an async one).
+pub fn fetch_blocking(
+    image: &ImageRef,
+    opts: &FetchOptions,
+    staging_parent: &Path,
+    cancel: &Arc<AtomicBool>,
+) -> Result<StagedImage, SourceError> {
+    let name = image.to_string();
+    let started = std::time::Instant::now();
+    let stop = verify::Stop {
+        cancel: cancel.clone(),
+        deadline: opts.total_timeout.map(|t| (started + t, t)),
+    };
+    let result = match image {
+        ImageRef::OciLayout { dir, tag } => {
+            let mut store = layout::LayoutStore::new(dir, tag.clone());
+            pull(&mut store, &name, opts, staging_parent, &stop)
+        }
+        ImageRef::OciArchive { file, tag } => {
+            let subject = Subject::new(name.clone(), "");
+            layout::ArchiveStore::open(file, tag.clone(), &subject, opts)
+                .and_then(|mut store| pull(&mut store, &name, opts, staging_parent, &stop))
+        }
+        ImageRef::Registry {
+            registry,
+            repository,
+            reference,
+        } => pull_registry(
+            &name,
+            registry,
+            repository,
+            reference,
+            opts,
+            staging_parent,
+            &stop,
+        ),
+    };
+    match &result {
+        Ok(s) => tracing::info!(
+            image = name,
+            manifest = s.manifest_digest,
+            commit = s.commit,
+            compressed_bytes = s.compressed_bytes,
+            written_bytes = s.written_bytes,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "image fetched and verified"
+        ),
+        Err(e) => tracing::debug!(image = name, error = %e, "fetch failed"),
+    }
+    result
+}
+
+fn pull_registry(
+    name: &str,
+    registry: &str,
+    repository: &str,
+    reference: &Reference,
+    opts: &FetchOptions,
+    staging_parent: &Path,
+    stop: &verify::Stop,
+) -> Result<StagedImage, SourceError> {
+    let subject = Subject::new(name, "");
+    let config = |reason: String| SourceError::Config {
+        subject: subject.clone(),
+        reason,
+    };
+    let conf = match &opts.registries_conf {
+        Some(p) => mirrors::RegistriesConf::load(p).map_err(config)?,
+        None => mirrors::RegistriesConf::default(),
+    };
+    let endpoints = conf
+        .endpoints(registry, repository, reference, &opts.insecure_registries)
+        .map_err(config)?;
+    let mut client = registry::Client::new(opts, &subject)?;
+    let mut attempts = Vec::new();
+    let n = endpoints.len();
+    for (i, ep) in endpoints.iter().enumerate() {
+        let shown = format!(
+            "{}://{}",
+            if ep.insecure { "http" } else { "https" },
+            ep.name()
+        );
+        let label = if ep.mirror || ep.registry != registry || ep.repository != repository {
+            format!(
+                "{name} (via {}{shown})",
+                if ep.mirror { "mirror " } else { "" }
+            )
+        } else {
+            name.to_owned()
+        };
+        let mut store = registry::RegistryStore {
+            client: &mut client,
+            endpoint: ep,
+            reference,
+        };
+        match pull(&mut store, &label, opts, staging_parent, stop) {
+            Ok(s) => return Ok(s),
+            Err(e) if e.is_retryable() && i + 1 < n => {
+                tracing::warn!(image = name, endpoint = shown, error = %e, "endpoint failed; trying the next");
+                attempts.push(e.to_string());
+            }
+            Err(e) if attempts.is_empty() => return Err(e),
+            Err(e) => {
+                return Err(SourceError::AllSourcesFailed {
+                    image: name.to_owned(),
+                    attempts,
+                    last: Box::new(e),
+                })
+            }
+        }
+    }
+    unreachable!("endpoints() returns at least the primary")
+}
+
+/// One attempt from one store, in a fresh staging directory that is
+/// removed unless everything succeeds.
+fn pull(
+    store: &mut dyn pipeline::Store,
+    image: &str,
+    opts: &FetchOptions,
+    staging_parent: &Path,
+    stop: &verify::Stop,
+) -> Result<StagedImage, SourceError> {
+    let subject = Subject::new(image, "staging");
+    let io =
+        |p: &Path, e: std::io::Error| SourceError::from_io(&subject, p.display().to_string(), e);
+    std::fs::create_dir_all(staging_parent).map_err(|e| io(staging_parent, e))?;
+    // Resolve before creating anything: most failures happen here.
+    let resolved = pipeline::resolve(store, image, opts)?;
+    let staging = tempfile::Builder::new()
+        .prefix(STAGING_PREFIX)
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .tempdir_in(staging_parent)
+        .map_err(|e| io(staging_parent, e))?;
+    let mut tree = unpack::Tree::open(staging.path()).map_err(|e| io(staging.path(), e))?;
+    let mut staged = pipeline::pull_into(
+        store,
+        image,
+        opts,
+        resolved,
+        &mut tree,
+        staging.path(),
+        stop,
+    )?;
+    // Verified and synced: give it its final name, durably.
+    let suffix = staging
+        .path()
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_prefix(STAGING_PREFIX))
+        .unwrap_or("x")
+        .to_owned();
+    let short = staged
+        .manifest_digest
+        .trim_start_matches("sha256:")
+        .get(..12)
+        .unwrap_or("")
+        .to_owned();
+    let dest = staging_parent.join(format!("{IMAGE_PREFIX}{short}-{suffix}"));
+    std::fs::rename(staging.path(), &dest).map_err(|e| io(&dest, e))?;
+    // The directory is no longer at the TempDir's path: nothing to delete.
+    let _ = staging.keep();
+    let dir = std::fs::File::open(staging_parent).map_err(|e| io(staging_parent, e))?;
+    if let Err(e) = dir.sync_all() {
+        let _ = std::fs::remove_dir_all(&dest);
+        return Err(io(staging_parent, e));
+    }
+    staged.root = dest;
+    Ok(staged)
+}
+
+/// Removes what an earlier process left under `staging_parent`: partial
+/// `staging-*` directories, and `image-*` trees (a new process fetches
+/// afresh). Other entries are left alone. Absent parent: nothing to do.
+pub fn clean_staging(staging_parent: &Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let rd = match std::fs::read_dir(staging_parent) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", staging_parent.display())),
+    };
+    for ent in rd {
+        let ent = ent.with_context(|| format!("listing {}", staging_parent.display()))?;
+        let name = ent.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !(name.starts_with(STAGING_PREFIX) || name.starts_with(IMAGE_PREFIX)) {
+            continue;
+        }
+        let p = ent.path();
+        let ft = ent
+            .file_type()
+            .with_context(|| format!("inspecting {}", p.display()))?;
+        if ft.is_dir() {
+            std::fs::remove_dir_all(&p)
+                .with_context(|| format!("removing stale {}", p.display()))?;
+        } else {
+            std::fs::remove_file(&p).with_context(|| format!("removing stale {}", p.display()))?;
+        }
+        tracing::info!(path = %p.display(), "removed a leftover from an earlier run");
+    }
+    Ok(())
+}

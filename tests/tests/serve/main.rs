@@ -1,0 +1,14 @@
+//! End-to-end: `oscontent-server` against the stock `ostree` CLI and plain
+//! HTTP clients. Every test starts its own server(s) with their own state
+//! dirs; the shared fixtures are only ever read.
+//!
+//! Build the binaries first: `cargo build --workspace --bins`, then
+//! `cargo test -p oscontent-tests`.
+
+mod cli;
+mod http;
+mod pull;
+mod repo_mode;
+mod shutdown;
+mod summary;
+mod traversal;
