@@ -1,7 +1,8 @@
 //! The `oscontent-server` command line.
 
 use crate::http::{AppState, HttpConfig};
-use crate::publish::{self, PublishRequest, Source, StateDir};
+use crate::publish::{self, PublishRequest, Release, Source, StateDir};
+use crate::source::{self, FetchOptions, ImageRef, Platform, StagedImage};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use oscontent::format::Checksum;
@@ -43,12 +44,46 @@ pub struct SourceArgs {
     /// A plain archive repo, served as it stands on disk at each request.
     #[arg(long, value_name = "DIR", group = "source")]
     pub repo: Option<PathBuf>,
+    /// An oscontainer image to stream, verify and serve:
+    /// `docker://HOST[:PORT]/REPO[:TAG|@sha256:DIGEST]`, `oci:DIR[:TAG]` or
+    /// `oci-archive:FILE[:TAG]`. Repeat to serve several releases at once.
+    #[arg(long, value_name = "REF", group = "source")]
+    pub image: Vec<ImageRef>,
+}
+
+/// How `--image` sources are fetched.
+#[derive(Debug, Args)]
+pub struct RegistryArgs {
+    /// Platform to pick from an image index (os/arch[/variant]).
+    #[arg(long, default_value = "linux/amd64")]
+    pub platform: Platform,
+    /// Registry credentials: a containers auth.json or docker config.json
+    /// (a pull secret).
+    #[arg(long, value_name = "FILE", env = "REGISTRY_AUTH_FILE")]
+    pub authfile: Option<PathBuf>,
+    /// Extra CA certificates (PEM) to trust for registries, besides the
+    /// system ones. Repeatable.
+    #[arg(long = "ca", value_name = "FILE")]
+    pub ca_files: Vec<PathBuf>,
+    /// Talk plain HTTP to this registry (HOST[:PORT]). Repeatable.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    pub insecure_registries: Vec<String>,
+    /// Mirrors, in containers registries.conf format (`[[registry]]` with
+    /// `location` and `[[registry.mirror]]`).
+    #[arg(long, value_name = "FILE")]
+    pub registries_conf: Option<PathBuf>,
+    /// Longest wait between attempts after a failed fetch (backoff doubles
+    /// from one second up to this).
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub max_backoff: u64,
 }
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub source: SourceArgs,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
     /// The server's own directory: everything it derives lives here, never
     /// in the served repo. Wiped of stale generations at start.
     #[arg(
@@ -119,11 +154,6 @@ fn open_access_log(p: &PathBuf) -> Result<Box<dyn Write + Send>> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
-    let source = match (args.source.oscontainer, args.source.repo) {
-        (Some(d), None) => Source::Oscontainer(d),
-        (None, Some(d)) => Source::Repo(d),
-        _ => unreachable!("clap enforces exactly one source"),
-    };
     // Installed first: a SIGTERM that arrives while publishing must still
     // mean a graceful stop, not the default instant death.
     let signals = Signals::install()?;
@@ -134,25 +164,55 @@ async fn serve(args: ServeArgs) -> Result<()> {
         },
         access_log,
     );
-    let state_dir = StateDir::open(&args.state_dir, &[source.repo_path()])?;
-    let req = PublishRequest {
-        source: source.clone(),
-        commit: args.commit,
-        refs: args.refs,
-    };
-    let generation = tokio::task::spawn_blocking(move || {
-        let g = publish::publish(&req, &state_dir);
-        (g, state_dir)
-    })
-    .await
-    .context("publish task")?;
-    let generation = generation
-        .0
-        .with_context(|| format!("publishing {}", source.repo_path().display()))?;
-    for (name, commit) in &generation.derived_refs {
-        tracing::info!(r#ref = name, %commit, "published");
+    // Local sources publish before listening: there is nothing to wait for.
+    // Images are fetched in the background while /readyz says not yet.
+    let mut fetcher = None;
+    if args.source.image.is_empty() {
+        let source = match (args.source.oscontainer, args.source.repo) {
+            (Some(d), None) => Source::Oscontainer(d),
+            (None, Some(d)) => Source::Repo(d),
+            _ => unreachable!("clap enforces exactly one source"),
+        };
+        let state_dir = StateDir::open(&args.state_dir, &[source.repo_path()])?;
+        let req = PublishRequest {
+            source: source.clone(),
+            commit: args.commit,
+            refs: args.refs,
+        };
+        let generation = tokio::task::spawn_blocking(move || publish::publish(&req, &state_dir))
+            .await
+            .context("publish task")?
+            .with_context(|| format!("publishing {}", source.repo_path().display()))?;
+        announce(&generation);
+        state.publish(generation);
+    } else {
+        anyhow::ensure!(
+            args.commit.is_none() && args.refs.is_empty(),
+            "--commit and --ref apply to --oscontainer and --repo; an image names its commit in its com.coreos.ostree-commit label"
+        );
+        let state_dir = StateDir::open(&args.state_dir, &[])?;
+        let staging = state_dir.path().join(IMAGES_DIR);
+        std::fs::create_dir_all(&staging)
+            .with_context(|| format!("creating {}", staging.display()))?;
+        source::clean_staging(&staging)?;
+        let opts = FetchOptions {
+            platform: args.registry.platform.clone(),
+            authfile: args.registry.authfile.clone(),
+            ca_files: args.registry.ca_files.clone(),
+            insecure_registries: args.registry.insecure_registries.clone(),
+            registries_conf: args.registry.registries_conf.clone(),
+            ..FetchOptions::default()
+        };
+        let max_backoff = Duration::from_secs(args.registry.max_backoff.max(1));
+        fetcher = Some(tokio::spawn(fetch_and_publish(
+            args.source.image.clone(),
+            opts,
+            staging,
+            state_dir,
+            state.clone(),
+            max_backoff,
+        )));
     }
-    state.publish(generation);
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -171,6 +231,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
     }));
     signals.recv().await;
     tracing::info!("shutting down: finishing in-flight requests");
+    if let Some(f) = fetcher {
+        // A fetch in progress stops at its next read and removes its staging.
+        f.abort();
+    }
     drain_state.start_draining();
     let _ = tx.send(());
     match tokio::time::timeout(timeout, server).await {
@@ -180,6 +244,107 @@ async fn serve(args: ServeArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Under the state dir: where images are staged and kept while served.
+const IMAGES_DIR: &str = "images";
+/// First wait after a failed fetch; doubles up to `--max-backoff`.
+const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
+
+fn announce(generation: &crate::served::Generation) {
+    for (name, commit) in &generation.derived_refs {
+        tracing::info!(r#ref = name, %commit, generation = generation.id, "published");
+    }
+}
+
+/// Removes a staged image when the generation serving it is dropped (after
+/// its last in-flight request), or when publication fails.
+struct StagedGuard(Option<StagedImage>);
+
+impl Drop for StagedGuard {
+    fn drop(&mut self) {
+        if let Some(img) = self.0.take() {
+            let root = img.root.clone();
+            if let Err(e) = img.remove() {
+                tracing::warn!(dir = %root.display(), "removing a staged image: {e}");
+            }
+        }
+    }
+}
+
+/// Fetches every image, verified, then publishes them as one generation.
+/// On failure nothing is kept; it retries with capped exponential backoff
+/// until it succeeds or the server shuts down (which aborts this task).
+async fn fetch_and_publish(
+    images: Vec<ImageRef>,
+    opts: FetchOptions,
+    staging: PathBuf,
+    state_dir: StateDir,
+    app: AppState,
+    max_backoff: Duration,
+) {
+    let state_dir = std::sync::Arc::new(state_dir);
+    let mut backoff = INITIAL_BACKOFF;
+    for attempt in 1u64.. {
+        match fetch_once(&images, &opts, &staging, &state_dir).await {
+            Ok(generation) => {
+                announce(&generation);
+                app.publish(generation);
+                return;
+            }
+            Err(e) => {
+                tracing::error!(attempt, retry_in = ?backoff, "{e:#}");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(max_backoff);
+            }
+        }
+    }
+}
+
+async fn fetch_once(
+    images: &[ImageRef],
+    opts: &FetchOptions,
+    staging: &std::path::Path,
+    state_dir: &std::sync::Arc<StateDir>,
+) -> Result<crate::served::Generation> {
+    let mut guards = Vec::new();
+    let mut releases = Vec::new();
+    for image in images {
+        let staged = source::fetch(image, opts, staging)
+            .await
+            .with_context(|| format!("fetching {image}"))?;
+        tracing::info!(
+            %image,
+            manifest = staged.manifest_digest,
+            commit = staged.commit,
+            compressed_bytes = staged.compressed_bytes,
+            written_bytes = staged.written_bytes,
+            "image verified and staged"
+        );
+        let commit: Checksum = staged
+            .commit
+            .parse()
+            .with_context(|| format!("image {image}: label {}", source::COMMIT_LABEL))?;
+        releases.push(Release {
+            image: image.to_string(),
+            repo: staged.root.join(publish::OSCONTAINER_REPO),
+            commit,
+            version: staged.version.clone(),
+        });
+        guards.push(StagedGuard(Some(staged)));
+    }
+    let sd = state_dir.clone();
+    let mut generation =
+        tokio::task::spawn_blocking(move || publish::publish_releases(&releases, &sd))
+            .await
+            .context("publish task")??;
+    // The generation now owns the staged images; dropping it removes them.
+    generation.keepalive.extend(
+        guards
+            .into_iter()
+            .map(|g| Box::new(g) as Box<dyn std::any::Any + Send + Sync>),
+    );
+    Ok(generation)
 }
 
 /// SIGTERM and SIGINT, both meaning "drain and exit".

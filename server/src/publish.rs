@@ -24,6 +24,8 @@ pub const VERSION_REF_PREFIX: &str = "version/";
 pub const OSCONTAINER_REPO: &str = "srv/repo";
 /// Commits listed when refusing to guess among several.
 const MAX_COMMITS_LISTED: usize = 5;
+/// The `config` served for a repo that has none.
+const GENERATED_CONFIG: &[u8] = b"[core]\nrepo_version=1\nmode=archive-z2\n";
 /// A repo `config` is a few lines.
 const MAX_CONFIG: u64 = 1 << 20;
 
@@ -311,10 +313,7 @@ pub fn publish(req: &PublishRequest, state: &StateDir) -> Result<Generation> {
     let result = (|| -> Result<Vec<(String, Checksum)>> {
         std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         if config.is_none() {
-            write_file(
-                &tmp.join("config"),
-                b"[core]\nrepo_version=1\nmode=archive-z2\n",
-            )?;
+            write_file(&tmp.join("config"), GENERATED_CONFIG)?;
         }
         if !derive {
             return Ok(Vec::new());
@@ -323,19 +322,9 @@ pub fn publish(req: &PublishRequest, state: &StateDir) -> Result<Generation> {
             Some(c) => c,
             None => find_single_commit(&repo)?,
         };
-        let probe = Generation::new(0, repo.clone(), tmp.clone(), Vec::new());
+        let probe = Generation::new(0, vec![repo.clone()], tmp.clone(), Vec::new());
         let commit = probe.commit(&checksum)?;
-        for (what, c, kind) in [
-            ("root dirtree", commit.root_tree, ObjectKind::DirTree),
-            ("root dirmeta", commit.root_meta, ObjectKind::DirMeta),
-        ] {
-            let rel = ObjectName::new(c, kind).path();
-            anyhow::ensure!(
-                fsutil::open_file(&repo, &rel)?.is_some(),
-                "commit {checksum} is incomplete: its {what} {c} is missing from {}",
-                repo.display()
-            );
-        }
+        check_root_objects(&repo, &commit)?;
         let names = derive_refs(&commit, &req.refs)?;
         for name in &names {
             write_file(
@@ -345,15 +334,23 @@ pub fn publish(req: &PublishRequest, state: &StateDir) -> Result<Generation> {
         }
         Ok(names.into_iter().map(|n| (n, checksum)).collect())
     })();
+    finish_generation(result, id, vec![repo], dir, tmp)
+}
+
+/// Validates an overlay built in `tmp` and renames it into place as
+/// generation `id`; on any error removes it.
+fn finish_generation(
+    result: Result<Vec<(String, Checksum)>>,
+    id: u64,
+    sources: Vec<PathBuf>,
+    dir: PathBuf,
+    tmp: PathBuf,
+) -> Result<Generation> {
     let checked = result.and_then(|refs| {
         // Validate the overlay before it becomes a generation: a broken repo
         // fails here, not on the first client.
-        let probe = Generation::new(0, repo.clone(), tmp.clone(), refs.clone());
-        anyhow::ensure!(
-            !probe.refs()?.is_empty(),
-            "nothing to publish: {} has no refs",
-            repo.display()
-        );
+        let probe = Generation::new(0, sources.clone(), tmp.clone(), refs.clone());
+        anyhow::ensure!(!probe.refs()?.is_empty(), "nothing to publish: no refs");
         probe
             .generated_summary()
             .context("generating the summary")?;
@@ -362,12 +359,126 @@ pub fn publish(req: &PublishRequest, state: &StateDir) -> Result<Generation> {
         Ok(refs)
     });
     match checked {
-        Ok(refs) => Ok(Generation::new(id, repo, dir, refs)),
+        Ok(refs) => Ok(Generation::new(id, sources, dir, refs)),
         Err(e) => {
             let _ = std::fs::remove_dir_all(&tmp);
             Err(e)
         }
     }
+}
+
+/// A commit whose root dirtree or dirmeta is missing cannot be checked out:
+/// refuse it before any ref points at it.
+fn check_root_objects(repo: &Path, commit: &Commit) -> Result<()> {
+    for (what, c, kind) in [
+        ("root dirtree", commit.root_tree, ObjectKind::DirTree),
+        ("root dirmeta", commit.root_meta, ObjectKind::DirMeta),
+    ] {
+        let rel = ObjectName::new(c, kind).path();
+        anyhow::ensure!(
+            fsutil::open_file(repo, &rel)?.is_some(),
+            "commit {} is incomplete: its {what} {c} is missing from {}",
+            commit.checksum,
+            repo.display()
+        );
+    }
+    Ok(())
+}
+
+/// One verified image's repo, to publish alongside others.
+#[derive(Debug, Clone)]
+pub struct Release {
+    /// How the image was named, for messages.
+    pub image: String,
+    /// The staged `srv/repo`.
+    pub repo: PathBuf,
+    /// From the image label `com.coreos.ostree-commit`.
+    pub commit: Checksum,
+    /// From the image label `version`.
+    pub version: Option<String>,
+}
+
+/// Which commit a ref name ends up on when several releases claim it: the
+/// newest by commit timestamp, then by version.
+fn newer(a: &Commit, b: &Commit) -> bool {
+    (a.timestamp, a.version()) > (b.timestamp, b.version())
+}
+
+/// Publishes several releases (images) as one generation. Each image's label
+/// must name the one commit its repo holds, or the image is refused. Refs:
+/// every release gets `version/<version label>`, and each bound ref points
+/// at the newest release bound to it (stock ostree only pulls a commit under
+/// a ref in its binding; older releases stay reachable by checksum or by
+/// their version ref with clients that allow it).
+pub fn publish_releases(releases: &[Release], state: &StateDir) -> Result<Generation> {
+    anyhow::ensure!(!releases.is_empty(), "no releases to publish");
+    let (id, dir, tmp) = state.new_generation_dir();
+    let _ = std::fs::remove_dir_all(&tmp);
+    let sources: Vec<PathBuf> = releases.iter().map(|r| r.repo.clone()).collect();
+    let result = (|| -> Result<Vec<(String, Checksum)>> {
+        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let probe = Generation::new(0, sources.clone(), tmp.clone(), Vec::new());
+        let mut any_config = false;
+        let mut claims: std::collections::BTreeMap<String, Commit> =
+            std::collections::BTreeMap::new();
+        for r in releases {
+            any_config |= check_archive_repo(&r.repo)
+                .with_context(|| format!("image {}", r.image))?
+                .is_some();
+            let found =
+                find_single_commit(&r.repo).with_context(|| format!("image {}", r.image))?;
+            anyhow::ensure!(
+                found == r.commit,
+                "image {}: its label com.coreos.ostree-commit={} does not match the commit {found} its repo holds; refusing it",
+                r.image,
+                r.commit
+            );
+            let commit = probe
+                .commit(&r.commit)
+                .with_context(|| format!("image {}", r.image))?;
+            check_root_objects(&r.repo, &commit)?;
+            let mut names: Vec<String> = commit.ref_bindings();
+            for n in &names {
+                format::validate_ref(n).with_context(|| {
+                    format!(
+                        "image {}: commit {} binds an invalid ref name",
+                        r.image, r.commit
+                    )
+                })?;
+            }
+            let version = r.version.clone().or_else(|| commit.version());
+            if let Some(v) = version.as_deref().and_then(format::sanitize_ref_component) {
+                names.push(format!("{VERSION_REF_PREFIX}{v}"));
+            }
+            anyhow::ensure!(
+                !names.is_empty(),
+                "image {}: commit {} has no ref binding and no version to name a ref after",
+                r.image,
+                r.commit
+            );
+            for n in names {
+                match claims.get(&n) {
+                    Some(prev) if prev.checksum != commit.checksum && !newer(&commit, prev) => {
+                        tracing::warn!(r#ref = n, kept = %prev.checksum, dropped = %commit.checksum, "two releases claim one ref; keeping the newer");
+                    }
+                    _ => {
+                        claims.insert(n, commit.clone());
+                    }
+                }
+            }
+        }
+        if !any_config {
+            write_file(&tmp.join("config"), GENERATED_CONFIG)?;
+        }
+        for (name, commit) in &claims {
+            write_file(
+                &tmp.join("refs/heads").join(name),
+                format!("{}\n", commit.checksum).as_bytes(),
+            )?;
+        }
+        Ok(claims.into_iter().map(|(n, c)| (n, c.checksum)).collect())
+    })();
+    finish_generation(result, id, sources, dir, tmp)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! A generation: one verified, read-only source repo plus the overlay the
+//! A generation: verified, read-only source repos plus the overlay the
 //! server wrote for it (refs, summary pieces, config, later signatures and
 //! deltas), resolved path by path.
 //!
@@ -66,8 +66,12 @@ struct SummaryCache {
 #[derive(Debug)]
 pub struct Generation {
     pub id: u64,
-    /// The served repo (read-only, never written).
-    pub source: PathBuf,
+    /// The served repos (read-only, never written): one for `--repo` and
+    /// `--oscontainer`, one per image for `--image`. Earlier ones win.
+    pub sources: Vec<PathBuf>,
+    /// Held for as long as the generation is: e.g. staged image
+    /// directories, removed when the last request on it is done.
+    pub keepalive: Vec<Box<dyn std::any::Any + Send + Sync>>,
     /// This generation's overlay under the state dir.
     pub overlay: PathBuf,
     pub published: SystemTime,
@@ -89,13 +93,14 @@ pub struct FoundRef {
 impl Generation {
     pub fn new(
         id: u64,
-        source: PathBuf,
+        sources: Vec<PathBuf>,
         overlay: PathBuf,
         derived_refs: Vec<(String, Checksum)>,
     ) -> Self {
         Self {
             id,
-            source,
+            sources,
+            keepalive: Vec::new(),
             overlay,
             published: SystemTime::now(),
             derived_refs,
@@ -104,15 +109,19 @@ impl Generation {
         }
     }
 
-    fn layers(&self, order: [Layer; 2]) -> [(Layer, &Path); 2] {
-        order.map(|l| match l {
-            Layer::Source => (l, self.source.as_path()),
-            Layer::Overlay => (l, self.overlay.as_path()),
-        })
+    /// Every root of one layer kind, in precedence order.
+    fn roots(&self, layer: Layer) -> Vec<&Path> {
+        match layer {
+            Layer::Source => self.sources.iter().map(PathBuf::as_path).collect(),
+            Layer::Overlay => vec![self.overlay.as_path()],
+        }
     }
 
-    fn first_file(&self, rel: &str, order: [Layer; 2]) -> Result<Resolved> {
-        for (layer, root) in self.layers(order) {
+    fn first_file(&self, rel: &str, order: &[Layer]) -> Result<Resolved> {
+        let layers = order
+            .iter()
+            .flat_map(|&l| self.roots(l).into_iter().map(move |r| (l, r)));
+        for (layer, root) in layers {
             // Existence check only; the HTTP layer reopens by the same safe
             // walk, so a file replaced in between is still read safely.
             if fsutil::open_file(root, rel)
@@ -131,8 +140,8 @@ impl Generation {
 
     /// Resolves a request path against source and overlay.
     pub fn resolve(&self, path: &RepoPath) -> Result<Resolved> {
-        const SOURCE_FIRST: [Layer; 2] = [Layer::Source, Layer::Overlay];
-        const OVERLAY_FIRST: [Layer; 2] = [Layer::Overlay, Layer::Source];
+        const SOURCE_FIRST: &[Layer] = &[Layer::Source, Layer::Overlay];
+        const OVERLAY_FIRST: &[Layer] = &[Layer::Overlay, Layer::Source];
         match path {
             RepoPath::Summary => {
                 if let Some(r) = self.source_summary()? {
@@ -144,11 +153,11 @@ impl Generation {
                 // summary.sig must sign the summary actually served, or
                 // ostree would keep using a stale cached summary.
                 if self.source_summary()?.is_some() {
-                    return self.first_file("summary.sig", [Layer::Source, Layer::Source]);
+                    return self.first_file("summary.sig", &[Layer::Source]);
                 }
                 let summary = self.generated_summary()?;
                 let rel = summary_sig_path(&Checksum::digest(&summary.bytes));
-                self.first_file(&rel, [Layer::Overlay, Layer::Overlay])
+                self.first_file(&rel, &[Layer::Overlay])
             }
             // Detached metadata from the server (signature bundles) wins
             // over what the source carries: it is the merged superset.
@@ -160,14 +169,24 @@ impl Generation {
         }
     }
 
+    /// The source's own summary, served as is. Only a single source can
+    /// have one that describes everything served.
     fn source_summary(&self) -> Result<Option<Resolved>> {
-        Ok(fsutil::open_file(&self.source, "summary")
+        let [source] = self.sources.as_slice() else {
+            return Ok(None);
+        };
+        Ok(fsutil::open_file(source, "summary")
             .context("opening the source summary")?
             .map(|_| Resolved::File {
                 layer: Layer::Source,
-                root: self.source.clone(),
+                root: source.clone(),
                 rel: "summary".into(),
             }))
+    }
+
+    /// All roots: sources in precedence order, then the overlay.
+    fn all_roots(&self) -> impl Iterator<Item = &PathBuf> {
+        self.sources.iter().chain(std::iter::once(&self.overlay))
     }
 
     /// Refs in one layer, validated. Invalid names and unreadable or
@@ -215,7 +234,8 @@ impl Generation {
     /// Refs of both layers; the source wins on a name clash.
     pub fn refs(&self) -> Result<Vec<FoundRef>> {
         let mut by_name: BTreeMap<(RefNamespace, String), FoundRef> = BTreeMap::new();
-        for root in [&self.overlay, &self.source] {
+        // Inserted lowest precedence first, so the highest wins.
+        for root in self.all_roots().collect::<Vec<_>>().into_iter().rev() {
             for r in Self::list_refs(root)? {
                 by_name.insert((r.namespace, r.name.clone()), r);
             }
@@ -229,8 +249,8 @@ impl Generation {
             return Ok(hit.clone());
         }
         let rel = ObjectName::new(*c, ObjectKind::Commit).path();
-        let (bytes, _) = [&self.source, &self.overlay]
-            .into_iter()
+        let (bytes, _) = self
+            .all_roots()
             .find_map(|root| {
                 fsutil::read_file(root, &rel, format::commit::MAX_COMMIT_SIZE as u64).transpose()
             })
@@ -274,7 +294,7 @@ impl Generation {
 
     /// `core.collection-id` of the served config (source, else overlay).
     fn collection_id(&self) -> Result<Option<String>> {
-        for root in [&self.source, &self.overlay] {
+        for root in self.all_roots() {
             if let Some((cfg, _)) = fsutil::read_file(root, "config", MAX_METADATA_FILE)? {
                 let cid =
                     crate::publish::config_value(&String::from_utf8_lossy(&cfg), "collection-id");
@@ -285,7 +305,7 @@ impl Generation {
     }
 
     fn has_delta_indexes(&self) -> Result<bool> {
-        for root in [&self.source, &self.overlay] {
+        for root in self.all_roots() {
             if let Some(e) = fsutil::list_dir(root, "delta-indexes", MAX_DIR_ENTRIES)? {
                 if e.iter().any(|e| e.is_dir) {
                     return Ok(true);
@@ -301,7 +321,7 @@ impl Generation {
     pub fn generated_summary(&self) -> Result<Generated> {
         let refs = self.refs()?;
         let mut deltas = BTreeMap::new();
-        for root in [&self.overlay, &self.source] {
+        for root in self.all_roots().collect::<Vec<_>>().into_iter().rev() {
             for (name, rel) in Self::list_deltas(root)? {
                 deltas.insert(name, (root.clone(), rel));
             }

@@ -2,6 +2,7 @@
 //! `cargo xtask` commands (fixtures above all), so tests can build what they
 //! need without shelling out to cargo.
 
+pub mod bench;
 pub mod demo;
 pub mod deps;
 pub mod fixtures;

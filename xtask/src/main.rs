@@ -2,6 +2,7 @@
 //! the library so end-to-end tests can call it directly.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use xtask::fixtures::{self, FixtureSpec, Scale};
@@ -29,6 +30,46 @@ enum Cmd {
     /// Build demo oscontainers, serve v1 then v2, update a fresh node repo
     /// with stock `ostree pull`, and print what it fetched against the image.
     Demo(DemoArgs),
+    /// Benchmarks (as root; each says what it lacks if it cannot run).
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(subcommand)]
+    cmd: BenchCmd,
+}
+
+#[derive(Subcommand)]
+enum BenchCmd {
+    /// Server time to ready and bytes written when streaming an image from
+    /// a registry, against `skopeo copy` + `umoci unpack`, each on a fresh
+    /// XFS loop device. Writes target/bench/startup-<time>.json.
+    Startup(StartupArgs),
+}
+
+#[derive(Args)]
+struct StartupArgs {
+    /// Fixture scale: full (about 1 GiB, 31k files) or small (a quick run).
+    #[arg(long, value_enum, default_value_t = Scale::Full)]
+    scale: Scale,
+    /// Trials per arm (the arms alternate which goes first).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Longest an arm may take to become ready, in seconds.
+    #[arg(long, default_value_t = 1200, value_name = "SECONDS")]
+    ready_timeout: u64,
+    /// Benchmark this oscontent-server binary instead of building the
+    /// release one.
+    #[arg(long, value_name = "PATH")]
+    server_bin: Option<PathBuf>,
+    /// Keep the page cache between arms (by default it is dropped, so
+    /// every arm reads the registry's blobs cold).
+    #[arg(long)]
+    warm: bool,
+    /// Exit non-zero if a target is missed.
+    #[arg(long)]
+    strict: bool,
 }
 
 #[derive(Args)]
@@ -80,6 +121,18 @@ fn main() -> anyhow::Result<()> {
             share: a.share,
             keep_serving: a.keep_serving,
         })?,
+        Cmd::Bench(b) => match b.cmd {
+            BenchCmd::Startup(a) => {
+                xtask::bench::startup::startup(&xtask::bench::startup::StartupOptions {
+                    scale: a.scale,
+                    runs: a.runs,
+                    ready_timeout: Duration::from_secs(a.ready_timeout),
+                    server_bin: a.server_bin,
+                    drop_caches: !a.warm,
+                    strict: a.strict,
+                })?
+            }
+        },
     }
     Ok(())
 }

@@ -99,25 +99,6 @@ impl Store for LayoutStore {
         })
     }
 
-    fn manifest(
-        &mut self,
-        digest: &str,
-        size: u64,
-        subject: &Subject,
-        opts: &FetchOptions,
-    ) -> Result<Vec<u8>, SourceError> {
-        let (r, origin) = self.blob(digest, subject)?;
-        verify::read_small(
-            r,
-            subject,
-            &origin,
-            digest,
-            size,
-            opts.limits.max_manifest_bytes,
-            "manifest size",
-        )
-    }
-
     fn blob(
         &mut self,
         digest: &str,
@@ -231,25 +212,6 @@ impl Store for ArchiveStore {
             bytes,
             tag: self.tag.clone(),
         })
-    }
-
-    fn manifest(
-        &mut self,
-        digest: &str,
-        size: u64,
-        subject: &Subject,
-        opts: &FetchOptions,
-    ) -> Result<Vec<u8>, SourceError> {
-        let (r, origin) = self.blob(digest, subject)?;
-        verify::read_small(
-            r,
-            subject,
-            &origin,
-            digest,
-            size,
-            opts.limits.max_manifest_bytes,
-            "manifest size",
-        )
     }
 
     fn blob(

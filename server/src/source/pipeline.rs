@@ -42,13 +42,25 @@ pub trait Store {
     /// The first document.
     fn root(&mut self, subject: &Subject, opts: &FetchOptions) -> Result<Root, SourceError>;
     /// A manifest or index by digest, verified against `digest` and `size`.
+    /// Stores that keep manifests as blobs (OCI layouts) use this default.
     fn manifest(
         &mut self,
         digest: &str,
         size: u64,
         subject: &Subject,
         opts: &FetchOptions,
-    ) -> Result<Vec<u8>, SourceError>;
+    ) -> Result<Vec<u8>, SourceError> {
+        let (r, origin) = self.blob(digest, subject)?;
+        super::verify::read_small(
+            r,
+            subject,
+            &origin,
+            digest,
+            size,
+            opts.limits.max_manifest_bytes,
+            "manifest size",
+        )
+    }
     /// A blob's raw (unverified) byte stream, and where it comes from.
     fn blob(
         &mut self,
