@@ -136,7 +136,12 @@ pub fn run(cli: Cli) -> Result<()> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
-            rt.block_on(serve(args))
+            let result = rt.block_on(serve(args));
+            // A fetch blocked in a read on the blocking pool must not hold
+            // the exit past --shutdown-timeout; what it staged is removed
+            // at the next start.
+            rt.shutdown_timeout(EXIT_GRACE);
+            result
         }
     }
 }
@@ -246,6 +251,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
+/// How long exiting waits for blocking work (an image read) to notice
+/// cancellation.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
 /// Under the state dir: where images are staged and kept while served.
 const IMAGES_DIR: &str = "images";
 /// First wait after a failed fetch; doubles up to `--max-backoff`.

@@ -157,8 +157,8 @@ fn check_archive_repo(repo: &Path) -> Result<Option<String>> {
     Ok(Some(config))
 }
 
-/// Finds the one commit object in a repo (an oscontainer holds exactly one).
-pub fn find_single_commit(repo: &Path) -> Result<Checksum> {
+/// Every commit object in a repo (bounded by the directory listing limits).
+pub fn find_commits(repo: &Path) -> Result<Vec<Checksum>> {
     let mut found = Vec::new();
     let dirs = fsutil::list_dir(repo, "objects", 1024)?.unwrap_or_default();
     for d in dirs.into_iter().filter(|d| d.is_dir && d.name.len() == 2) {
@@ -173,27 +173,34 @@ pub fn find_single_commit(repo: &Path) -> Result<Checksum> {
             }
         }
     }
-    match found.as_slice() {
+    Ok(found)
+}
+
+fn list_some(commits: &[Checksum]) -> String {
+    let shown: Vec<String> = commits
+        .iter()
+        .take(MAX_COMMITS_LISTED)
+        .map(|c| c.to_hex())
+        .collect();
+    let more = if commits.len() > MAX_COMMITS_LISTED {
+        ", ..."
+    } else {
+        ""
+    };
+    format!("{}{more}", shown.join(", "))
+}
+
+/// Finds the one commit object in a repo (an oscontainer holds exactly one).
+pub fn find_single_commit(repo: &Path) -> Result<Checksum> {
+    match find_commits(repo)?.as_slice() {
         [] => bail!("{} contains no commit object", repo.display()),
         [one] => Ok(*one),
-        many => {
-            let shown: Vec<String> = many
-                .iter()
-                .take(MAX_COMMITS_LISTED)
-                .map(|c| c.to_hex())
-                .collect();
-            bail!(
-                "{} contains {} commits ({}{}); choose one with --commit",
-                repo.display(),
-                many.len(),
-                shown.join(", "),
-                if many.len() > MAX_COMMITS_LISTED {
-                    ", ..."
-                } else {
-                    ""
-                }
-            )
-        }
+        many => bail!(
+            "{} contains {} commits ({}); choose one with --commit",
+            repo.display(),
+            many.len(),
+            list_some(many)
+        ),
     }
 }
 
@@ -425,14 +432,22 @@ pub fn publish_releases(releases: &[Release], state: &StateDir) -> Result<Genera
             any_config |= check_archive_repo(&r.repo)
                 .with_context(|| format!("image {}", r.image))?
                 .is_some();
-            let found =
-                find_single_commit(&r.repo).with_context(|| format!("image {}", r.image))?;
-            anyhow::ensure!(
-                found == r.commit,
-                "image {}: its label com.coreos.ostree-commit={} does not match the commit {found} its repo holds; refusing it",
-                r.image,
-                r.commit
-            );
+            // An oscontainer holds exactly its labelled commit.
+            match find_commits(&r.repo)?.as_slice() {
+                [found] if *found == r.commit => {}
+                [found] => bail!(
+                    "image {}: its label com.coreos.ostree-commit={} does not match the commit {found} its repo holds; refusing it",
+                    r.image,
+                    r.commit
+                ),
+                [] => bail!("image {}: its srv/repo contains no commit object", r.image),
+                many => bail!(
+                    "image {}: its srv/repo contains {} commits ({}), an oscontainer holds exactly one; refusing it",
+                    r.image,
+                    many.len(),
+                    list_some(many)
+                ),
+            }
             let commit = probe
                 .commit(&r.commit)
                 .with_context(|| format!("image {}", r.image))?;

@@ -744,6 +744,8 @@ pub struct ServerBuilder {
     source: Vec<OsString>,
     extra: Vec<OsString>,
     state_dir: Option<PathBuf>,
+    /// Environment changes: `Some` sets, `None` removes.
+    env: Vec<(OsString, Option<OsString>)>,
 }
 
 impl ServerBuilder {
@@ -765,6 +767,19 @@ impl ServerBuilder {
         self
     }
 
+    /// Sets an environment variable for the server.
+    pub fn env(mut self, k: impl AsRef<OsStr>, v: impl AsRef<OsStr>) -> Self {
+        self.env
+            .push((k.as_ref().to_owned(), Some(v.as_ref().to_owned())));
+        self
+    }
+
+    /// Removes an environment variable for the server.
+    pub fn env_remove(mut self, k: impl AsRef<OsStr>) -> Self {
+        self.env.push((k.as_ref().to_owned(), None));
+        self
+    }
+
     fn command(&self, tmp: &Path) -> (Command, PathBuf, PathBuf) {
         let state = self.state_dir.clone().unwrap_or_else(|| tmp.join("state"));
         let log = tmp.join("access.log");
@@ -781,11 +796,25 @@ impl ServerBuilder {
             .env("NO_COLOR", "1")
             .env_remove("OSCONTENT_STATE_DIR")
             .env_remove("OSCONTENT_LISTEN");
+        for (k, v) in &self.env {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
         (cmd, state, log)
     }
 
     /// Starts the server and waits until `/readyz` answers 200.
     pub fn start(self) -> Result<Server> {
+        let mut server = self.spawn()?;
+        server.wait_ready(START_TIMEOUT)?;
+        Ok(server)
+    }
+
+    /// Starts the server and waits only for its `listening on` line, not
+    /// for `/readyz` (image sources are fetched after the server listens).
+    pub fn spawn(self) -> Result<Server> {
         let tmp = tempdir();
         let (mut cmd, state_dir, access_log) = self.command(tmp.path());
         let what = format!("{cmd:?}");
@@ -866,7 +895,6 @@ impl ServerBuilder {
         );
         server.url = url;
         server.addr = addr;
-        server.wait_ready(START_TIMEOUT)?;
         Ok(server)
     }
 
@@ -920,6 +948,7 @@ impl Server {
             source: vec!["--oscontainer".into(), dir.into()],
             extra: Vec::new(),
             state_dir: None,
+            env: Vec::new(),
         }
     }
 
@@ -929,6 +958,23 @@ impl Server {
             source: vec!["--repo".into(), dir.into()],
             extra: Vec::new(),
             state_dir: None,
+            env: Vec::new(),
+        }
+    }
+
+    /// `serve --image REF [--image REF]...`. `REGISTRY_AUTH_FILE` is
+    /// removed from the environment (set it with [`ServerBuilder::env`]).
+    pub fn images<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(refs: I) -> ServerBuilder {
+        let mut source = Vec::new();
+        for r in refs {
+            source.push(OsString::from("--image"));
+            source.push(r.as_ref().to_owned());
+        }
+        ServerBuilder {
+            source,
+            extra: Vec::new(),
+            state_dir: None,
+            env: vec![("REGISTRY_AUTH_FILE".into(), None)],
         }
     }
 
@@ -953,7 +999,9 @@ impl Server {
         strip_ansi(&String::from_utf8_lossy(&self.stderr.lock().unwrap()))
     }
 
-    fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+    /// Waits until `/readyz` answers 200, at most `timeout`; fails if the
+    /// server exits first.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let client = http1();
         let deadline = Instant::now() + timeout;
         let mut last = String::new();
@@ -1004,6 +1052,52 @@ impl Server {
     /// Sends SIGTERM (graceful shutdown).
     pub fn sigterm(&mut self) -> Result<()> {
         self.signal(rustix::process::Signal::TERM)
+    }
+
+    /// SIGKILL (no cleanup at all), then reaps the process.
+    pub fn sigkill(&mut self) -> Result<ExitStatus> {
+        self.signal(rustix::process::Signal::KILL)?;
+        self.wait_exit(Duration::from_secs(10))?
+            .ok_or_else(|| anyhow!("server still running 10 s after SIGKILL"))
+    }
+
+    /// Lines of stderr (colours stripped) that contain `needle`.
+    pub fn stderr_lines(&self, needle: &str) -> Vec<String> {
+        self.stderr()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Waits until stderr has at least `n` lines containing `needle`,
+    /// polling every 10 ms for at most `timeout`; returns those lines.
+    /// Fails if the server exits first.
+    pub fn wait_stderr_lines(
+        &mut self,
+        needle: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<Vec<String>> {
+        let found = poll(timeout, || -> Result<Option<Vec<String>>> {
+            let lines = self.stderr_lines(needle);
+            if lines.len() >= n {
+                return Ok(Some(lines));
+            }
+            if let Some(s) = self.try_status()? {
+                bail!(
+                    "server exited ({s}) before logging {n} line(s) with {needle:?}.\nstderr:\n{}",
+                    self.stderr()
+                );
+            }
+            Ok(None)
+        })?;
+        found.ok_or_else(|| {
+            anyhow!(
+                "no {n} line(s) with {needle:?} on stderr within {timeout:?}.\nstderr:\n{}",
+                self.stderr()
+            )
+        })
     }
 
     fn signal(&mut self, sig: rustix::process::Signal) -> Result<()> {

@@ -1,0 +1,14 @@
+//! End-to-end: `oscontent-server serve --image` against a real
+//! `docker-registry` on loopback, images pushed with `skopeo`, and the
+//! stock `ostree` CLI pulling from the server. Each test has its own
+//! registry, server, state dir and temporary dirs; the shared fixtures are
+//! only ever read.
+//!
+//! Build the binaries first: `cargo build --workspace --bins`, then
+//! `cargo test -p oscontent-tests --test image`. Needs `docker-registry`,
+//! `skopeo`, `umoci`, `htpasswd` (apache2-utils), `gzip` and `ostree`.
+
+mod attacks;
+mod lifecycle;
+mod pull;
+mod support;
