@@ -181,3 +181,101 @@ fn repo_mode_without_refs_publishes_the_binding_from_the_state_dir() {
     drop(server);
     assert_unchanged(&copy, &before, "serving a --repo with added refs");
 }
+
+/// A repo with a static delta: the generated summary lists it (with the
+/// superblock's SHA-256) and stock ostree updates through it, fetching
+/// fewer loose content objects than the release adds.
+#[test]
+fn static_deltas_in_the_repo_are_listed_and_used() {
+    let (v1, v2) = (v1(), v2());
+    let tmp = tempdir();
+    let copy = tmp.path().join("repo");
+    let cli = Ostree::init(&copy, "archive").unwrap();
+    for r in [v1, v2] {
+        cli.run(["pull-local", r.repo.to_str().unwrap(), r.commit.as_str()])
+            .unwrap();
+    }
+    cli.run([
+        "static-delta",
+        "generate",
+        // No fallbacks: large objects would otherwise travel loose.
+        "--min-fallback-size=0",
+        &format!("--from={}", v1.commit),
+        &format!("--to={}", v2.commit),
+    ])
+    .unwrap();
+    cli.run(["refs", &format!("--create={}", fixture_ref()), &v2.commit])
+        .unwrap();
+    assert!(
+        !copy.join("summary").exists(),
+        "the test needs a repo without its own summary"
+    );
+
+    let server = Server::repo(&copy).start().unwrap();
+    let summary = server.summary().unwrap();
+    let from = oscontent::format::Checksum::from_hex(&v1.commit).unwrap();
+    let to = oscontent::format::Checksum::from_hex(&v2.commit).unwrap();
+    let name = oscontent::format::DeltaName {
+        from: Some(from),
+        to,
+    };
+    let listed = summary
+        .deltas
+        .iter()
+        .find(|d| d.name == name)
+        .unwrap_or_else(|| {
+            panic!(
+                "summary lists no {}: {:?}",
+                name.summary_name(),
+                summary.deltas
+            )
+        });
+    let superblock = std::fs::read(copy.join(name.dir()).join("superblock")).unwrap();
+    assert_eq!(
+        listed.superblock,
+        oscontent::format::Checksum::digest(&superblock),
+        "the summary's superblock checksum"
+    );
+    // The repo config asks for delta indexes, so ostree writes one and the
+    // summary must say to use it.
+    assert_eq!(
+        summary.indexed_deltas,
+        copy.join(oscontent::format::DeltaName::index_path(&to))
+            .exists()
+    );
+
+    let node = Ostree::init(&tmp.path().join("node"), "bare-user").unwrap();
+    node.remote_add("os", &server.url, &[]).unwrap();
+    node.pull(&["os", &v1.commit]).unwrap();
+    let seen = server.access_log().unwrap().len();
+    node.pull(&["os", fixture_ref()]).unwrap();
+    assert_eq!(
+        node.rev_parse(&format!("os:{}", fixture_ref())).unwrap(),
+        v2.commit
+    );
+    node.fsck().unwrap();
+    let update: Vec<AccessEntry> = server.access_log().unwrap().split_off(seen);
+    let superblock_path = format!("/{}/superblock", name.dir());
+    assert!(
+        update
+            .iter()
+            .any(|e| e.path == superblock_path && e.status == 200),
+        "the update did not fetch the delta superblock; requests: {:?}",
+        update
+            .iter()
+            .map(|e| (&e.path, e.status))
+            .collect::<Vec<_>>()
+    );
+    let loose = update.iter().filter(|e| e.kind == "filez").count();
+    let new_content: Vec<String> = list_objects(&v2.repo)
+        .unwrap()
+        .get(CONTENT)
+        .difference(&list_objects(&v1.repo).unwrap().get(CONTENT))
+        .cloned()
+        .collect();
+    assert!(
+        !new_content.is_empty() && loose < new_content.len(),
+        "the update fetched {loose} loose content objects of {} new ones: the delta was not used",
+        new_content.len()
+    );
+}
