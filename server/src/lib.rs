@@ -8,6 +8,7 @@ pub mod http;
 pub mod metrics;
 pub mod publish;
 pub mod served;
+pub mod signing;
 pub mod source;
 
 pub use http::{app, AppState, HttpConfig};
