@@ -877,6 +877,176 @@ mod tests {
         }
     }
 
+    fn fake_bundle() -> Bundle {
+        let c = Checksum::digest(b"a commit");
+        Bundle {
+            manifest: BundleManifest {
+                kind: BUNDLE_KIND.into(),
+                format: BUNDLE_FORMAT,
+                signer: "AB".repeat(20),
+                summary_sha256: Checksum::digest(b"a summary").to_hex(),
+                commits: vec![c.to_hex()],
+                refs: BTreeMap::from([("os/stable".to_owned(), c.to_hex())]),
+            },
+            commitmeta: BTreeMap::from([(c, build_gpgsigs(&[vec![1, 2, 3]]).unwrap())]),
+            summary_sig: build_gpgsigs(&[vec![4, 5, 6]]).unwrap(),
+        }
+    }
+
+    #[test]
+    fn bundles_roundtrip_and_never_overwrite() {
+        let t = tempfile::tempdir().unwrap();
+        let b = fake_bundle();
+        let out = t.path().join("bundle");
+        write_bundle(&b, &out).unwrap();
+        let loaded = load_bundle(&out).unwrap().unwrap();
+        assert_eq!(loaded.manifest, b.manifest);
+        assert_eq!(loaded.commitmeta, b.commitmeta);
+        assert_eq!(loaded.summary_sig, b.summary_sig);
+        let err = write_bundle(&b, &out).unwrap_err();
+        assert!(format!("{err:#}").contains("not empty"), "{err:#}");
+        // An empty directory (a fresh mount point) is fine to fill.
+        let empty = t.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        write_bundle(&b, &empty).unwrap();
+        // No temporary directories are left behind.
+        let left: Vec<_> = std::fs::read_dir(t.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".oscontent-bundle-"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        // A missing directory is an error; an empty one is "no bundle
+        // yet" (an optional ConfigMap).
+        assert!(load_bundle(&t.path().join("missing")).is_err());
+        let nothing = t.path().join("nothing");
+        std::fs::create_dir(&nothing).unwrap();
+        assert!(load_bundle(&nothing).unwrap().is_none());
+    }
+
+    #[test]
+    fn malformed_bundles_are_refused_by_name() {
+        let b = fake_bundle();
+        let c = b.manifest.commits[0].clone();
+        type Edit = Box<dyn Fn(&Path)>;
+        let manifest_with = |f: fn(&mut serde_json::Value)| -> Edit {
+            Box::new(move |d: &Path| {
+                let p = d.join(BUNDLE_MANIFEST);
+                let mut v: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+                f(&mut v);
+                std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
+            })
+        };
+        let c2 = c.clone();
+        let cases: Vec<(&str, Edit, &str)> = vec![
+            (
+                "not json",
+                Box::new(|d: &Path| std::fs::write(d.join(BUNDLE_MANIFEST), "{").unwrap()),
+                "not a bundle manifest",
+            ),
+            (
+                "wrong kind",
+                manifest_with(|v| v["kind"] = "other".into()),
+                "has kind",
+            ),
+            (
+                "future format",
+                manifest_with(|v| v["format"] = 2.into()),
+                "has format 2",
+            ),
+            (
+                "unknown field",
+                manifest_with(|v| v["extra"] = 1.into()),
+                "unknown field",
+            ),
+            (
+                "bad summary digest",
+                manifest_with(|v| v["summary_sha256"] = "xyz".into()),
+                "summary_sha256",
+            ),
+            (
+                "bad commit",
+                manifest_with(|v| v["commits"] = serde_json::json!(["nothex"])),
+                "commits",
+            ),
+            (
+                "missing commitmeta",
+                Box::new(move |d: &Path| {
+                    std::fs::remove_file(d.join(format!("{c}{COMMITMETA_SUFFIX}"))).unwrap()
+                }),
+                "is missing",
+            ),
+            (
+                "commitmeta without signatures",
+                Box::new(move |d: &Path| {
+                    std::fs::write(
+                        d.join(format!("{c2}{COMMITMETA_SUFFIX}")),
+                        merge_gpgsigs(None, &[]).unwrap(),
+                    )
+                    .unwrap()
+                }),
+                "holds no ostree.gpgsigs",
+            ),
+            (
+                "missing summary.sig",
+                Box::new(|d: &Path| std::fs::remove_file(d.join(BUNDLE_SUMMARY_SIG)).unwrap()),
+                "summary.sig is missing",
+            ),
+            (
+                "symlinked manifest outside the kube layout",
+                Box::new(|d: &Path| {
+                    let real = d.with_extension("real");
+                    std::fs::rename(d.join(BUNDLE_MANIFEST), &real).unwrap();
+                    std::os::unix::fs::symlink(&real, d.join(BUNDLE_MANIFEST)).unwrap();
+                }),
+                "not a regular file",
+            ),
+        ];
+        let t = tempfile::tempdir().unwrap();
+        for (i, (name, edit, phrase)) in cases.into_iter().enumerate() {
+            let d = t.path().join(format!("b{i}"));
+            write_bundle(&b, &d).unwrap();
+            edit(&d);
+            let err = load_bundle(&d).expect_err(name);
+            assert!(
+                err.chain().any(|e| e.is::<SignatureError>()),
+                "{name}: not a SignatureError: {err:#}"
+            );
+            let msg = format!("{err:#}");
+            assert!(
+                msg.contains(phrase) && msg.contains(&d.display().to_string()),
+                "{name}: {msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn keygen_refuses_to_overwrite_or_alias() {
+        let t = tempfile::tempdir().unwrap();
+        let existing = t.path().join("existing");
+        std::fs::write(&existing, "keep").unwrap();
+        let req = |secret: &Path, public: &Path| KeygenRequest {
+            user_id: "t <t@example.com>".into(),
+            algo: openpgp::KeyAlgo::Ed25519,
+            validity: None,
+            out_secret: secret.to_owned(),
+            out_public: public.to_owned(),
+            out_revocation: None,
+        };
+        let fresh = t.path().join("fresh");
+        for (secret, public, phrase) in [
+            (&existing, &fresh, "refusing to overwrite"),
+            (&fresh, &existing, "refusing to overwrite"),
+            (&fresh, &fresh, "named twice"),
+        ] {
+            let err = keygen(&req(secret, public)).unwrap_err();
+            assert!(format!("{err:#}").contains(phrase), "{err:#}");
+        }
+        assert_eq!(std::fs::read_to_string(&existing).unwrap(), "keep");
+        assert!(!fresh.exists(), "nothing half-written");
+    }
+
     #[test]
     fn refusal_lists_are_bounded() {
         let reasons: Vec<String> = (0..50).map(|i| format!("ref r{i}: bad")).collect();
