@@ -696,16 +696,17 @@ pub fn apply(
         sigs.push(openpgp::sign_detached(tsk, &summary).context("signing the summary")?);
     }
     if !sigs.is_empty() {
-        if let Some(existing) = source_summary_sig(probe)? {
-            // The source's own summary.sig over the same (source) summary.
-            sigs = [parse_gpgsigs(&existing).unwrap_or_default(), sigs].concat();
-            sigs.dedup();
-        }
-        write_overlay(
-            &probe.overlay,
-            &summary_sig_path(&digest),
-            &build_gpgsigs(&sigs)?,
-        )?;
+        // Kept alongside: the source's own summary.sig, which signs the same
+        // summary when the source's summary is the one served.
+        let existing = source_summary_sig(probe)?.filter(|b| match parse_gpgsigs(b) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!("ignoring the source's unreadable summary.sig: {e}");
+                false
+            }
+        });
+        let merged = merge_gpgsigs(existing.as_deref(), &sigs)?;
+        write_overlay(&probe.overlay, &summary_sig_path(&digest), &merged)?;
     }
 
     if let Some(trusted) = &opts.trusted {
