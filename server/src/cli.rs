@@ -1,14 +1,16 @@
 //! The `oscontent-server` command line.
 
 use crate::http::{AppState, HttpConfig};
-use crate::publish::{self, PublishRequest, Release, Source, StateDir};
-use crate::source::{self, FetchOptions, ImageRef, Platform, StagedImage};
+use crate::images::{announce, ImagePublisher};
+use crate::publish::{self, PublishRequest, Source, StateDir};
+use crate::source::{self, FetchOptions, ImageRef, Platform};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use oscontent::format::Checksum;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Publishes an oscontainer's ostree repo as an ostree remote over HTTP.
@@ -110,6 +112,11 @@ pub struct ServeArgs {
     /// detached metadata and deltas. Objects are cached forever.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub metadata_max_age: u64,
+    /// Check the --image references for a new digest this often (reading
+    /// only their manifests), and publish what moved as a new generation.
+    /// 0: only at SIGHUP. SIGHUP also re-publishes --oscontainer and --repo.
+    #[arg(long, default_value_t = 0, value_name = "SECONDS")]
+    pub refresh_interval: u64,
     /// After SIGTERM, how long in-flight requests may take before the
     /// server exits anyway.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
@@ -171,25 +178,27 @@ async fn serve(args: ServeArgs) -> Result<()> {
     );
     // Local sources publish before listening: there is nothing to wait for.
     // Images are fetched in the background while /readyz says not yet.
-    let mut fetcher = None;
-    if args.source.image.is_empty() {
+    let publisher = if args.source.image.is_empty() {
         let source = match (args.source.oscontainer, args.source.repo) {
             (Some(d), None) => Source::Oscontainer(d),
             (None, Some(d)) => Source::Repo(d),
             _ => unreachable!("clap enforces exactly one source"),
         };
-        let state_dir = StateDir::open(&args.state_dir, &[source.repo_path()])?;
-        let req = PublishRequest {
-            source: source.clone(),
+        let state_dir = Arc::new(StateDir::open(&args.state_dir, &[source.repo_path()])?);
+        let req = Arc::new(PublishRequest {
+            source,
             commit: args.commit,
             refs: args.refs,
-        };
-        let generation = tokio::task::spawn_blocking(move || publish::publish(&req, &state_dir))
-            .await
-            .context("publish task")?
-            .with_context(|| format!("publishing {}", source.repo_path().display()))?;
+        });
+        let generation = publish_local(&req, &state_dir).await?;
         announce(&generation);
         state.publish(generation);
+        tokio::spawn(republish_on_hup(
+            req,
+            state_dir,
+            state.clone(),
+            signals.hup.clone(),
+        ))
     } else {
         anyhow::ensure!(
             args.commit.is_none() && args.refs.is_empty(),
@@ -208,16 +217,19 @@ async fn serve(args: ServeArgs) -> Result<()> {
             registries_conf: args.registry.registries_conf.clone(),
             ..FetchOptions::default()
         };
-        let max_backoff = Duration::from_secs(args.registry.max_backoff.max(1));
-        fetcher = Some(tokio::spawn(fetch_and_publish(
-            args.source.image.clone(),
+        let publisher = ImagePublisher {
+            images: args.source.image.clone(),
             opts,
             staging,
-            state_dir,
-            state.clone(),
-            max_backoff,
-        )));
-    }
+            state_dir: Arc::new(state_dir),
+            app: state.clone(),
+            max_backoff: Duration::from_secs(args.registry.max_backoff.max(1)),
+            refresh_interval: (args.refresh_interval > 0)
+                .then(|| Duration::from_secs(args.refresh_interval)),
+            refresh_now: signals.hup.clone(),
+        };
+        tokio::spawn(publisher.run())
+    };
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -236,10 +248,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
     }));
     signals.recv().await;
     tracing::info!("shutting down: finishing in-flight requests");
-    if let Some(f) = fetcher {
-        // A fetch in progress stops at its next read and removes its staging.
-        f.abort();
-    }
+    // A fetch in progress stops at its next read and removes its staging.
+    publisher.abort();
     drain_state.start_draining();
     let _ = tx.send(());
     match tokio::time::timeout(timeout, server).await {
@@ -256,117 +266,74 @@ async fn serve(args: ServeArgs) -> Result<()> {
 const EXIT_GRACE: Duration = Duration::from_secs(1);
 /// Under the state dir: where images are staged and kept while served.
 const IMAGES_DIR: &str = "images";
-/// First wait after a failed fetch; doubles up to `--max-backoff`.
-const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
-
-fn announce(generation: &crate::served::Generation) {
-    for (name, commit) in &generation.derived_refs {
-        tracing::info!(r#ref = name, %commit, generation = generation.id, "published");
-    }
+/// Publishes a local source on the blocking pool.
+async fn publish_local(
+    req: &Arc<PublishRequest>,
+    state_dir: &Arc<StateDir>,
+) -> Result<crate::served::Generation> {
+    let (r, sd) = (req.clone(), state_dir.clone());
+    tokio::task::spawn_blocking(move || publish::publish(&r, &sd))
+        .await
+        .context("publish task")?
+        .with_context(|| format!("publishing {}", req.source.repo_path().display()))
 }
 
-/// Removes a staged image when the generation serving it is dropped (after
-/// its last in-flight request), or when publication fails.
-struct StagedGuard(Option<StagedImage>);
-
-impl Drop for StagedGuard {
-    fn drop(&mut self) {
-        if let Some(img) = self.0.take() {
-            let root = img.root.clone();
-            if let Err(e) = img.remove() {
-                tracing::warn!(dir = %root.display(), "removing a staged image: {e}");
-            }
-        }
-    }
-}
-
-/// Fetches every image, verified, then publishes them as one generation.
-/// On failure nothing is kept; it retries with capped exponential backoff
-/// until it succeeds or the server shuts down (which aborts this task).
-async fn fetch_and_publish(
-    images: Vec<ImageRef>,
-    opts: FetchOptions,
-    staging: PathBuf,
-    state_dir: StateDir,
+/// At each SIGHUP, publishes a local source again (a remounted image
+/// volume, refs added to a repo). A failure keeps the current generation.
+async fn republish_on_hup(
+    req: Arc<PublishRequest>,
+    state_dir: Arc<StateDir>,
     app: AppState,
-    max_backoff: Duration,
+    hup: Arc<tokio::sync::Notify>,
 ) {
-    let state_dir = std::sync::Arc::new(state_dir);
-    let mut backoff = INITIAL_BACKOFF;
-    for attempt in 1u64.. {
-        match fetch_once(&images, &opts, &staging, &state_dir).await {
+    loop {
+        hup.notified().await;
+        tracing::info!("SIGHUP: publishing the source again");
+        match publish_local(&req, &state_dir).await {
             Ok(generation) => {
+                app.metrics
+                    .source_checks
+                    .with_label_values(&["published"])
+                    .inc();
                 announce(&generation);
                 app.publish(generation);
-                return;
             }
             Err(e) => {
-                tracing::error!(attempt, retry_in = ?backoff, "{e:#}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(max_backoff);
+                app.metrics
+                    .source_checks
+                    .with_label_values(&["failed"])
+                    .inc();
+                tracing::error!("{e:#} (still serving the previous generation)");
             }
         }
     }
 }
 
-async fn fetch_once(
-    images: &[ImageRef],
-    opts: &FetchOptions,
-    staging: &std::path::Path,
-    state_dir: &std::sync::Arc<StateDir>,
-) -> Result<crate::served::Generation> {
-    let mut guards = Vec::new();
-    let mut releases = Vec::new();
-    for image in images {
-        let staged = source::fetch(image, opts, staging)
-            .await
-            .with_context(|| format!("fetching {image}"))?;
-        tracing::info!(
-            %image,
-            manifest = staged.manifest_digest,
-            commit = staged.commit,
-            compressed_bytes = staged.compressed_bytes,
-            written_bytes = staged.written_bytes,
-            "image verified and staged"
-        );
-        let commit: Checksum = staged
-            .commit
-            .parse()
-            .with_context(|| format!("image {image}: label {}", source::COMMIT_LABEL))?;
-        releases.push(Release {
-            image: image.to_string(),
-            repo: staged.root.join(publish::OSCONTAINER_REPO),
-            commit,
-            version: staged.version.clone(),
-        });
-        guards.push(StagedGuard(Some(staged)));
-    }
-    let sd = state_dir.clone();
-    let mut generation =
-        tokio::task::spawn_blocking(move || publish::publish_releases(&releases, &sd))
-            .await
-            .context("publish task")??;
-    // The generation now owns the staged images; dropping it removes them.
-    generation.keepalive.extend(
-        guards
-            .into_iter()
-            .map(|g| Box::new(g) as Box<dyn std::any::Any + Send + Sync>),
-    );
-    Ok(generation)
-}
-
-/// SIGTERM and SIGINT, both meaning "drain and exit".
+/// SIGTERM and SIGINT, both meaning "drain and exit"; SIGHUP, meaning
+/// "check the source now", is forwarded to `hup` for as long as the
+/// process runs.
 struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
+    hup: Arc<tokio::sync::Notify>,
 }
 
 impl Signals {
     fn install() -> Result<Self> {
         use tokio::signal::unix::{signal, SignalKind};
+        let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+        let hup = Arc::new(tokio::sync::Notify::new());
+        let notify = hup.clone();
+        tokio::spawn(async move {
+            while sighup.recv().await.is_some() {
+                // notify_one stores a permit: a SIGHUP during a fetch is not lost.
+                notify.notify_one();
+            }
+        });
         Ok(Self {
             term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
             int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            hup,
         })
     }
 

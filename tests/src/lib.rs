@@ -1054,6 +1054,11 @@ impl Server {
         self.signal(rustix::process::Signal::TERM)
     }
 
+    /// Sends SIGHUP (check the source now).
+    pub fn sighup(&mut self) -> Result<()> {
+        self.signal(rustix::process::Signal::HUP)
+    }
+
     /// SIGKILL (no cleanup at all), then reaps the process.
     pub fn sigkill(&mut self) -> Result<ExitStatus> {
         self.signal(rustix::process::Signal::KILL)?;
