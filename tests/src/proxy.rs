@@ -133,7 +133,12 @@ fn read_head(s: &mut TcpStream) -> Result<Option<Vec<u8>>> {
     }
 }
 
-fn serve_conn(mut client: TcpStream, upstream: SocketAddr, faults: &Faults, stats: &ProxyStats) -> Result<()> {
+fn serve_conn(
+    mut client: TcpStream,
+    upstream: SocketAddr,
+    faults: &Faults,
+    stats: &ProxyStats,
+) -> Result<()> {
     client.set_read_timeout(Some(IO_TIMEOUT))?;
     client.set_write_timeout(Some(IO_TIMEOUT))?;
     loop {

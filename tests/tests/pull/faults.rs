@@ -23,11 +23,19 @@ fn retries_past_503s_and_resets_then_completes() {
     )
     .unwrap();
     let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
-    let out = run_client(&pull_args(&repo.repo, &proxy.url, fixture_ref(), &["--concurrency", "4"]));
+    let out = run_client(&pull_args(
+        &repo.repo,
+        &proxy.url,
+        fixture_ref(),
+        &["--concurrency", "4"],
+    ));
     let evs = expect_ok(&out, "pull through faults");
 
     let s = &proxy.stats;
-    assert!(s.h2_prefaces.load(Ordering::SeqCst) >= 1, "no HTTP/2 attempt");
+    assert!(
+        s.h2_prefaces.load(Ordering::SeqCst) >= 1,
+        "no HTTP/2 attempt"
+    );
     assert_eq!(event(&evs, "start")["protocol"], "HTTP/1.1");
     let injected = s.injected_503.load(Ordering::SeqCst);
     // 3 at the start, then 2 for each of the ~14 chosen paths.
@@ -40,7 +48,9 @@ fn retries_past_503s_and_resets_then_completes() {
         injected + resets,
         "one retry per injected fault"
     );
-    assert!(retries.iter().any(|e| e["error"].as_str().unwrap().contains("503")));
+    assert!(retries
+        .iter()
+        .any(|e| e["error"].as_str().unwrap().contains("503")));
     assert_eq!(
         event(&evs, "done")["retries"].as_u64().unwrap() as usize,
         retries.len()
@@ -50,7 +60,10 @@ fn retries_past_503s_and_resets_then_completes() {
     // What reached the server: every object, and nothing twice except the
     // ones whose responses were cut.
     let log = server.access_log().unwrap();
-    let objects = log.iter().filter(|e| e.object().is_some() && e.kind != "commitmeta").count();
+    let objects = log
+        .iter()
+        .filter(|e| e.object().is_some() && e.kind != "commitmeta")
+        .count();
     let unique = fetched_objects(&log).len();
     assert_eq!(objects, unique + resets, "unexpected refetches");
 }
