@@ -1,16 +1,16 @@
 //! The `oscontent-server` command line.
 
 use crate::http::{AppState, HttpConfig};
-use crate::publish::{self, PublishRequest, Release, Source, StateDir};
-use crate::served::Generation;
-use crate::signing::{self, SignatureOptions};
-use crate::source::{self, FetchOptions, ImageRef, Platform, StagedImage};
+use crate::images::{self, announce, ImagePublisher};
+use crate::publish::{self, PublishRequest, Source, StateDir};
+use crate::signing::{self, SignatureOptions, SignatureWatch};
+use crate::source::{self, FetchOptions, ImageRef, Platform};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use oscontent::format::Checksum;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -266,6 +266,11 @@ pub struct ServeArgs {
     /// detached metadata and deltas. Objects are cached forever.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub metadata_max_age: u64,
+    /// Check the --image references for a new digest this often (reading
+    /// only their manifests), and publish what moved as a new generation.
+    /// 0: only at SIGHUP. SIGHUP also re-publishes --oscontainer and --repo.
+    #[arg(long, default_value_t = 0, value_name = "SECONDS")]
+    pub refresh_interval: u64,
     /// After SIGTERM, how long in-flight requests may take before the
     /// server exits anyway.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
@@ -324,7 +329,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let signals = Signals::install()?;
     let access_log = args.access_log.as_ref().map(open_access_log).transpose()?;
     let sigs = args.signing.load()?;
-    let poll = Duration::from_secs(args.signing.signatures_poll.max(1));
+    let signatures_poll = Duration::from_secs(args.signing.signatures_poll.max(1));
     let state = AppState::new(
         HttpConfig {
             metadata_max_age: Duration::from_secs(args.metadata_max_age),
@@ -333,27 +338,20 @@ async fn serve(args: ServeArgs) -> Result<()> {
     );
     // Local sources publish before listening: there is nothing to wait for.
     // Images are fetched in the background while /readyz says not yet.
-    let mut background = None;
-    if args.source.image.is_empty() {
+    let publisher = if args.source.image.is_empty() {
         let source = match (args.source.oscontainer, args.source.repo) {
             (Some(d), None) => Source::Oscontainer(d),
             (None, Some(d)) => Source::Repo(d),
             _ => unreachable!("clap enforces exactly one source"),
         };
-        let state_dir = StateDir::open(&args.state_dir, &[source.repo_path()])?;
-        let req = PublishRequest {
-            source: source.clone(),
+        let state_dir = Arc::new(StateDir::open(&args.state_dir, &[source.repo_path()])?);
+        let req = Arc::new(PublishRequest {
+            source,
             commit: args.commit,
             refs: args.refs,
-        };
-        let what = source.repo_path().display().to_string();
-        let opts = sigs.clone();
-        let publisher: Publisher = Arc::new(move || {
-            publish::publish_signed(&req, &state_dir, &opts)
-                .with_context(|| format!("publishing {what}"))
         });
-        let attempt = publish_once(&publisher).await;
-        match attempt.result {
+        let mut watch = SignatureWatch::default();
+        match publish_local(&req, &state_dir, &sigs).await {
             Ok(generation) => {
                 announce(&generation);
                 state.publish(generation);
@@ -361,20 +359,24 @@ async fn serve(args: ServeArgs) -> Result<()> {
             // Signatures may arrive later (a ConfigMap update): listen, stay
             // not ready, and publish once they verify.
             Err(e) if signing::is_signature_error(&e) => {
-                tracing::error!("{e:#}");
-                tracing::warn!("not ready until the signatures verify; watching for new ones");
+                tracing::error!(
+                    "{e:#} (not ready until the signatures verify; watching for new signatures)"
+                );
+                watch.refused(sigs.bundle_dir.as_deref());
             }
             Err(e) => return Err(e),
         }
-        if sigs.is_active() {
-            background = Some(tokio::spawn(watch_signatures(
-                publisher,
-                state.clone(),
-                sigs.bundle_dir.clone(),
-                poll,
-                attempt.bundle_identity,
-            )));
-        }
+        tokio::spawn(keep_local_published(
+            LocalPublisher {
+                req,
+                state_dir,
+                sigs,
+                signatures_poll,
+                app: state.clone(),
+                hup: signals.hup.clone(),
+            },
+            watch,
+        ))
     } else {
         anyhow::ensure!(
             args.commit.is_none() && args.refs.is_empty(),
@@ -385,18 +387,22 @@ async fn serve(args: ServeArgs) -> Result<()> {
         std::fs::create_dir_all(&staging)
             .with_context(|| format!("creating {}", staging.display()))?;
         source::clean_staging(&staging)?;
-        let max_backoff = Duration::from_secs(args.registry.max_backoff.max(1));
-        background = Some(tokio::spawn(fetch_and_publish(
-            args.source.image.clone(),
-            fetch_options(&args.registry),
+        let opts = fetch_options(&args.registry);
+        let publisher = ImagePublisher {
+            images: args.source.image.clone(),
+            opts,
             staging,
-            state_dir,
-            state.clone(),
-            max_backoff,
+            state_dir: Arc::new(state_dir),
+            app: state.clone(),
+            max_backoff: Duration::from_secs(args.registry.max_backoff.max(1)),
+            refresh_interval: (args.refresh_interval > 0)
+                .then(|| Duration::from_secs(args.refresh_interval)),
+            refresh_now: signals.hup.clone(),
             sigs,
-            poll,
-        )));
-    }
+            signatures_poll,
+        };
+        tokio::spawn(publisher.run())
+    };
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -415,10 +421,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
     }));
     signals.recv().await;
     tracing::info!("shutting down: finishing in-flight requests");
-    if let Some(f) = background {
-        // A fetch in progress stops at its next read and removes its staging.
-        f.abort();
-    }
+    // A fetch in progress stops at its next read and removes its staging.
+    publisher.abort();
     drain_state.start_draining();
     let _ = tx.send(());
     match tokio::time::timeout(timeout, server).await {
@@ -430,6 +434,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
+/// How long exiting waits for blocking work (an image read) to notice
+/// cancellation.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+/// Under the state dir: where images are staged and kept while served.
+const IMAGES_DIR: &str = "images";
 fn fetch_options(r: &RegistryArgs) -> FetchOptions {
     FetchOptions {
         platform: r.platform.clone(),
@@ -441,238 +450,92 @@ fn fetch_options(r: &RegistryArgs) -> FetchOptions {
     }
 }
 
-/// How long exiting waits for blocking work (an image read) to notice
-/// cancellation.
-const EXIT_GRACE: Duration = Duration::from_secs(1);
-/// Under the state dir: where images are staged and kept while served.
-const IMAGES_DIR: &str = "images";
-/// First wait after a failed fetch; doubles up to `--max-backoff`.
-const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
-
-fn announce(generation: &Generation) {
-    for (name, commit) in &generation.derived_refs {
-        tracing::info!(r#ref = name, %commit, generation = generation.id, "published");
-    }
-    let s = &generation.signatures;
-    for (name, commit, v) in &s.verified_refs {
-        tracing::info!(r#ref = name, %commit, key = %v.cert_fingerprint, "commit signature verified");
-    }
-    if let Some(v) = &s.verified_summary {
-        tracing::info!(key = %v.cert_fingerprint, "summary signature verified");
-    }
-    if let Some(d) = &s.summary_digest {
-        tracing::info!(summary_sha256 = %d, signed = s.summary_signed, "summary");
-    }
-}
-
-/// Builds one generation from fixed sources (runs on the blocking pool).
-type Publisher = Arc<dyn Fn() -> Result<Generation> + Send + Sync>;
-
-/// One publication attempt and the bundle it saw.
-struct Attempt {
-    result: Result<Generation>,
-    bundle_identity: Option<[u8; 32]>,
-}
-
-async fn publish_once(publisher: &Publisher) -> Attempt {
-    let p = publisher.clone();
-    let result = tokio::task::spawn_blocking(move || p())
-        .await
-        .context("publish task")
-        .and_then(|r| r);
-    let bundle_identity = match &result {
-        Ok(g) => g.signatures.bundle_identity,
-        Err(_) => None,
-    };
-    Attempt {
-        result,
-        bundle_identity,
-    }
-}
-
-/// Re-publishes when the signature bundle changes (a new ConfigMap
-/// version), or when the served summary no longer is the one publication
-/// signed (a `--repo` that changed). A refused publication keeps the
-/// previous generation, or keeps the server not ready. Runs until aborted.
-async fn watch_signatures(
-    publisher: Publisher,
-    app: AppState,
-    bundle_dir: Option<PathBuf>,
-    poll: Duration,
-    mut seen: Option<[u8; 32]>,
-) {
-    loop {
-        tokio::time::sleep(poll).await;
-        let dir = bundle_dir.clone();
-        let current = app.current.load_full();
-        let stale = tokio::task::spawn_blocking(move || {
-            let identity = dir.as_deref().and_then(signing::bundle_identity);
-            let summary_moved = current.is_some_and(|g| {
-                let served = g
-                    .served_summary()
-                    .ok()
-                    .map(|b| oscontent::format::Checksum::digest(&b));
-                served.is_some() && served != g.signatures.summary_digest
-            });
-            (identity, summary_moved)
-        })
-        .await;
-        let Ok((identity, summary_moved)) = stale else {
-            continue;
-        };
-        // Not ready: try again each time (the source may have been signed
-        // meanwhile, or a clock-dependent check may now pass).
-        if identity == seen && !summary_moved && app.is_ready() {
-            continue;
-        }
-        tracing::info!(
-            bundle_changed = identity != seen,
-            summary_moved,
-            "signatures or summary changed; re-publishing"
-        );
-        seen = identity;
-        match publish_once(&publisher).await.result {
-            Ok(g) => {
-                announce(&g);
-                app.publish(g);
-            }
-            Err(e) if app.is_ready() => {
-                tracing::error!("{e:#}");
-                tracing::warn!("keeping the previously published generation");
-            }
-            Err(e) => tracing::error!("{e:#}"),
-        }
-    }
-}
-
-/// Removes a staged image when the generation serving it is dropped (after
-/// its last in-flight request), or when publication fails.
-struct StagedGuard(Option<StagedImage>);
-
-impl Drop for StagedGuard {
-    fn drop(&mut self) {
-        if let Some(img) = self.0.take() {
-            let root = img.root.clone();
-            if let Err(e) = img.remove() {
-                tracing::warn!(dir = %root.display(), "removing a staged image: {e}");
-            }
-        }
-    }
-}
-
-/// Fetches every image, verified, then publishes them as one generation.
-/// On failure nothing is kept; it retries with capped exponential backoff
-/// until it succeeds or the server shuts down (which aborts this task).
-/// A refusal for signature reasons keeps the verified images and waits for
-/// new signatures instead of fetching again.
-#[allow(clippy::too_many_arguments)]
-async fn fetch_and_publish(
-    images: Vec<ImageRef>,
-    opts: FetchOptions,
-    staging: PathBuf,
-    state_dir: StateDir,
-    app: AppState,
-    max_backoff: Duration,
-    sigs: SignatureOptions,
-    poll: Duration,
-) {
-    let state_dir = Arc::new(state_dir);
-    let mut backoff = INITIAL_BACKOFF;
-    for attempt in 1u64.. {
-        let failure = match stage_images(&images, &opts, &staging).await {
-            Err(e) => e,
-            Ok((releases, guards)) => {
-                let publisher = releases_publisher(releases, guards, state_dir.clone(), &sigs);
-                let attempt = publish_once(&publisher).await;
-                match attempt.result {
-                    // Dropping the publisher removes the staged images.
-                    Err(e) if !signing::is_signature_error(&e) => e,
-                    result => {
-                        match result {
-                            Ok(generation) => {
-                                announce(&generation);
-                                app.publish(generation);
-                            }
-                            Err(e) => {
-                                tracing::error!("{e:#}");
-                                tracing::warn!(
-                                    "not ready until the signatures verify; watching for new ones"
-                                );
-                            }
-                        }
-                        if sigs.is_active() {
-                            watch_signatures(
-                                publisher,
-                                app.clone(),
-                                sigs.bundle_dir.clone(),
-                                poll,
-                                attempt.bundle_identity,
-                            )
-                            .await;
-                        }
-                        return;
-                    }
-                }
-            }
-        };
-        tracing::error!(attempt, retry_in = ?backoff, "{failure:#}");
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(max_backoff);
-    }
-}
-
-/// Publishes the same staged releases as often as asked; every generation
-/// holds the staged images, which are removed after the last one is gone.
-fn releases_publisher(
-    releases: Vec<Release>,
-    guards: Vec<StagedGuard>,
-    state_dir: Arc<StateDir>,
+/// Publishes a local source on the blocking pool.
+async fn publish_local(
+    req: &Arc<PublishRequest>,
+    state_dir: &Arc<StateDir>,
     sigs: &SignatureOptions,
-) -> Publisher {
-    let guards = Arc::new(guards);
-    let sigs = sigs.clone();
-    Arc::new(move || {
-        let mut generation = publish::publish_releases_signed(&releases, &state_dir, &sigs)?;
-        generation
-            .keepalive
-            .push(Box::new(guards.clone()) as Box<dyn std::any::Any + Send + Sync>);
-        Ok(generation)
-    })
+) -> Result<crate::served::Generation> {
+    let (r, sd, s) = (req.clone(), state_dir.clone(), sigs.clone());
+    tokio::task::spawn_blocking(move || publish::publish_signed(&r, &sd, &s))
+        .await
+        .context("publish task")?
+        .with_context(|| format!("publishing {}", req.source.repo_path().display()))
 }
 
-/// Fetches and verifies every image into `staging`.
-async fn stage_images(
-    images: &[ImageRef],
-    opts: &FetchOptions,
-    staging: &Path,
-) -> Result<(Vec<Release>, Vec<StagedGuard>)> {
-    let mut guards = Vec::new();
-    let mut releases = Vec::new();
-    for image in images {
-        let staged = source::fetch(image, opts, staging)
-            .await
-            .with_context(|| format!("fetching {image}"))?;
-        tracing::info!(
-            %image,
-            manifest = staged.manifest_digest,
-            commit = staged.commit,
-            compressed_bytes = staged.compressed_bytes,
-            written_bytes = staged.written_bytes,
-            "image verified and staged"
-        );
-        let commit: Checksum = staged
-            .commit
-            .parse()
-            .with_context(|| format!("image {image}: label {}", source::COMMIT_LABEL))?;
-        releases.push(Release {
-            image: image.to_string(),
-            repo: staged.root.join(publish::OSCONTAINER_REPO),
-            commit,
-            version: staged.version.clone(),
-        });
-        guards.push(StagedGuard(Some(staged)));
+/// What republishing a local source needs.
+struct LocalPublisher {
+    req: Arc<PublishRequest>,
+    state_dir: Arc<StateDir>,
+    sigs: SignatureOptions,
+    signatures_poll: Duration,
+    app: AppState,
+    hup: Arc<tokio::sync::Notify>,
+}
+
+/// Publishes a local source again at each SIGHUP (a remounted image
+/// volume, refs added to a repo) and, with signatures, when new ones arrive
+/// or the served summary moved. A failure keeps the current generation.
+/// Runs until aborted at shutdown.
+async fn keep_local_published(p: LocalPublisher, mut watch: SignatureWatch) {
+    loop {
+        if p.sigs.is_active() {
+            tokio::select! {
+                _ = tokio::time::sleep(p.signatures_poll) => {
+                    let dir = p.sigs.bundle_dir.clone();
+                    let current = p.app.current.load_full();
+                    let w = watch.clone();
+                    let again = tokio::task::spawn_blocking(move || w.should_republish(dir.as_deref(), current.as_deref()))
+                        .await
+                        .unwrap_or(false);
+                    if !again {
+                        continue;
+                    }
+                    tracing::info!("new signatures (or a changed summary); publishing again");
+                }
+                _ = p.hup.notified() => tracing::info!("SIGHUP: publishing the source again"),
+            }
+        } else {
+            p.hup.notified().await;
+            tracing::info!("SIGHUP: publishing the source again");
+        }
+        match publish_local(&p.req, &p.state_dir, &p.sigs).await {
+            Ok(generation) => {
+                p.app
+                    .metrics
+                    .source_checks
+                    .with_label_values(&["published"])
+                    .inc();
+                watch.published();
+                announce(&generation);
+                p.app.publish(generation);
+            }
+            Err(e) => {
+                p.app
+                    .metrics
+                    .source_checks
+                    .with_label_values(&["failed"])
+                    .inc();
+                if signing::is_signature_error(&e) {
+                    let dir = p.sigs.bundle_dir.clone();
+                    let w = watch.clone();
+                    watch = tokio::task::spawn_blocking(move || {
+                        let mut w = w;
+                        w.refused(dir.as_deref());
+                        w
+                    })
+                    .await
+                    .unwrap_or_default();
+                }
+                let serving = if p.app.is_ready() {
+                    "keeping the previously published generation"
+                } else {
+                    "not ready"
+                };
+                tracing::error!("{e:#} ({serving})");
+            }
+        }
     }
-    Ok((releases, guards))
 }
 
 fn keygen(args: KeygenArgs) -> Result<()> {
@@ -696,6 +559,8 @@ fn keygen(args: KeygenArgs) -> Result<()> {
     Ok(())
 }
 
+/// Publishes the sources into a scratch state dir with the server's own
+/// code, signs exactly that, and writes the bundle.
 fn sign(args: SignArgs) -> Result<()> {
     let tsk = args.key.load()?;
     if let Ok(mut rd) = std::fs::read_dir(&args.out) {
@@ -740,13 +605,13 @@ fn sign(args: SignArgs) -> Result<()> {
             .enable_all()
             .build()
             .context("starting the async runtime")?;
-        let (releases, guards) = rt.block_on(stage_images(
+        let (releases, guards) = rt.block_on(images::stage_once(
             &args.source.image,
             &fetch_options(&args.registry),
             &staging,
         ))?;
         let mut g = publish::publish_releases(&releases, &state_dir)?;
-        g.keepalive.push(Box::new(Arc::new(guards)));
+        g.keepalive.extend(guards);
         g
     };
     let bundle = signing::sign_generation(&generation, &tsk)?;
@@ -766,18 +631,31 @@ fn sign(args: SignArgs) -> Result<()> {
     Ok(())
 }
 
-/// SIGTERM and SIGINT, both meaning "drain and exit".
+/// SIGTERM and SIGINT, both meaning "drain and exit"; SIGHUP, meaning
+/// "check the source now", is forwarded to `hup` for as long as the
+/// process runs.
 struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
+    hup: Arc<tokio::sync::Notify>,
 }
 
 impl Signals {
     fn install() -> Result<Self> {
         use tokio::signal::unix::{signal, SignalKind};
+        let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+        let hup = Arc::new(tokio::sync::Notify::new());
+        let notify = hup.clone();
+        tokio::spawn(async move {
+            while sighup.recv().await.is_some() {
+                // notify_one stores a permit: a SIGHUP during a fetch is not lost.
+                notify.notify_one();
+            }
+        });
         Ok(Self {
             term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
             int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            hup,
         })
     }
 

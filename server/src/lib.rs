@@ -5,6 +5,7 @@ pub mod cli;
 pub mod conditional;
 pub mod fsutil;
 pub mod http;
+pub mod images;
 pub mod metrics;
 pub mod publish;
 pub mod served;

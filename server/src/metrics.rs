@@ -20,6 +20,8 @@ pub struct Metrics {
     pub ready: IntGauge,
     pub published_refs: IntGauge,
     pub generation: IntGauge,
+    /// Source checks (first fetch, refreshes): published, unchanged, failed.
+    pub source_checks: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -65,6 +67,14 @@ impl Metrics {
         .expect("valid metric");
         let generation = IntGauge::new("oscontent_generation", "ID of the generation being served")
             .expect("valid metric");
+        let source_checks = IntCounterVec::new(
+            Opts::new(
+                "oscontent_source_checks_total",
+                "Source checks (first fetch, --refresh-interval, SIGHUP) by outcome: published, unchanged or failed",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(response_bytes.clone()),
@@ -72,6 +82,7 @@ impl Metrics {
             Box::new(ready.clone()),
             Box::new(published_refs.clone()),
             Box::new(generation.clone()),
+            Box::new(source_checks.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -83,6 +94,7 @@ impl Metrics {
             ready,
             published_refs,
             generation,
+            source_checks,
         }
     }
 

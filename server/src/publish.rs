@@ -381,13 +381,27 @@ fn finish_generation(
     });
     match checked {
         Ok((refs, report)) => {
-            let mut g = Generation::new(id, sources, dir, refs);
-            g.signatures = report;
-            Ok(g)
+            let mut generation = Generation::new(id, sources, dir.clone(), refs);
+            generation.signatures = report;
+            generation.keepalive.push(Box::new(OverlayGuard(dir)));
+            Ok(generation)
         }
         Err(e) => {
             let _ = std::fs::remove_dir_all(&tmp);
             Err(e)
+        }
+    }
+}
+
+/// Removes a generation's overlay when the generation is dropped: after a
+/// newer one is published and the last request on this one is done.
+#[derive(Debug)]
+struct OverlayGuard(PathBuf);
+
+impl Drop for OverlayGuard {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            tracing::warn!(dir = %self.0.display(), "removing a retired generation: {e}");
         }
     }
 }

@@ -6,7 +6,7 @@
 mod source_support;
 
 use base64::Engine;
-use oscontent_server::source::{self, FetchOptions, SourceError};
+use oscontent_server::source::{self, FetchOptions, ImageRef, SourceError};
 use source_support::*;
 use std::path::Path;
 
@@ -250,9 +250,20 @@ fn picks_the_platform_from_a_manifest_list() {
     let s = fetch(&image, &opts(&[reg.host()]), parent.path()).unwrap();
     assert_eq!(s.commit, commit);
     assert!(s.index_digest.is_some());
+    // The refresh check resolves to the platform's manifest, not the
+    // index, and fetches nothing.
+    let image_ref: ImageRef = image.parse().unwrap();
+    let resolved = source::resolve_digest_blocking(&image_ref, &opts(&[reg.host()])).unwrap();
+    assert_eq!(resolved, s.manifest_digest);
+    assert_ne!(Some(&resolved), s.index_digest.as_ref());
     let mut o = opts(&[reg.host()]);
     o.platform = "linux/arm64".parse().unwrap();
-    assert_eq!(fetch(&image, &o, parent.path()).unwrap().commit, arm_commit);
+    let arm = fetch(&image, &o, parent.path()).unwrap();
+    assert_eq!(arm.commit, arm_commit);
+    assert_eq!(
+        source::resolve_digest_blocking(&image_ref, &o).unwrap(),
+        arm.manifest_digest
+    );
     source::clean_staging(parent.path()).unwrap();
     o.platform = "linux/s390x".parse().unwrap();
     let e = assert_failed(

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 pub use xtask::fixtures::{Fixtures, Release};
 
+pub mod proxy;
 pub mod signing;
 
 /// Environment variable naming the directory that holds the binaries.
@@ -1054,6 +1055,11 @@ impl Server {
     /// Sends SIGTERM (graceful shutdown).
     pub fn sigterm(&mut self) -> Result<()> {
         self.signal(rustix::process::Signal::TERM)
+    }
+
+    /// Sends SIGHUP (check the source now).
+    pub fn sighup(&mut self) -> Result<()> {
+        self.signal(rustix::process::Signal::HUP)
     }
 
     /// SIGKILL (no cleanup at all), then reaps the process.

@@ -302,30 +302,9 @@ pub fn fetch_blocking(
         cancel: cancel.clone(),
         deadline: opts.total_timeout.map(|t| (started + t, t)),
     };
-    let result = match image {
-        ImageRef::OciLayout { dir, tag } => {
-            let mut store = layout::LayoutStore::new(dir, tag.clone());
-            pull(&mut store, &name, opts, staging_parent, &stop)
-        }
-        ImageRef::OciArchive { file, tag } => {
-            let subject = Subject::new(name.clone(), "");
-            layout::ArchiveStore::open(file, tag.clone(), &subject, opts)
-                .and_then(|mut store| pull(&mut store, &name, opts, staging_parent, &stop))
-        }
-        ImageRef::Registry {
-            registry,
-            repository,
-            reference,
-        } => pull_registry(
-            &name,
-            registry,
-            repository,
-            reference,
-            opts,
-            staging_parent,
-            &stop,
-        ),
-    };
+    let result = with_store(image, opts, &mut |store, label| {
+        pull(store, label, opts, staging_parent, &stop)
+    });
     match &result {
         Ok(s) => tracing::info!(
             image = name,
@@ -341,15 +320,68 @@ pub fn fetch_blocking(
     result
 }
 
-fn pull_registry(
+/// Resolves `image` to the digest of the manifest a fetch would use now
+/// (for a multi-platform image, the [`FetchOptions::platform`] entry's),
+/// reading only manifests and indexes: the cheap check behind refreshes.
+pub fn resolve_digest_blocking(
+    image: &ImageRef,
+    opts: &FetchOptions,
+) -> Result<String, SourceError> {
+    with_store(image, opts, &mut |store, label| {
+        pipeline::resolve(store, label, opts).map(|r| r.manifest_digest)
+    })
+}
+
+/// [`resolve_digest_blocking`] on the blocking pool.
+pub async fn resolve_digest(image: &ImageRef, opts: &FetchOptions) -> Result<String, SourceError> {
+    let (image, opts) = (image.clone(), opts.clone());
+    let name = image.to_string();
+    tokio::task::spawn_blocking(move || resolve_digest_blocking(&image, &opts))
+        .await
+        .unwrap_or_else(|e| {
+            Err(SourceError::Io {
+                subject: Subject::new(name, "resolve worker"),
+                path: "(none)".into(),
+                source: std::io::Error::other(format!("resolve worker failed: {e}")),
+            })
+        })
+}
+
+/// Runs `op` against the store `image` names. For a registry, against
+/// each endpoint in turn (mirrors first, then the primary) until one
+/// succeeds or fails fatally; `op` gets a label naming the endpoint used.
+fn with_store<T>(
+    image: &ImageRef,
+    opts: &FetchOptions,
+    op: &mut dyn FnMut(&mut dyn pipeline::Store, &str) -> Result<T, SourceError>,
+) -> Result<T, SourceError> {
+    let name = image.to_string();
+    match image {
+        ImageRef::OciLayout { dir, tag } => {
+            let mut store = layout::LayoutStore::new(dir, tag.clone());
+            op(&mut store, &name)
+        }
+        ImageRef::OciArchive { file, tag } => {
+            let subject = Subject::new(name.clone(), "");
+            let mut store = layout::ArchiveStore::open(file, tag.clone(), &subject, opts)?;
+            op(&mut store, &name)
+        }
+        ImageRef::Registry {
+            registry,
+            repository,
+            reference,
+        } => with_registry(&name, registry, repository, reference, opts, op),
+    }
+}
+
+fn with_registry<T>(
     name: &str,
     registry: &str,
     repository: &str,
     reference: &Reference,
     opts: &FetchOptions,
-    staging_parent: &Path,
-    stop: &verify::Stop,
-) -> Result<StagedImage, SourceError> {
+    op: &mut dyn FnMut(&mut dyn pipeline::Store, &str) -> Result<T, SourceError>,
+) -> Result<T, SourceError> {
     let subject = Subject::new(name, "");
     let config = |reason: String| SourceError::Config {
         subject: subject.clone(),
@@ -384,7 +416,7 @@ fn pull_registry(
             endpoint: ep,
             reference,
         };
-        match pull(&mut store, &label, opts, staging_parent, stop) {
+        match op(&mut store, &label) {
             Ok(s) => return Ok(s),
             Err(e) if e.is_retryable() && i + 1 < n => {
                 tracing::warn!(image = name, endpoint = shown, error = %e, "endpoint failed; trying the next");

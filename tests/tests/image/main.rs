@@ -11,4 +11,5 @@
 mod attacks;
 mod lifecycle;
 mod pull;
+mod refresh;
 mod support;
