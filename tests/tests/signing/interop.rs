@@ -272,7 +272,7 @@ fn sign_key_covers_images_and_live_repo_changes() {
     r.run(["refs", "--force", &format!("--create={TINY_REF}"), &second])
         .unwrap();
     server
-        .wait_stderr_lines("re-publishing", 1, NOTICE_TIMEOUT)
+        .wait_stderr_lines("publishing again", 1, NOTICE_TIMEOUT)
         .unwrap();
     let signed = wait_for(
         NOTICE_TIMEOUT,
