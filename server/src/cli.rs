@@ -528,7 +528,7 @@ async fn keep_local_published(p: LocalPublisher, mut watch: SignatureWatch) {
                     .unwrap_or_default();
                 }
                 let serving = if p.app.is_ready() {
-                    "keeping the previously published generation"
+                    "still serving the previous generation"
                 } else {
                     "not ready"
                 };

@@ -148,7 +148,7 @@ impl ImagePublisher {
                     .await
                     .unwrap_or_default();
                     let serving = if current.is_some() {
-                        "keeping the previously published generation"
+                        "still serving the previous generation"
                     } else {
                         "not ready until the signatures verify"
                     };
