@@ -254,12 +254,9 @@ async fn resolve_target(
         .get_bytes("summary", MAX_SUMMARY_SIZE)
         .await
         .map_err(FetchError::into_pull)?;
-    let summary = summary_bytes
-        .as_deref()
-        .map(parse_summary)
-        .transpose()
-        .with_context(|| format!("parsing {}", fetcher.url("summary")))
-        .net()?;
+    // The signature first: bytes a hostile server made up are reported as
+    // what they are (a summary that does not verify), not as a server that
+    // cannot write GVariant, and are never parsed.
     let mut summary_sig = None;
     if let (Some(bytes), true) = (&summary_bytes, trust.summary) {
         let keyring = trust.keyring.as_ref().expect("verification has a keyring");
@@ -270,6 +267,12 @@ async fn resolve_target(
         let v = verify::verify_summary(keyring, bytes, sig.as_deref())?;
         summary_sig = Some(verify::describe(&v));
     }
+    let summary = summary_bytes
+        .as_deref()
+        .map(parse_summary)
+        .transpose()
+        .with_context(|| format!("parsing {}", fetcher.url("summary")))
+        .net()?;
     let (target, resolved_by) = match (pinned, ref_name) {
         (Some(c), _) => (c, "pinned"),
         (None, Some(r)) => {
