@@ -49,11 +49,13 @@ pub fn check() -> Result<()> {
     ])
 }
 
-/// Installs what is missing, checks, builds, prepares fixtures once (so test
-/// processes do not queue on the fixture lock), then runs every test.
+/// Installs what is missing, checks (code, then deploy/), builds, prepares
+/// fixtures once (so test processes do not queue on the fixture lock), then
+/// runs every test.
 pub fn test() -> Result<()> {
     deps::ensure()?;
     check()?;
+    crate::deploy::check_deploy().context("cargo xtask check-deploy")?;
     cargo(&["build", "--workspace", "--bins", "--tests"])?;
     let f = fixtures::small().context("building the small fixtures")?;
     eprintln!("xtask: fixtures ready at {}", f.root.display());
