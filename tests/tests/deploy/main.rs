@@ -540,16 +540,51 @@ fn base_args_serve_probes_and_ostree_pull() {
         kept,
         "every rendered arg is used or reported dropped"
     );
-    for a in &plan.args {
-        let unchanged = rendered_args.contains(a);
-        let explained = a.starts_with("--listen=127.0.0.1:0")
-            || a.starts_with("--image=docker://")
-            || mounts.values().any(|d| a.contains(&*d.to_string_lossy()));
-        assert!(
-            unchanged || explained,
-            "{a} differs from the manifest unexplained"
+    // Undo exactly the intended substitutions: what remains must be the
+    // rendered arg as the kubelet would expand it, byte for byte.
+    let manifest_env: BTreeMap<String, String> = m
+        .server
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect();
+    let manifest_host = manifest_env[IMAGE_ENV]
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let kept_rendered: Vec<&String> = std::iter::once(&rendered_args[0])
+        .chain(rendered_args[1..].iter().filter(|a| {
+            let name = a.split('=').next().unwrap();
+            supported.contains(name)
+        }))
+        .collect();
+    for (r, f) in kept_rendered.iter().zip(&plan.args) {
+        let mut back = f.replace(&reg.host(), &manifest_host);
+        for (mp, dir) in &mounts {
+            back = back.replace(&*dir.to_string_lossy(), mp);
+        }
+        if back.starts_with("--listen=") {
+            assert_eq!(back, "--listen=127.0.0.1:0");
+            assert!(r.starts_with("--listen="), "{r}");
+            continue;
+        }
+        assert_eq!(
+            back,
+            expand(r, &manifest_env),
+            "{f} is not {r} with only the intended substitutions"
         );
     }
+    for (k, v) in &plan.env {
+        let want = &manifest_env[k];
+        if k == IMAGE_ENV {
+            assert_eq!(v.replacen(&reg.host(), &manifest_host, 1), *want);
+        } else {
+            assert_eq!(v, want, "env {k}");
+        }
+    }
+    assert_eq!(plan.env.len(), manifest_env.len());
     if !signing {
         eprintln!(
             "PENDING: this server build lacks --trusted-keys/--signatures; the signed path of this test runs once they land"

@@ -16,15 +16,17 @@ use serde::{Deserialize, Serialize};
 /// Bound on documents in one rendered target (ours have about ten).
 pub const MAX_DOCUMENTS: usize = 200;
 
-/// One decoded object.
+/// One decoded object. (A rendering holds a few dozen: their size does
+/// not matter.)
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
 pub enum Object {
     Namespace(Namespace),
     ServiceAccount(ServiceAccount),
     ConfigMap(ConfigMap),
     Secret(Secret),
     Service(Service),
-    Deployment(Box<Deployment>),
+    Deployment(Deployment),
     PodDisruptionBudget(PodDisruptionBudget),
     NetworkPolicy(NetworkPolicy),
     ServiceMonitor(ServiceMonitor),
@@ -211,7 +213,7 @@ pub fn decode(v: &serde_json::Value) -> Result<Object> {
         ("v1", "ConfigMap") => strict(v).map(Object::ConfigMap),
         ("v1", "Secret") => strict(v).map(Object::Secret),
         ("v1", "Service") => strict(v).map(Object::Service),
-        ("apps/v1", "Deployment") => strict(v).map(|d| Object::Deployment(Box::new(d))),
+        ("apps/v1", "Deployment") => strict(v).map(Object::Deployment),
         ("policy/v1", "PodDisruptionBudget") => strict(v).map(Object::PodDisruptionBudget),
         ("networking.k8s.io/v1", "NetworkPolicy") => strict(v).map(Object::NetworkPolicy),
         (SERVICE_MONITOR_API_VERSION, "ServiceMonitor") => {

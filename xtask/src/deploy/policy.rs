@@ -124,7 +124,7 @@ pub fn check(objects: &[Object], expect: &Expect) -> Vec<Violation> {
     let deployments: Vec<&Deployment> = objects
         .iter()
         .filter_map(|o| match o {
-            Object::Deployment(d) => Some(&**d),
+            Object::Deployment(d) => Some(d),
             _ => None,
         })
         .collect();
@@ -250,6 +250,18 @@ fn check_deployment(
         r.fail("server", format!("no container named {SERVER_CONTAINER:?}"));
         return;
     };
+    // A rollout waiting for a new release to stream must not be declared
+    // failed before the startup probe itself gives up.
+    let startup_budget = server.startup_probe.as_ref().map(|p| {
+        p.initial_delay_seconds.unwrap_or(0)
+            + p.period_seconds.unwrap_or(10) * p.failure_threshold.unwrap_or(3)
+    });
+    let deadline = spec.progress_deadline_seconds.unwrap_or(600);
+    r.ensure(
+        startup_budget.is_some_and(|b| deadline > b),
+        "rollout",
+        format!("progressDeadlineSeconds {deadline} must exceed the startup probe's budget {startup_budget:?}"),
+    );
     let port = check_server(server, pod, config_maps, expect, &mut r);
     check_source(server, pod, expect, &mut r);
     check_control_plane(pod, server, expect, &mut r);

@@ -213,6 +213,9 @@ fn each_broken_invariant_is_reported() {
         ("recreate", "rollout", |d| {
             kind_mut(d, "Deployment")["spec"]["strategy"] = json!({"type": "Recreate"})
         }),
+        ("rollout deadline shorter than startup", "rollout", |d| {
+            kind_mut(d, "Deployment")["spec"]["progressDeadlineSeconds"] = json!(600)
+        }),
         ("one replica", "replicas", |d| {
             kind_mut(d, "Deployment")["spec"]["replicas"] = json!(1)
         }),
