@@ -44,6 +44,10 @@ const IMAGE_ENV: &str = "OSCONTAINER_IMAGE";
 /// Registry credentials the pull secret carries.
 const USER: &str = "oscontent";
 const PASS: &str = "pull-secret-password";
+/// Bound on becoming ready once the signature bundle is in place: the
+/// backoff (1 s doubling) after the refusals of the unsigned image, plus
+/// `--signatures-poll`.
+const SIGNED_READY_TIMEOUT: Duration = Duration::from_secs(240);
 /// How long the first fetch may take to fail (nothing pushed yet).
 const FIRST_ERROR_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -634,7 +638,14 @@ fn base_args_serve_probes_and_ostree_pull() {
             tmp.path(),
         );
     }
-    s.wait_ready(START_TIMEOUT)
+    // Signed, readiness waits for the next retry after the bundle lands,
+    // and the fetch backoff has doubled a few times by then.
+    let ready_within = if signing {
+        SIGNED_READY_TIMEOUT
+    } else {
+        START_TIMEOUT
+    };
+    s.wait_ready(ready_within)
         .unwrap_or_else(|e| panic!("{e:#}"));
     for p in &probes {
         let (ok, status) = probe_ok(&s, &p.path);
