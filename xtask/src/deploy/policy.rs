@@ -319,6 +319,31 @@ fn check_pod(pod: &PodSpec, pod_labels: &BTreeMap<String, String>, r: &mut Repor
             }
         }
     }
+    // The kubelet evicts a pod whose emptyDirs outgrow its ephemeral-storage
+    // limit: the limit must cover every emptyDir filled to its sizeLimit.
+    let empty_dirs: Option<u64> = pod
+        .volumes
+        .iter()
+        .flatten()
+        .filter_map(|v| v.empty_dir.as_ref())
+        .map(|e| e.size_limit.as_ref().and_then(|q| quantity_bytes(&q.0)))
+        .sum();
+    let limit: Option<u64> = pod
+        .containers
+        .iter()
+        .map(|c| {
+            c.resources
+                .as_ref()
+                .and_then(|r| r.limits.as_ref())
+                .and_then(|l| l.get("ephemeral-storage"))
+                .and_then(|q| quantity_bytes(&q.0))
+        })
+        .sum();
+    r.ensure(
+        matches!((empty_dirs, limit), (Some(d), Some(l)) if l >= d),
+        "empty-dir-size",
+        format!("ephemeral-storage limits ({limit:?} bytes) must cover the emptyDirs' sizeLimits ({empty_dirs:?} bytes)"),
+    );
     let spread = pod.topology_spread_constraints.as_deref().unwrap_or(&[]);
     r.ensure(
         !spread.is_empty()
@@ -431,6 +456,26 @@ fn check_container(
             );
         }
     }
+}
+
+/// Bytes in a Kubernetes quantity with a binary or decimal suffix
+/// (`64Mi`, `5Gi`, `1G`, `1000`); None for anything else.
+pub fn quantity_bytes(q: &str) -> Option<u64> {
+    const SUFFIXES: &[(&str, u64)] = &[
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    let (num, mult) = SUFFIXES
+        .iter()
+        .find_map(|(s, m)| q.strip_suffix(s).map(|n| (n, *m)))
+        .unwrap_or((q, 1));
+    num.parse::<u64>().ok()?.checked_mul(mult)
 }
 
 /// An image reference pinned by digest, or by a tag other than `latest`.

@@ -144,6 +144,15 @@ fn each_broken_invariant_is_reported() {
         ("emptyDir unbounded", "empty-dir-size", |d| {
             pod(d)["volumes"][0]["emptyDir"] = json!({})
         }),
+        ("emptyDir beyond the storage limit", "empty-dir-size", |d| {
+            pod(d)["volumes"][0]["emptyDir"]["sizeLimit"] = json!("7Gi")
+        }),
+        ("no storage limit", "empty-dir-size", |d| {
+            server(d)["resources"]["limits"]
+                .as_object_mut()
+                .unwrap()
+                .remove("ephemeral-storage");
+        }),
         ("no topology spread", "topology-spread", |d| {
             pod(d)
                 .as_object_mut()
@@ -357,6 +366,22 @@ fn overlay_expectations_are_enforced() {
             v.iter().any(|x| x.rule == *rule),
             "{overlay}: expected a {rule:?} violation, got {v:#?}"
         );
+    }
+}
+
+#[test]
+fn quantities() {
+    let cases = [
+        ("64Mi", Some(64 << 20)),
+        ("5Gi", Some(5 << 30)),
+        ("1G", Some(1_000_000_000)),
+        ("1000", Some(1000)),
+        ("1.5Gi", None),
+        ("Gi", None),
+        ("5Xi", None),
+    ];
+    for (q, want) in cases {
+        assert_eq!(quantity_bytes(q), want, "{q}");
     }
 }
 
