@@ -1,8 +1,9 @@
 //! The `oscontent-server` command line.
 
 use crate::http::{AppState, HttpConfig};
-use crate::images::{announce, ImagePublisher};
+use crate::images::{self, announce, ImagePublisher};
 use crate::publish::{self, PublishRequest, Source, StateDir};
+use crate::signing::{self, SignatureOptions, SignatureWatch};
 use crate::source::{self, FetchOptions, ImageRef, Platform};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -34,6 +35,159 @@ pub enum LogFormat {
 pub enum Cmd {
     /// Serve a repo over HTTP until SIGTERM.
     Serve(ServeArgs),
+    /// Make an OpenPGP signing key (v4, which GnuPG 2.2 and stock ostree
+    /// accept).
+    Keygen(KeygenArgs),
+    /// Sign what `serve` would publish for the same sources: each commit
+    /// object and the exact summary bytes. Writes a signature bundle for
+    /// `serve --signatures`.
+    Sign(SignArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KeygenArgs {
+    /// User ID of the key, e.g. "OS updates <os@example.com>".
+    #[arg(long, value_name = "NAME <EMAIL>")]
+    pub uid: String,
+    /// Public-key algorithm.
+    #[arg(long, value_enum, default_value_t = Cipher::Ed25519)]
+    pub cipher: Cipher,
+    /// Key lifetime, e.g. 2y, 365d, 12w, or never. An OS-update key that
+    /// expires strands nodes that were offline, hence never by default.
+    #[arg(long, value_name = "DURATION", default_value = "never")]
+    pub expires: String,
+    /// Where to write the secret key (armored, mode 0600). Never
+    /// overwritten.
+    #[arg(long, value_name = "FILE")]
+    pub out_secret: PathBuf,
+    /// Where to write the public key (armored): for `--trusted-keys` and
+    /// `ostree remote add --gpg-import`. Never overwritten.
+    #[arg(long, value_name = "FILE")]
+    pub out_public: PathBuf,
+    /// Also write a revocation certificate here (keep it offline).
+    #[arg(long, value_name = "FILE")]
+    pub out_revocation: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Cipher {
+    Ed25519,
+    Rsa3072,
+    Rsa4096,
+}
+
+impl From<Cipher> for oscontent::openpgp::KeyAlgo {
+    fn from(c: Cipher) -> Self {
+        match c {
+            Cipher::Ed25519 => Self::Ed25519,
+            Cipher::Rsa3072 => Self::Rsa3072,
+            Cipher::Rsa4096 => Self::Rsa4096,
+        }
+    }
+}
+
+/// The secret key, from a file or from the environment.
+#[derive(Debug, Args)]
+#[group(id = "secret-key", required = true, multiple = false)]
+pub struct SecretKeyArgs {
+    /// The secret key (armored TSK, no passphrase), as `keygen` writes it.
+    #[arg(long, value_name = "FILE", group = "secret-key")]
+    pub key: Option<PathBuf>,
+    /// Name of an environment variable holding the armored secret key
+    /// (e.g. from a Kubernetes Secret).
+    #[arg(long, value_name = "VAR", group = "secret-key")]
+    pub key_env: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SignArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// As for `serve`: the commit to publish.
+    #[arg(long, value_name = "CHECKSUM")]
+    pub commit: Option<Checksum>,
+    /// As for `serve`: ref names to publish (repeatable).
+    #[arg(long = "ref", value_name = "NAME")]
+    pub refs: Vec<String>,
+    #[command(flatten)]
+    pub key: SecretKeyArgs,
+    /// The bundle directory to create (must not exist, or be empty).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Scratch space for the publication (and for `--image`, the staged
+    /// repos); removed afterwards.
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+}
+
+/// Signature handling of `serve`.
+#[derive(Debug, Args)]
+pub struct SignatureArgs {
+    /// A signature bundle made by `oscontent-server sign` (read-only; e.g. a
+    /// ConfigMap mount, whose `..data` layout is understood). Its commit
+    /// signatures are merged with the source's; its summary.sig is served
+    /// only if it signs exactly the summary this server publishes.
+    #[arg(long, value_name = "DIR")]
+    pub signatures: Option<PathBuf>,
+    /// Public keys (armored or binary). Every published commit and the
+    /// summary must carry a valid, unexpired, unrevoked signature by one of
+    /// them, or the content is not published (the server stays not ready,
+    /// or keeps serving what it verified before).
+    #[arg(long, value_name = "FILE")]
+    pub trusted_keys: Option<PathBuf>,
+    /// Trusted control-plane mode only: sign commits and the summary at
+    /// publish time with this secret key (armored TSK). The signatures go
+    /// into the state dir, never into the source.
+    #[arg(long, value_name = "FILE", conflicts_with = "sign_key_env")]
+    pub sign_key: Option<PathBuf>,
+    /// As --sign-key, from an environment variable holding the armored key.
+    #[arg(long, value_name = "VAR")]
+    pub sign_key_env: Option<String>,
+    /// How often to look for a changed bundle in --signatures (and a changed
+    /// summary in --repo mode) and re-publish.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub signatures_poll: u64,
+}
+
+impl SignatureArgs {
+    /// Reads the keys now: a bad key file is a startup error, not a
+    /// publication that never succeeds.
+    pub fn load(&self) -> Result<SignatureOptions> {
+        let trusted = self
+            .trusted_keys
+            .as_deref()
+            .map(signing::load_trusted_keys)
+            .transpose()?
+            .map(std::sync::Arc::new);
+        let sign_key = match (&self.sign_key, &self.sign_key_env) {
+            (Some(p), _) => Some(signing::load_secret_key_file(p)?),
+            (None, Some(v)) => Some(signing::load_secret_key_env(v)?),
+            (None, None) => None,
+        };
+        if let Some(k) = &sign_key {
+            tracing::warn!(key = %k.fingerprint(), "signing at publish time with a private key: run this only on trusted (control-plane) nodes");
+        }
+        if let Some(dir) = &self.signatures {
+            signing::bundle_root(dir)?;
+        }
+        Ok(SignatureOptions {
+            bundle_dir: self.signatures.clone(),
+            trusted,
+            sign_key: sign_key.map(std::sync::Arc::new),
+        })
+    }
+}
+
+impl SecretKeyArgs {
+    fn load(&self) -> Result<oscontent::openpgp::Cert> {
+        match (&self.key, &self.key_env) {
+            (Some(p), _) => signing::load_secret_key_file(p),
+            (None, Some(v)) => signing::load_secret_key_env(v),
+            (None, None) => unreachable!("clap requires one of --key, --key-env"),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -121,6 +275,8 @@ pub struct ServeArgs {
     /// server exits anyway.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub shutdown_timeout: u64,
+    #[command(flatten)]
+    pub signing: SignatureArgs,
 }
 
 /// Sets up logging once, on stderr, filtered by `RUST_LOG` (default info).
@@ -138,6 +294,8 @@ pub fn init_tracing(format: LogFormat) {
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
+        Cmd::Keygen(args) => keygen(args),
+        Cmd::Sign(args) => sign(args),
         Cmd::Serve(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -170,6 +328,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
     // mean a graceful stop, not the default instant death.
     let signals = Signals::install()?;
     let access_log = args.access_log.as_ref().map(open_access_log).transpose()?;
+    let sigs = args.signing.load()?;
+    let signatures_poll = Duration::from_secs(args.signing.signatures_poll.max(1));
     let state = AppState::new(
         HttpConfig {
             metadata_max_age: Duration::from_secs(args.metadata_max_age),
@@ -190,14 +350,32 @@ async fn serve(args: ServeArgs) -> Result<()> {
             commit: args.commit,
             refs: args.refs,
         });
-        let generation = publish_local(&req, &state_dir).await?;
-        announce(&generation);
-        state.publish(generation);
-        tokio::spawn(republish_on_hup(
-            req,
-            state_dir,
-            state.clone(),
-            signals.hup.clone(),
+        let mut watch = SignatureWatch::default();
+        match publish_local(&req, &state_dir, &sigs).await {
+            Ok(generation) => {
+                announce(&generation);
+                state.publish(generation);
+            }
+            // Signatures may arrive later (a ConfigMap update): listen, stay
+            // not ready, and publish once they verify.
+            Err(e) if signing::is_signature_error(&e) => {
+                tracing::error!(
+                    "{e:#} (not ready until the signatures verify; watching for new signatures)"
+                );
+                watch.refused(sigs.bundle_dir.as_deref());
+            }
+            Err(e) => return Err(e),
+        }
+        tokio::spawn(keep_local_published(
+            LocalPublisher {
+                req,
+                state_dir,
+                sigs,
+                signatures_poll,
+                app: state.clone(),
+                hup: signals.hup.clone(),
+            },
+            watch,
         ))
     } else {
         anyhow::ensure!(
@@ -209,14 +387,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         std::fs::create_dir_all(&staging)
             .with_context(|| format!("creating {}", staging.display()))?;
         source::clean_staging(&staging)?;
-        let opts = FetchOptions {
-            platform: args.registry.platform.clone(),
-            authfile: args.registry.authfile.clone(),
-            ca_files: args.registry.ca_files.clone(),
-            insecure_registries: args.registry.insecure_registries.clone(),
-            registries_conf: args.registry.registries_conf.clone(),
-            ..FetchOptions::default()
-        };
+        let opts = fetch_options(&args.registry);
         let publisher = ImagePublisher {
             images: args.source.image.clone(),
             opts,
@@ -227,6 +398,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
             refresh_interval: (args.refresh_interval > 0)
                 .then(|| Duration::from_secs(args.refresh_interval)),
             refresh_now: signals.hup.clone(),
+            sigs,
+            signatures_poll,
         };
         tokio::spawn(publisher.run())
     };
@@ -266,47 +439,196 @@ async fn serve(args: ServeArgs) -> Result<()> {
 const EXIT_GRACE: Duration = Duration::from_secs(1);
 /// Under the state dir: where images are staged and kept while served.
 const IMAGES_DIR: &str = "images";
+fn fetch_options(r: &RegistryArgs) -> FetchOptions {
+    FetchOptions {
+        platform: r.platform.clone(),
+        authfile: r.authfile.clone(),
+        ca_files: r.ca_files.clone(),
+        insecure_registries: r.insecure_registries.clone(),
+        registries_conf: r.registries_conf.clone(),
+        ..FetchOptions::default()
+    }
+}
+
 /// Publishes a local source on the blocking pool.
 async fn publish_local(
     req: &Arc<PublishRequest>,
     state_dir: &Arc<StateDir>,
+    sigs: &SignatureOptions,
 ) -> Result<crate::served::Generation> {
-    let (r, sd) = (req.clone(), state_dir.clone());
-    tokio::task::spawn_blocking(move || publish::publish(&r, &sd))
+    let (r, sd, s) = (req.clone(), state_dir.clone(), sigs.clone());
+    tokio::task::spawn_blocking(move || publish::publish_signed(&r, &sd, &s))
         .await
         .context("publish task")?
         .with_context(|| format!("publishing {}", req.source.repo_path().display()))
 }
 
-/// At each SIGHUP, publishes a local source again (a remounted image
-/// volume, refs added to a repo). A failure keeps the current generation.
-async fn republish_on_hup(
+/// What republishing a local source needs.
+struct LocalPublisher {
     req: Arc<PublishRequest>,
     state_dir: Arc<StateDir>,
+    sigs: SignatureOptions,
+    signatures_poll: Duration,
     app: AppState,
     hup: Arc<tokio::sync::Notify>,
-) {
+}
+
+/// Publishes a local source again at each SIGHUP (a remounted image
+/// volume, refs added to a repo) and, with signatures, when new ones arrive
+/// or the served summary moved. A failure keeps the current generation.
+/// Runs until aborted at shutdown.
+async fn keep_local_published(p: LocalPublisher, mut watch: SignatureWatch) {
     loop {
-        hup.notified().await;
-        tracing::info!("SIGHUP: publishing the source again");
-        match publish_local(&req, &state_dir).await {
+        if p.sigs.is_active() {
+            tokio::select! {
+                _ = tokio::time::sleep(p.signatures_poll) => {
+                    let dir = p.sigs.bundle_dir.clone();
+                    let current = p.app.current.load_full();
+                    let w = watch.clone();
+                    let again = tokio::task::spawn_blocking(move || w.should_republish(dir.as_deref(), current.as_deref()))
+                        .await
+                        .unwrap_or(false);
+                    if !again {
+                        continue;
+                    }
+                    tracing::info!("new signatures (or a changed summary); publishing again");
+                }
+                _ = p.hup.notified() => tracing::info!("SIGHUP: publishing the source again"),
+            }
+        } else {
+            p.hup.notified().await;
+            tracing::info!("SIGHUP: publishing the source again");
+        }
+        match publish_local(&p.req, &p.state_dir, &p.sigs).await {
             Ok(generation) => {
-                app.metrics
+                p.app
+                    .metrics
                     .source_checks
                     .with_label_values(&["published"])
                     .inc();
+                watch.published();
                 announce(&generation);
-                app.publish(generation);
+                p.app.publish(generation);
             }
             Err(e) => {
-                app.metrics
+                p.app
+                    .metrics
                     .source_checks
                     .with_label_values(&["failed"])
                     .inc();
-                tracing::error!("{e:#} (still serving the previous generation)");
+                if signing::is_signature_error(&e) {
+                    let dir = p.sigs.bundle_dir.clone();
+                    let w = watch.clone();
+                    watch = tokio::task::spawn_blocking(move || {
+                        let mut w = w;
+                        w.refused(dir.as_deref());
+                        w
+                    })
+                    .await
+                    .unwrap_or_default();
+                }
+                let serving = if p.app.is_ready() {
+                    "still serving the previous generation"
+                } else {
+                    "not ready"
+                };
+                tracing::error!("{e:#} ({serving})");
             }
         }
     }
+}
+
+fn keygen(args: KeygenArgs) -> Result<()> {
+    let validity = signing::parse_validity(&args.expires).context("--expires")?;
+    let fpr = signing::keygen(&signing::KeygenRequest {
+        user_id: args.uid.clone(),
+        algo: args.cipher.into(),
+        validity,
+        out_secret: args.out_secret.clone(),
+        out_public: args.out_public.clone(),
+        out_revocation: args.out_revocation.clone(),
+    })?;
+    println!("{}", fpr.to_hex());
+    tracing::info!(
+        fingerprint = %fpr.to_hex(),
+        uid = args.uid,
+        secret = %args.out_secret.display(),
+        public = %args.out_public.display(),
+        "key generated"
+    );
+    Ok(())
+}
+
+/// Publishes the sources into a scratch state dir with the server's own
+/// code, signs exactly that, and writes the bundle.
+fn sign(args: SignArgs) -> Result<()> {
+    let tsk = args.key.load()?;
+    if let Ok(mut rd) = std::fs::read_dir(&args.out) {
+        anyhow::ensure!(
+            rd.next().is_none(),
+            "--out {} exists and is not empty; refusing to overwrite it",
+            args.out.display()
+        );
+    }
+    let work = match &args.work_dir {
+        Some(d) => tempfile::Builder::new()
+            .prefix("oscontent-sign-")
+            .tempdir_in(d),
+        None => tempfile::Builder::new().prefix("oscontent-sign-").tempdir(),
+    }
+    .context("creating a scratch directory")?;
+    let state_root = work.path().join("state");
+    let generation = if args.source.image.is_empty() {
+        let source = match (args.source.oscontainer, args.source.repo) {
+            (Some(d), None) => Source::Oscontainer(d),
+            (None, Some(d)) => Source::Repo(d),
+            _ => unreachable!("clap enforces exactly one source"),
+        };
+        let state_dir = StateDir::open(&state_root, &[source.repo_path()])?;
+        let req = PublishRequest {
+            source: source.clone(),
+            commit: args.commit,
+            refs: args.refs,
+        };
+        publish::publish(&req, &state_dir)
+            .with_context(|| format!("publishing {}", source.repo_path().display()))?
+    } else {
+        anyhow::ensure!(
+            args.commit.is_none() && args.refs.is_empty(),
+            "--commit and --ref apply to --oscontainer and --repo; an image names its commit in its com.coreos.ostree-commit label"
+        );
+        let state_dir = StateDir::open(&state_root, &[])?;
+        let staging = work.path().join(IMAGES_DIR);
+        std::fs::create_dir_all(&staging)
+            .with_context(|| format!("creating {}", staging.display()))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        let (releases, guards) = rt.block_on(images::stage_once(
+            &args.source.image,
+            &fetch_options(&args.registry),
+            &staging,
+        ))?;
+        let mut g = publish::publish_releases(&releases, &state_dir)?;
+        g.keepalive.extend(guards);
+        g
+    };
+    let bundle = signing::sign_generation(&generation, &tsk)?;
+    signing::write_bundle(&bundle, &args.out)?;
+    let m = &bundle.manifest;
+    for (name, commit) in &m.refs {
+        tracing::info!(r#ref = name, commit, "signed");
+    }
+    tracing::info!(
+        signer = m.signer,
+        summary_sha256 = m.summary_sha256,
+        commits = m.commits.len(),
+        out = %args.out.display(),
+        "signature bundle written"
+    );
+    println!("{}", args.out.display());
+    Ok(())
 }
 
 /// SIGTERM and SIGINT, both meaning "drain and exit"; SIGHUP, meaning

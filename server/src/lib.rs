@@ -9,6 +9,7 @@ pub mod images;
 pub mod metrics;
 pub mod publish;
 pub mod served;
+pub mod signing;
 pub mod source;
 
 pub use http::{app, AppState, HttpConfig};
