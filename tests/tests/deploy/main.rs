@@ -12,9 +12,8 @@
 //!   and tag are the manifest's);
 //! - the listen address (127.0.0.1:0).
 //!
-//! Flags the server binary does not know yet are dropped only if they are
-//! in [`PENDING_FLAGS`] (being added in parallel), loudly; once the binary
-//! has them they are used verbatim, with a real signing key and bundle.
+//! Every flag is used verbatim, with a real signing key and bundle behind
+//! `--trusted-keys` and `--signatures`.
 //!
 //! Build first: `cargo build --workspace --bins`; needs kubectl (kustomize
 //! v5), docker-registry, skopeo, htpasswd, openssl and ostree.
@@ -31,9 +30,6 @@ use support::{pull_and_fsck, Registry};
 use xtask::deploy::decode::Object;
 use xtask::deploy::policy::{self, SERVER_CONTAINER};
 
-/// Flags the manifests use that other work is adding to the server now.
-/// (The signatures work; remove them here once it is merged.)
-const PENDING_FLAGS: &[&str] = &["--trusted-keys", "--signatures", "--sign-key"];
 /// The env var holding the oscontainer reference (expanded into `--image`
 /// by the kubelet's `$(VAR)` rule).
 const IMAGE_ENV: &str = "OSCONTAINER_IMAGE";
@@ -318,7 +314,6 @@ enum Subst {
     MountPath(String),
     Listen,
     RegistryHost,
-    Dropped(String),
 }
 
 struct Plan {
@@ -358,15 +353,10 @@ fn plan(
     let mut listen_port = None;
     let mut args = vec![rendered_args[0].clone()];
     for (k, v) in flags {
-        if !supported.contains(&k) {
-            assert!(
-                PENDING_FLAGS.contains(&k.as_str()),
-                "the manifest passes {k}, which the server does not know"
-            );
-            eprintln!("PENDING: {k}={v} is not in this server build; dropped until it lands");
-            applied.insert(Subst::Dropped(k));
-            continue;
-        }
+        assert!(
+            supported.contains(&k),
+            "the manifest passes {k}, which the server does not know"
+        );
         let v = expand(&v, &env);
         let value = if k == "--listen" {
             listen_port = v.rsplit_once(':').and_then(|(_, p)| p.parse().ok());
@@ -478,6 +468,10 @@ fn base_args_serve_probes_and_ostree_pull() {
     let m = manifest();
     let supported = supported_flags();
     let signing = supported.contains("--trusted-keys") && supported.contains("--signatures");
+    assert!(
+        signing,
+        "the server must take --trusted-keys and --signatures, as the manifests pass them"
+    );
     let tmp = tempdir();
     let pki = pki(&tmp.path().join("pki"));
     let reg = Registry::start_tls(&pki.cert, &pki.key, Some((USER, PASS)));
@@ -524,21 +518,14 @@ fn base_args_serve_probes_and_ostree_pull() {
         match s {
             Subst::MountPath(p) => assert!(mount_paths.contains(p), "{p}"),
             Subst::Listen | Subst::RegistryHost => {}
-            Subst::Dropped(f) => assert!(PENDING_FLAGS.contains(&f.as_str()), "{f}"),
         }
     }
     assert!(plan.applied.contains(&Subst::Listen) && plan.applied.contains(&Subst::RegistryHost));
     let rendered_args = m.server.args.clone().unwrap();
-    let kept = rendered_args.len()
-        - plan
-            .applied
-            .iter()
-            .filter(|s| matches!(s, Subst::Dropped(_)))
-            .count();
     assert_eq!(
         plan.args.len(),
-        kept,
-        "every rendered arg is used or reported dropped"
+        rendered_args.len(),
+        "every rendered arg is used"
     );
     // Undo exactly the intended substitutions: what remains must be the
     // rendered arg as the kubelet would expand it, byte for byte.
@@ -585,11 +572,6 @@ fn base_args_serve_probes_and_ostree_pull() {
         }
     }
     assert_eq!(plan.env.len(), manifest_env.len());
-    if !signing {
-        eprintln!(
-            "PENDING: this server build lacks --trusted-keys/--signatures; the signed path of this test runs once they land"
-        );
-    }
     let probes = probes(&m, plan.listen_port);
     let state = mounts
         .iter()
