@@ -110,6 +110,11 @@ struct IoArgs {
     /// only, one client putting 2300-byte values) as a second neighbour.
     #[arg(long)]
     etcd: bool,
+    /// Drop the page cache before every trial (by default: before each
+    /// update's first trial; every trial's filesystem is freshly mounted,
+    /// hence cold, anyway).
+    #[arg(long)]
+    drop_caches_each_trial: bool,
     /// Exit non-zero if a target is missed or could not be evaluated.
     #[arg(long)]
     strict: bool,
@@ -214,6 +219,7 @@ fn main() -> anyhow::Result<()> {
                 baseline_secs: a.baseline_secs,
                 calibrate_secs: a.calibrate_secs,
                 etcd: a.etcd,
+                drop_caches_each_trial: a.drop_caches_each_trial,
                 strict: a.strict,
             })?,
         },

@@ -17,9 +17,10 @@
 //! 1. A fresh [`ScratchFs`]: XFS on a direct-io loop device whose backing
 //!    file (on the host disk, not on the loop fs) is a sparse copy of the
 //!    template. The remote URL is set, the neighbour's file preallocated.
-//! 2. `sync`, drop the page cache, then read the served v2 repo once (the
-//!    server stands for a remote machine: its reads should not hit the
-//!    node's disk).
+//! 2. Drop the page cache (before an update's first trial, or every trial
+//!    with `--drop-caches-each-trial`; the freshly mounted trial fs is cold
+//!    anyway), read the served v2 repo (the server stands for a remote
+//!    machine: its reads should not hit the node's disk), then `sync`.
 //! 3. The neighbour starts ([`neighbour`]: 2300-byte writes + fdatasync,
 //!    each timed), and runs alone for `--warmup`.
 //! 4. The update window: the pull, bounded by `--arm-timeout` (the
@@ -153,6 +154,8 @@ pub struct IoOptions {
     pub calibrate_secs: u64,
     /// Also run a real etcd (with a put loop) as a second neighbour.
     pub etcd: bool,
+    /// Drop the page cache before every trial, not once per update.
+    pub drop_caches_each_trial: bool,
     pub strict: bool,
 }
 
@@ -517,9 +520,14 @@ pub fn io(opts: &IoOptions) -> Result<()> {
         .filter(|a| **a != Arm::Baseline)
         .cloned()
         .collect();
+    let shares = opts.updates.shares();
     eprintln!(
-        "xtask: bench io: arms {}",
-        arms.iter().map(Arm::name).collect::<Vec<_>>().join(", ")
+        "xtask: bench io: arms {}; {} trials per update x {} update(s) ({} runs + {} solo)",
+        arms.iter().map(Arm::name).collect::<Vec<_>>().join(", "),
+        opts.runs * arms.len() + opts.solo_runs * pulling.len(),
+        shares.len(),
+        opts.runs,
+        opts.solo_runs
     );
 
     let (load_before, cpus) = super::load();
@@ -527,7 +535,7 @@ pub fn io(opts: &IoOptions) -> Result<()> {
     let mut calibration = None;
     let mut fs_bytes = 0;
     let mut direct_io = true;
-    for (ui, share) in opts.updates.shares().into_iter().enumerate() {
+    for (ui, share) in shares.into_iter().enumerate() {
         check_interrupted()?;
         let spec = FixtureSpec {
             update_share: share,
@@ -584,6 +592,7 @@ pub fn io(opts: &IoOptions) -> Result<()> {
             v2_commit: &v2.commit,
             client_bin: client_bin.as_deref(),
             logs: &ulogs,
+            dropped: std::cell::Cell::new(false),
         };
         let mut trials: Vec<(Trial, NeighbourLog)> = Vec::new();
         let min_baseline = match opts.scale {
@@ -787,6 +796,8 @@ struct Ctx<'a> {
     v2_commit: &'a str,
     client_bin: Option<&'a Path>,
     logs: &'a Path,
+    /// The page cache was dropped for this update.
+    dropped: std::cell::Cell<bool>,
 }
 
 impl Ctx<'_> {
@@ -824,8 +835,18 @@ impl Ctx<'_> {
         } else {
             None
         };
-        super::drop_caches()?;
+        // The trial's filesystem was just mounted, so its cache is cold.
+        // The page cache is dropped before the first trial of an update
+        // (or every trial with --drop-caches-each-trial); the served repo
+        // is then read back in, so the server (a remote machine in
+        // production) does not compete for the node's disk, and a sync
+        // leaves nothing dirty (the template's copy above) for the window.
+        if opts.drop_caches_each_trial || !self.dropped.get() {
+            super::drop_caches()?;
+            self.dropped.set(true);
+        }
         repo::warm(self.served_repo)?;
+        rustix::fs::sync();
         let tag = format!(
             "run{run}-{}{}",
             arm.name().replace(':', "-"),
