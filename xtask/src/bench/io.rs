@@ -1578,7 +1578,9 @@ mod tests {
         let short = "Usage: oscontent pull [OPTIONS]\n\nOptions:\n      --io-mode <MODE>  How to write [default: paced] [possible values: paced, stock-like, per-object-fsync]\n      --json  Lines\n";
         let long = "Options:\n      --io-mode <IO_MODE>\n          How objects reach the disk\n\n          Possible values:\n          - paced:            incremental writeback\n          - stock-like:       one syncfs at the end\n          - per-object-fsync: fsync every object\n\n          [default: paced]\n\n      --io-latency-target <DUR>\n          [default: 10ms]\n";
         let no_values = "Options:\n      --io-mode <MODE>  free text\n      --json\n";
-        let cases: &[(&str, Option<(Vec<&str>, Option<&str>)>)] = &[
+        // (help text, expected (modes, default)).
+        type Case<'a> = (&'a str, Option<(Vec<&'a str>, Option<&'a str>)>);
+        let cases: &[Case] = &[
             (
                 short,
                 Some((
