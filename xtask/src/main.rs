@@ -50,6 +50,78 @@ enum BenchCmd {
     /// a registry, against `skopeo copy` + `umoci unpack`, each on a fresh
     /// XFS loop device. Writes target/bench/startup-<time>.json.
     Startup(StartupArgs),
+    /// How much an update hurts an etcd-like neighbour (2300-byte writes +
+    /// fdatasync) on the same XFS filesystem: stock `ostree pull`, `ostree
+    /// pull --per-object-fsync` and `oscontent pull` in each --io-mode,
+    /// against the neighbour alone. Writes target/bench/io-<time>.json and
+    /// PNG charts.
+    Io(IoArgs),
+}
+
+#[derive(Args)]
+struct IoArgs {
+    /// Fixture scale: full (about 1 GiB, 31k files; the real benchmark) or
+    /// small (a quick development run).
+    #[arg(long, value_enum, default_value_t = Scale::Full)]
+    scale: Scale,
+    /// Which update: 30 (v2 rewrites 30% of the files, the headline), 5,
+    /// or both.
+    #[arg(long, value_enum, default_value_t = xtask::bench::io::Updates::Both)]
+    update: xtask::bench::io::Updates,
+    /// Repetitions of every arm (the arms alternate order between them).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+    /// Extra trials of every pulling arm without the neighbour, for clean
+    /// device byte counts.
+    #[arg(long, default_value_t = 1)]
+    solo_runs: usize,
+    /// Arms to run, comma-separated: baseline, ostree,
+    /// ostree-per-object-fsync (or ostree-fsync), oscontent (every mode) or
+    /// oscontent:MODE [default: all].
+    #[arg(long, value_delimiter = ',')]
+    arms: Option<Vec<String>>,
+    /// The client's --io-mode values to compare, comma-separated [default:
+    /// what `oscontent pull --help` lists].
+    #[arg(long, value_delimiter = ',')]
+    io_modes: Option<Vec<String>>,
+    /// Target repo mode.
+    #[arg(long, value_enum, default_value_t = xtask::bench::io::repo::RepoMode::BareUser)]
+    mode: xtask::bench::io::repo::RepoMode,
+    /// Benchmark this oscontent-server binary instead of building the
+    /// release one.
+    #[arg(long, value_name = "PATH")]
+    server_bin: Option<PathBuf>,
+    /// Benchmark this oscontent client binary instead of building the
+    /// release one.
+    #[arg(long, value_name = "PATH")]
+    client_bin: Option<PathBuf>,
+    /// Longest one pull may take, in seconds (then it is killed and the
+    /// benchmark fails).
+    #[arg(long, default_value_t = 1200, value_name = "SECONDS")]
+    arm_timeout: u64,
+    /// Seconds the neighbour runs alone before each window opens.
+    #[arg(long, default_value_t = 3.0, value_name = "SECONDS")]
+    warmup: f64,
+    /// Baseline window length in seconds [default: 1.2 x the longest
+    /// update so far, at least 20 s (full) or 5 s (small)].
+    #[arg(long, value_name = "SECONDS")]
+    baseline_secs: Option<f64>,
+    /// Seconds of fio alone and of the built-in neighbour alone, compared
+    /// once at the start (0 skips).
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    calibrate_secs: u64,
+    /// Also run a real etcd (data dir on the same filesystem, loopback
+    /// only, one client putting 2300-byte values) as a second neighbour.
+    #[arg(long)]
+    etcd: bool,
+    /// Drop the page cache before every trial (by default: before each
+    /// update's first trial; every trial's filesystem is freshly mounted,
+    /// hence cold, anyway).
+    #[arg(long)]
+    drop_caches_each_trial: bool,
+    /// Exit non-zero if a target is missed or could not be evaluated.
+    #[arg(long)]
+    strict: bool,
 }
 
 #[derive(Args)]
@@ -137,6 +209,24 @@ fn main() -> anyhow::Result<()> {
                     strict: a.strict,
                 })?
             }
+            BenchCmd::Io(a) => xtask::bench::io::io(&xtask::bench::io::IoOptions {
+                scale: a.scale,
+                updates: a.update,
+                runs: a.runs,
+                solo_runs: a.solo_runs,
+                arms: a.arms,
+                io_modes: a.io_modes,
+                mode: a.mode,
+                server_bin: a.server_bin,
+                client_bin: a.client_bin,
+                arm_timeout: Duration::from_secs(a.arm_timeout),
+                warmup: Duration::from_secs_f64(a.warmup),
+                baseline_secs: a.baseline_secs,
+                calibrate_secs: a.calibrate_secs,
+                etcd: a.etcd,
+                drop_caches_each_trial: a.drop_caches_each_trial,
+                strict: a.strict,
+            })?,
         },
     }
     Ok(())

@@ -13,6 +13,7 @@
 //! - preconditions ([`require`]), cold caches ([`drop_caches`]), summary
 //!   statistics ([`Summary`]) and where results go ([`results_path`]).
 
+pub mod io;
 pub mod registry;
 pub mod scratch;
 pub mod startup;

@@ -47,6 +47,11 @@ pub struct ScratchOptions {
     pub mkfs_args: Vec<String>,
     /// `mount -o` options, if any (e.g. `noatime`).
     pub mount_options: Option<String>,
+    /// Start from a copy of this filesystem image (one that
+    /// [`ScratchFs::into_image`] saved) instead of a fresh `mkfs.xfs`; the
+    /// copy keeps the image's holes. `size` and `mkfs_args` are then
+    /// ignored, and the mount adds `nouuid` (every copy shares the UUID).
+    pub template: Option<PathBuf>,
 }
 
 impl ScratchOptions {
@@ -56,6 +61,7 @@ impl ScratchOptions {
             parent: None,
             mkfs_args: Vec::new(),
             mount_options: None,
+            template: None,
         }
     }
 }
@@ -106,9 +112,22 @@ impl ScratchFs {
         };
         std::fs::create_dir(&fs.mountpoint)
             .with_context(|| format!("creating {}", fs.mountpoint.display()))?;
-        std::fs::File::create(&image)
-            .and_then(|f| f.set_len(size))
-            .with_context(|| format!("creating the sparse file {}", image.display()))?;
+        match &opts.template {
+            Some(template) => {
+                // cp keeps holes (SEEK_DATA/SEEK_HOLE); std::fs::copy
+                // would fill them with zeros.
+                run(Command::new("cp")
+                    .arg("--sparse=always")
+                    .arg(template)
+                    .arg(&image))?;
+                fs.size = std::fs::metadata(&image)
+                    .with_context(|| format!("stat {}", image.display()))?
+                    .len();
+            }
+            None => std::fs::File::create(&image)
+                .and_then(|f| f.set_len(size))
+                .with_context(|| format!("creating the sparse file {}", image.display()))?,
+        }
 
         let out = run(Command::new("losetup")
             .args(["--direct-io=on", "--find", "--show"])
@@ -128,14 +147,19 @@ impl ScratchFs {
             );
         }
 
-        run(Command::new("mkfs.xfs")
-            .arg("-q")
-            .args(&opts.mkfs_args)
-            .arg(fs.device()))?;
+        let mut options: Vec<&str> = opts.mount_options.iter().map(String::as_str).collect();
+        if opts.template.is_some() {
+            options.push("nouuid");
+        } else {
+            run(Command::new("mkfs.xfs")
+                .arg("-q")
+                .args(&opts.mkfs_args)
+                .arg(fs.device()))?;
+        }
         let mut mount = Command::new("mount");
         mount.args(["-t", "xfs"]);
-        if let Some(o) = &opts.mount_options {
-            mount.args(["-o", o]);
+        if !options.is_empty() {
+            mount.args(["-o", &options.join(",")]);
         }
         run(mount.arg(fs.device()).arg(&fs.mountpoint))?;
         fs.mounted = true;
@@ -197,6 +221,33 @@ impl ScratchFs {
         rustix::fs::syncfs(&dir)
             .with_context(|| format!("syncfs {}", self.mountpoint.display()))?;
         Ok(t.elapsed())
+    }
+}
+
+impl ScratchFs {
+    /// Unmounts and detaches the filesystem, then moves its backing file
+    /// to `dest` (on the same filesystem as the scratch directory), for
+    /// [`ScratchOptions::template`]. The rest goes as on drop.
+    pub fn into_image(mut self, dest: &Path) -> Result<()> {
+        if self.mounted {
+            anyhow::ensure!(
+                unmount(&self.mountpoint),
+                "could not unmount {}",
+                self.mountpoint.display()
+            );
+            self.mounted = false;
+        }
+        if let Some(dev) = self.device.take() {
+            anyhow::ensure!(detach(&dev), "could not detach {}", dev.display());
+        }
+        let image = self
+            .dir
+            .as_ref()
+            .context("scratch dir already gone")?
+            .path()
+            .join(IMAGE);
+        std::fs::rename(&image, dest)
+            .with_context(|| format!("moving {} to {}", image.display(), dest.display()))
     }
 }
 

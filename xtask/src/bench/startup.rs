@@ -724,7 +724,7 @@ fn pull_extract_arm(
 
 /// The status code of `GET path` (HTTP/1.1, plain), or None on any error.
 /// Loopback only; bounded by its timeouts and a 256-byte read.
-fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
+pub(crate) fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
     let t = Duration::from_secs(2);
     let mut s = TcpStream::connect_timeout(&addr, t).ok()?;
     s.set_read_timeout(Some(t)).ok()?;
