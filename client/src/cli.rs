@@ -1,13 +1,31 @@
-//! The `oscontent` command line. Grows a `pull` in the client issue; for
-//! now it can inspect a remote.
+//! The `oscontent` command line: `pull`, `verify`, `ls-remote`. Thin: the
+//! work is in [`crate::pull`].
 
-use crate::format::{parse_summary, Summary};
+use crate::format::{parse_summary, Checksum, Summary};
+use crate::governor::IoMode;
+use crate::pull::error::{exit, PullError};
+use crate::pull::report::{Output, Reporter};
+use crate::pull::{self, PullOptions, Source, VerifyOptions};
 use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success (the ref moved, or was already at the target)
+  1  usage error, or an unexpected failure
+  2  network or server failure (after retries); the remote lacks the ref or an object
+  3  verification failed: object checksum, signature, summary signature, ref binding
+  4  downgrade refused (older timestamp or lower version; see --allow-downgrade)
+  5  local repo error (open, read, write, disk full)
+On any failure the ref does not move.";
 
 /// Node-side client for oscontent servers.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(version, about, after_help = EXIT_CODES)]
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -15,6 +33,15 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Cmd {
+    /// Fetch a commit into a local ostree repo (any mode): only the objects
+    /// it lacks, verified before anything becomes visible, written under
+    /// the I/O governor, and the ref moved only after a durability barrier.
+    #[command(after_help = EXIT_CODES)]
+    Pull(PullArgs),
+    /// Check a remote's signed summary and a commit's signatures and ref
+    /// binding, without writing anything.
+    #[command(after_help = EXIT_CODES)]
+    Verify(VerifyArgs),
     /// List the refs a remote publishes, from its summary.
     LsRemote {
         /// Base URL of the remote (an oscontent server or any archive repo).
@@ -24,6 +51,96 @@ pub enum Cmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct PullArgs {
+    /// The local ostree repo (bare, bare-user or archive).
+    #[arg(long)]
+    pub repo: PathBuf,
+    /// Base URL of the remote; the ref is then written under refs/heads/.
+    #[arg(long, conflicts_with = "remote", required_unless_present = "remote")]
+    pub url: Option<String>,
+    /// A remote configured in the repo: its URL and gpg-verify settings are
+    /// used, and the ref is written as REMOTE:REF.
+    #[arg(long)]
+    pub remote: Option<String>,
+    /// The ref to pull (resolved through the summary, else refs/heads/REF).
+    #[arg(long = "ref", required_unless_present = "commit")]
+    pub ref_name: Option<String>,
+    /// Pin the target commit (64 hex digits). With --ref, the ref moves to it.
+    #[arg(long)]
+    pub commit: Option<Checksum>,
+    /// OpenPGP keys (armored or binary) that must have signed the commit
+    /// and the summary. Verification is also required when the remote has
+    /// gpg-verify=true.
+    #[arg(long)]
+    pub trusted_keys: Option<PathBuf>,
+    /// Accept a target older (timestamp or version) than the ref's commit.
+    #[arg(long)]
+    pub allow_downgrade: bool,
+    /// How writes reach the disk.
+    #[arg(long, value_enum, default_value = "paced")]
+    pub io_mode: IoMode,
+    /// Flush latency the paced mode steers toward (e.g. 10ms, 0.5s).
+    #[arg(long, default_value = "10ms", value_parser = parse_duration)]
+    pub io_latency_target: Duration,
+    /// Requests (objects) in flight at once.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Use HTTP/1.1 only (by default HTTP/2 with prior knowledge is tried
+    /// first on http:// URLs).
+    #[arg(long)]
+    pub http1: bool,
+    /// Line-delimited JSON events on stdout instead of a progress bar.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// Base URL of the remote.
+    #[arg(long)]
+    pub url: String,
+    /// The ref to check.
+    #[arg(long = "ref")]
+    pub ref_name: String,
+    /// OpenPGP keys (armored or binary) that must have signed.
+    #[arg(long)]
+    pub trusted_keys: PathBuf,
+    /// Verify this commit instead of the one the summary names for the ref.
+    #[arg(long)]
+    pub commit: Option<Checksum>,
+    /// Use HTTP/1.1 only.
+    #[arg(long)]
+    pub http1: bool,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `10ms`, `1.5s`, `2m`, or bare seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = s.strip_suffix("us") {
+        (n, 1e-6)
+    } else if let Some(n) = s.strip_suffix('s') {
+        (n, 1.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (s, 1.0)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: want e.g. 10ms, 0.5s, 2m"))?;
+    if !v.is_finite() || v <= 0.0 || v * mult > 3600.0 {
+        return Err(format!("duration {s:?} must be positive and at most an hour"));
+    }
+    Ok(Duration::from_secs_f64(v * mult))
 }
 
 /// Sets up logging once: `RUST_LOG` filters, stderr output.
@@ -36,9 +153,87 @@ pub fn init_tracing() {
         .init();
 }
 
-pub fn run(cli: Cli) -> Result<()> {
+/// Runs a command; returns the process exit code.
+pub fn run(cli: Cli) -> u8 {
     match cli.cmd {
-        Cmd::LsRemote { url, json } => ls_remote(&url, json),
+        Cmd::Pull(a) => run_pull(a),
+        Cmd::Verify(a) => run_verify(a),
+        Cmd::LsRemote { url, json } => match ls_remote(&url, json) {
+            Ok(()) => exit::OK,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                exit::NETWORK
+            }
+        },
+    }
+}
+
+fn report_error(reporter: &Reporter, e: &PullError) -> u8 {
+    reporter.event(
+        "error",
+        json!({"kind": e.kind(), "exit_code": e.exit_code(), "message": format!("{e:#}")}),
+        None,
+    );
+    eprintln!("error: {e:#}");
+    e.exit_code()
+}
+
+fn run_pull(a: PullArgs) -> u8 {
+    let output = if a.json { Output::Json } else { Output::Human };
+    let reporter = Arc::new(Reporter::new(output));
+    let source = match (a.url, a.remote) {
+        (Some(u), None) => Source::Url(u),
+        (None, Some(r)) => Source::Remote(r),
+        _ => unreachable!("clap enforces exactly one of --url and --remote"),
+    };
+    let opts = PullOptions {
+        repo: a.repo,
+        source,
+        ref_name: a.ref_name,
+        commit: a.commit,
+        trusted_keys: a.trusted_keys,
+        allow_downgrade: a.allow_downgrade,
+        io_mode: a.io_mode,
+        io_latency_target: a.io_latency_target,
+        concurrency: a.concurrency,
+        http1_only: a.http1,
+        output,
+    };
+    match pull::pull(&opts, reporter.clone()) {
+        Ok(()) => exit::OK,
+        Err(e) => report_error(&reporter, &e),
+    }
+}
+
+fn run_verify(a: VerifyArgs) -> u8 {
+    let output = if a.json { Output::Json } else { Output::Human };
+    let reporter = Arc::new(Reporter::new(output));
+    let opts = VerifyOptions {
+        url: a.url,
+        ref_name: a.ref_name,
+        commit: a.commit,
+        trusted_keys: a.trusted_keys,
+        http1_only: a.http1,
+    };
+    match pull::verify(&opts, reporter.clone()) {
+        Ok(r) => {
+            if a.json {
+                let mut v = serde_json::to_value(&r).expect("serialisable");
+                v["event"] = "verified".into();
+                v["ok"] = true.into();
+                println!("{v}");
+            } else {
+                println!(
+                    "OK: {} -> {} (version {}), summary and commit signed by {}",
+                    r.ref_name,
+                    r.commit,
+                    r.version.as_deref().unwrap_or("-"),
+                    r.commit_signature["cert"].as_str().unwrap_or("?")
+                );
+            }
+            exit::OK
+        }
+        Err(e) => report_error(&reporter, &e),
     }
 }
 
@@ -79,4 +274,26 @@ fn ls_remote(url: &str, json: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        let ok = [
+            ("10ms", 10_000u64),
+            ("0.5s", 500_000),
+            ("2", 2_000_000),
+            ("1m", 60_000_000),
+            ("250us", 250),
+        ];
+        for (s, us) in ok {
+            assert_eq!(parse_duration(s).unwrap().as_micros() as u64, us, "{s}");
+        }
+        for bad in ["", "ms", "-1s", "0", "abc", "2h", "nan"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 }

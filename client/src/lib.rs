@@ -7,4 +7,9 @@
 
 pub mod cli;
 pub mod format;
+pub mod governor;
 pub mod openpgp;
+pub mod pull;
+mod sys;
+
+pub use sys::io_priority_class;

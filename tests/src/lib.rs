@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 
 pub use xtask::fixtures::{Fixtures, Release};
 
+pub mod proxy;
+
 /// Environment variable naming the directory that holds the binaries.
 pub const BIN_DIR_ENV: &str = "OSCONTENT_BIN_DIR";
 /// How long a server may take to print its address and become ready.

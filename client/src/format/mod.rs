@@ -5,10 +5,13 @@
 
 mod checksum;
 pub mod commit;
+pub mod content;
+pub mod delta;
 pub mod gpgsigs;
 mod path;
 mod refname;
 pub mod summary;
+pub mod tree;
 
 pub use checksum::Checksum;
 pub use commit::{Commit, COMMIT_GVARIANT_TYPE};
@@ -16,6 +19,8 @@ pub use gpgsigs::{build_gpgsigs, merge_gpgsigs, parse_gpgsigs};
 pub use path::{DeltaFile, DeltaName, ObjectKind, ObjectName, RefNamespace, RepoPath};
 pub use refname::{sanitize_ref_component, validate_collection_id, validate_ref};
 pub use summary::{build_summary, parse_summary, Summary, SummaryDelta, SummaryRef};
+pub use tree::{check_dirmeta, parse_dirtree, DirTree};
+pub use delta::Superblock;
 
 /// Why some bytes or a name are not valid ostree format. Callers branch on
 /// this (404 versus 500 on the server, refuse versus retry on the client).

@@ -1,0 +1,143 @@
+//! Content objects as an archive remote serves them (`.filez`): a BE u32
+//! header length, 4 bytes of padding, the header `(tuuuusa(ayay))` (size,
+//! uid, gid, mode, rdev, symlink target, xattrs; integers big-endian),
+//! then the file's bytes as raw deflate.
+//!
+//! libostree writes content from the *uncompressed* stream: the same
+//! framing around `(uuuusa(ayay))`, then the bytes. [`ArchiveHeader`]
+//! turns one header into the other, so that a `.filez` body can be
+//! streamed into `ostree_repo_write_content` (which hashes what it writes
+//! and refuses a mismatch with the expected checksum).
+
+use super::FormatError;
+use ostree::glib::{Variant, VariantTy};
+
+pub const ARCHIVE_HEADER_GVARIANT_TYPE: &str = "(tuuuusa(ayay))";
+pub const FILE_HEADER_GVARIANT_TYPE: &str = "(uuuusa(ayay))";
+/// Length prefix plus padding before a header.
+pub const HEADER_PREFIX_LEN: usize = 8;
+/// Headers above this size are refused: uid, gid, mode, a symlink target
+/// (PATH_MAX) and a few xattrs (SELinux label, capabilities, IMA).
+pub const MAX_HEADER_SIZE: usize = 1 << 20;
+
+const S_IFMT: u32 = 0o170000;
+const S_IFREG: u32 = 0o100000;
+const S_IFLNK: u32 = 0o120000;
+
+fn err(why: impl Into<String>) -> FormatError {
+    FormatError::Variant {
+        what: "content object header",
+        why: why.into(),
+    }
+}
+
+/// The header length from the 8-byte prefix.
+pub fn header_len(prefix: &[u8; HEADER_PREFIX_LEN]) -> Result<usize, FormatError> {
+    let len = u32::from_be_bytes(prefix[..4].try_into().expect("4 bytes")) as usize;
+    if len == 0 || len > MAX_HEADER_SIZE {
+        return Err(err(format!("header of {len} bytes (limit {MAX_HEADER_SIZE})")));
+    }
+    Ok(len)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchiveHeader {
+    /// Uncompressed content length (0 for symlinks).
+    pub size: u64,
+    pub mode: u32,
+    /// The `(uuuusa(ayay))` header, serialized.
+    pub file_header: Vec<u8>,
+}
+
+impl ArchiveHeader {
+    /// Parses the header bytes (after the prefix).
+    pub fn parse(bytes: &[u8]) -> Result<Self, FormatError> {
+        if bytes.len() > MAX_HEADER_SIZE {
+            return Err(err("too large"));
+        }
+        let ty = VariantTy::new(ARCHIVE_HEADER_GVARIANT_TYPE).expect("valid type string");
+        #[allow(clippy::unnecessary_to_owned)]
+        let v = Variant::from_data_with_type(bytes.to_vec(), ty);
+        if !v.is_normal_form() {
+            return Err(err("not in GVariant normal form"));
+        }
+        let size = u64::from_be(v.child_value(0).get::<u64>().unwrap_or(0));
+        let mode = u32::from_be(v.child_value(3).get::<u32>().unwrap_or(0));
+        match mode & S_IFMT {
+            S_IFREG => {}
+            S_IFLNK if size == 0 => {}
+            S_IFLNK => return Err(err("symlink with content")),
+            other => return Err(err(format!("unsupported file type {other:o}"))),
+        }
+        let file_header = Variant::tuple_from_iter((1..=6).map(|i| v.child_value(i)));
+        debug_assert_eq!(file_header.type_().as_str(), FILE_HEADER_GVARIANT_TYPE);
+        Ok(Self {
+            size,
+            mode,
+            file_header: file_header.data().to_vec(),
+        })
+    }
+
+    /// The framing libostree expects before the content bytes.
+    pub fn content_stream_prefix(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_PREFIX_LEN + self.file_header.len());
+        out.extend_from_slice(&(self.file_header.len() as u32).to_be_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(&self.file_header);
+        out
+    }
+
+    /// Total length of the uncompressed content stream.
+    pub fn content_stream_len(&self) -> u64 {
+        (HEADER_PREFIX_LEN + self.file_header.len()) as u64 + self.size
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ostree::glib::prelude::ToVariant;
+
+    fn header(size: u64, mode: u32, target: &str) -> Vec<u8> {
+        Variant::tuple_from_iter([
+            size.to_be().to_variant(),
+            0u32.to_variant(),
+            0u32.to_variant(),
+            mode.to_be().to_variant(),
+            0u32.to_variant(),
+            target.to_variant(),
+            Variant::array_from_iter_with_type(VariantTy::new("(ayay)").unwrap(), []),
+        ])
+        .data()
+        .to_vec()
+    }
+
+    #[test]
+    fn converts_archive_header() {
+        let h = ArchiveHeader::parse(&header(0x4d3f, 0o100644, "")).unwrap();
+        assert_eq!(h.size, 0x4d3f);
+        assert_eq!(h.mode, 0o100644);
+        // The same fields minus the size: 16 bytes of integers, "", framing.
+        assert_eq!(h.file_header.len(), 18);
+        let p = h.content_stream_prefix();
+        assert_eq!(&p[..8], &[0, 0, 0, 18, 0, 0, 0, 0]);
+        assert_eq!(h.content_stream_len(), 8 + 18 + 0x4d3f);
+    }
+
+    #[test]
+    fn refuses_bad_headers() {
+        let cases: &[(&str, Vec<u8>)] = &[
+            ("symlink with data", header(5, 0o120777, "x")),
+            ("device", header(0, 0o020644, "")),
+            ("directory", header(0, 0o040755, "")),
+            ("oversized", vec![0; MAX_HEADER_SIZE + 1]),
+        ];
+        for (name, b) in cases {
+            assert!(ArchiveHeader::parse(b).is_err(), "{name} accepted");
+        }
+        assert!(ArchiveHeader::parse(&header(0, 0o120777, "target")).is_ok());
+        assert!(header_len(&[0; 8]).is_err());
+        assert!(header_len(&[0xff, 0, 0, 0, 0, 0, 0, 0]).is_err());
+        assert_eq!(header_len(&[0, 0, 0, 26, 0, 0, 0, 0]).unwrap(), 26);
+    }
+}

@@ -1,0 +1,418 @@
+//! HTTP: one reqwest client (HTTP/2 with prior knowledge when the server
+//! speaks it, else HTTP/1.1 keep-alive), a semaphore bounding requests in
+//! flight, retries with backoff, size caps, and streaming of large bodies
+//! into a blocking writer through a bounded channel.
+
+use super::error::{PullError, PullResult};
+use super::report::Reporter;
+use super::retry::{backoff, retryable_status, MAX_ATTEMPTS};
+use anyhow::anyhow;
+use bytes::Bytes;
+use futures_util::StreamExt;
+use std::io::{self, Read};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, Semaphore};
+
+/// Connection establishment bound.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest silence while reading a response; there is deliberately no
+/// bound on a whole body, which may be a large object on a slow link.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound for the HTTP/2 probe: a server that does not answer a prior-
+/// knowledge preface quickly is treated as HTTP/1.1-only.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Body chunks buffered between the network and a writer thread. With
+/// hyper's chunks of at most a few tens of KiB this bounds each object in
+/// flight to well under a MiB of memory.
+const STREAM_CHUNKS: usize = 8;
+
+/// The protocol in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Http2,
+    Http11,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http2 => "HTTP/2",
+            Protocol::Http11 => "HTTP/1.1",
+        }
+    }
+}
+
+/// Counters shared with the progress reporter.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub requests: AtomicU64,
+    pub bytes: AtomicU64,
+    pub retries: AtomicU64,
+}
+
+/// Why a fetch failed, for the caller to decide what it means.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("{path}: not found (HTTP 404)")]
+    NotFound { path: String },
+    #[error("{path}: HTTP {status}")]
+    Status { path: String, status: u16 },
+    #[error("{path}: {bytes} bytes exceeds the {max} byte limit for this object")]
+    TooLarge { path: String, bytes: u64, max: u64 },
+    #[error("{path}: {source:#}")]
+    Network { path: String, source: anyhow::Error },
+    /// The consumer refused the bytes (bad checksum, bad format).
+    #[error("{0:#}")]
+    Corrupt(anyhow::Error),
+    /// The consumer failed locally (disk, repo).
+    #[error("{0:#}")]
+    Local(anyhow::Error),
+}
+
+impl FetchError {
+    fn retryable(&self) -> bool {
+        match self {
+            FetchError::Status { status, .. } => retryable_status(*status),
+            FetchError::Network { .. } => true,
+            _ => false,
+        }
+    }
+
+    pub fn into_pull(self) -> PullError {
+        match self {
+            FetchError::Corrupt(e) => PullError::Verification(e),
+            FetchError::Local(e) => PullError::LocalRepo(e),
+            FetchError::TooLarge { .. } => PullError::Verification(self.into()),
+            other => PullError::Network(other.into()),
+        }
+    }
+}
+
+/// What a streaming consumer reports.
+#[derive(Debug)]
+pub enum ConsumeError {
+    Corrupt(anyhow::Error),
+    Local(anyhow::Error),
+}
+
+#[derive(Debug)]
+pub struct Fetcher {
+    client: reqwest::Client,
+    base: String,
+    pub protocol: Protocol,
+    permits: Arc<Semaphore>,
+    pub counters: Arc<Counters>,
+    reporter: Arc<Reporter>,
+}
+
+fn builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .read_timeout(READ_TIMEOUT)
+        .tcp_nodelay(true)
+        .redirect(reqwest::redirect::Policy::limited(3))
+        .user_agent(concat!("oscontent/", env!("CARGO_PKG_VERSION")))
+}
+
+impl Fetcher {
+    /// Connects to `base`, trying HTTP/2 with prior knowledge first (unless
+    /// `http1_only`), and returns the fetcher and the remote's `config`.
+    pub async fn connect(
+        base: &str,
+        concurrency: usize,
+        http1_only: bool,
+        reporter: Arc<Reporter>,
+    ) -> PullResult<(Self, Bytes)> {
+        let base = base.trim_end_matches('/').to_owned();
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(PullError::Usage(anyhow!(
+                "remote URL {base:?} must start with http:// or https://"
+            )));
+        }
+        let make = |client, protocol| Self {
+            client,
+            base: base.clone(),
+            protocol,
+            permits: Arc::new(Semaphore::new(concurrency.max(1))),
+            counters: Arc::new(Counters::default()),
+            reporter: reporter.clone(),
+        };
+        if !http1_only && base.starts_with("http://") {
+            let h2 = builder()
+                .http2_prior_knowledge()
+                .build()
+                .map_err(|e| PullError::Usage(e.into()))?;
+            let probe = h2
+                .get(format!("{base}/config"))
+                .timeout(PROBE_TIMEOUT)
+                .send()
+                .await;
+            match probe {
+                Ok(resp) if resp.status().is_success() => {
+                    if let Ok(body) = resp.bytes().await {
+                        return Ok((make(h2, Protocol::Http2), body));
+                    }
+                }
+                Ok(resp) => {
+                    // The server speaks HTTP/2; the status is the answer.
+                    let f = make(h2, Protocol::Http2);
+                    let status = resp.status().as_u16();
+                    let config = f.finish_config(status).await?;
+                    return Ok((f, config));
+                }
+                Err(e) => {
+                    tracing::debug!("HTTP/2 prior knowledge failed ({e}); using HTTP/1.1");
+                }
+            }
+        }
+        let h1 = builder()
+            .http1_only()
+            .pool_max_idle_per_host(concurrency.max(1))
+            .build()
+            .map_err(|e| PullError::Usage(e.into()))?;
+        let f = make(h1, Protocol::Http11);
+        let config = f
+            .get_bytes("config", MAX_CONFIG_SIZE)
+            .await
+            .map_err(FetchError::into_pull)?
+            .ok_or_else(|| {
+                PullError::Network(anyhow!("{base}/config: not found: not an ostree remote"))
+            })?;
+        Ok((f, config))
+    }
+
+    async fn finish_config(&self, status: u16) -> PullResult<Bytes> {
+        if status == 404 {
+            return Err(PullError::Network(anyhow!(
+                "{}/config: not found: not an ostree remote",
+                self.base
+            )));
+        }
+        self.get_bytes("config", MAX_CONFIG_SIZE)
+            .await
+            .map_err(FetchError::into_pull)?
+            .ok_or_else(|| PullError::Network(anyhow!("{}/config: not found", self.base)))
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}/{path}", self.base)
+    }
+
+    /// Runs `attempt` up to [`MAX_ATTEMPTS`] times, sleeping between
+    /// retryable failures and reporting each retry.
+    async fn with_retries<T, F, Fut>(&self, path: &str, mut attempt: F) -> Result<T, FetchError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, FetchError>>,
+    {
+        let mut n = 1;
+        loop {
+            let r = {
+                let _permit = self.permits.acquire().await.expect("semaphore open");
+                self.counters.requests.fetch_add(1, Ordering::Relaxed);
+                attempt().await
+            };
+            match r {
+                Err(e) if e.retryable() && n < MAX_ATTEMPTS => {
+                    let delay = backoff(n, rand::random::<f64>());
+                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                    self.reporter.retry(path, n, &e, delay);
+                    tokio::time::sleep(delay).await;
+                    n += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn send(&self, path: &str) -> Result<Option<reqwest::Response>, FetchError> {
+        let resp = self
+            .client
+            .get(self.url(path))
+            .send()
+            .await
+            .map_err(|e| FetchError::Network {
+                path: path.to_owned(),
+                source: e.into(),
+            })?;
+        match resp.status().as_u16() {
+            200 => Ok(Some(resp)),
+            404 => Ok(None),
+            status => Err(FetchError::Status {
+                path: path.to_owned(),
+                status,
+            }),
+        }
+    }
+
+    fn check_len(path: &str, resp: &reqwest::Response, max: u64) -> Result<(), FetchError> {
+        match resp.content_length() {
+            Some(n) if n > max => Err(FetchError::TooLarge {
+                path: path.to_owned(),
+                bytes: n,
+                max,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// GETs a whole (small) body: `None` on 404. Bodies over `max` are
+    /// refused, whether or not the server announced their length.
+    pub async fn get_bytes(&self, path: &str, max: usize) -> Result<Option<Bytes>, FetchError> {
+        self.with_retries(path, || async {
+            let Some(resp) = self.send(path).await? else {
+                return Ok(None);
+            };
+            Self::check_len(path, &resp, max as u64)?;
+            let mut buf = Vec::with_capacity(resp.content_length().unwrap_or(0) as usize);
+            let mut body = resp.bytes_stream();
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| FetchError::Network {
+                    path: path.to_owned(),
+                    source: e.into(),
+                })?;
+                self.counters
+                    .bytes
+                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                if buf.len() + chunk.len() > max {
+                    return Err(FetchError::TooLarge {
+                        path: path.to_owned(),
+                        bytes: (buf.len() + chunk.len()) as u64,
+                        max: max as u64,
+                    });
+                }
+                buf.extend_from_slice(&chunk);
+            }
+            Ok(Some(Bytes::from(buf)))
+        })
+        .await
+    }
+
+    /// GETs a body of any size up to `max` and streams it into `consume`,
+    /// which runs on a blocking thread with a reader over the body and its
+    /// length. A body that breaks off is retried from the start: the
+    /// consumer must not have made anything visible unless it returns Ok.
+    /// `Ok(None)` on 404.
+    pub async fn get_streamed<T, C>(
+        &self,
+        path: &str,
+        max: u64,
+        consume: C,
+    ) -> Result<Option<T>, FetchError>
+    where
+        T: Send + 'static,
+        C: Fn(BodyReader, u64) -> Result<T, ConsumeError> + Send + Clone + 'static,
+    {
+        self.with_retries(path, move || {
+            let consume = consume.clone();
+            async move {
+                let Some(resp) = self.send(path).await? else {
+                    return Ok(None);
+                };
+                Self::check_len(path, &resp, max)?;
+                let len = resp.content_length().ok_or_else(|| FetchError::Network {
+                    path: path.to_owned(),
+                    source: anyhow!("response has no Content-Length"),
+                })?;
+                let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
+                let broken = Arc::new(AtomicBool::new(false));
+                let reader = BodyReader {
+                    rx,
+                    cur: Bytes::new(),
+                    remaining: len,
+                    broken: broken.clone(),
+                };
+                let writer = tokio::task::spawn_blocking(move || consume(reader, len));
+                let mut body = resp.bytes_stream();
+                let mut net_err = None;
+                while let Some(chunk) = body.next().await {
+                    match chunk {
+                        Ok(c) => {
+                            self.counters
+                                .bytes
+                                .fetch_add(c.len() as u64, Ordering::Relaxed);
+                            if tx.send(Ok(c)).await.is_err() {
+                                // The writer stopped reading (done, or failed).
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            let msg = format!("{e:#}");
+                            let _ = tx
+                                .send(Err(io::Error::new(io::ErrorKind::ConnectionReset, msg)))
+                                .await;
+                            net_err = Some(e);
+                            break;
+                        }
+                    }
+                }
+                drop(tx);
+                let outcome = writer
+                    .await
+                    .map_err(|e| FetchError::Local(anyhow!("writer thread: {e}")))?;
+                match outcome {
+                    Ok(v) => Ok(Some(v)),
+                    // A failure caused by the body breaking off is the
+                    // network's, and worth a retry.
+                    Err(_) if net_err.is_some() || broken.load(Ordering::SeqCst) => {
+                        Err(FetchError::Network {
+                            path: path.to_owned(),
+                            source: net_err.map_or_else(
+                                || anyhow!("response body ended early"),
+                                anyhow::Error::from,
+                            ),
+                        })
+                    }
+                    Err(ConsumeError::Corrupt(e)) => Err(FetchError::Corrupt(
+                        e.context(format!("{}: refused", self.url(path))),
+                    )),
+                    Err(ConsumeError::Local(e)) => Err(FetchError::Local(e)),
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// `config` files are a few lines.
+pub const MAX_CONFIG_SIZE: usize = 64 << 10;
+
+/// A blocking `Read` over a response body arriving through a bounded
+/// channel. Ends with an error, and records that the network broke, if
+/// the body stops before its announced length.
+#[derive(Debug)]
+pub struct BodyReader {
+    rx: mpsc::Receiver<io::Result<Bytes>>,
+    cur: Bytes,
+    remaining: u64,
+    broken: Arc<AtomicBool>,
+}
+
+impl Read for BodyReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(Ok(b)) => self.cur = b,
+                Some(Err(e)) => {
+                    self.broken.store(true, Ordering::SeqCst);
+                    return Err(e);
+                }
+                None if self.remaining > 0 => {
+                    self.broken.store(true, Ordering::SeqCst);
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!("body ended {} bytes early", self.remaining),
+                    ));
+                }
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.cur.len());
+        buf[..n].copy_from_slice(&self.cur[..n]);
+        let _ = self.cur.split_to(n);
+        self.remaining = self.remaining.saturating_sub(n as u64);
+        Ok(n)
+    }
+}

@@ -1,0 +1,104 @@
+//! Pure decisions made before a ref moves: downgrade protection and the
+//! CoreOS version order.
+
+use std::cmp::Ordering;
+
+/// Compares CoreOS-style dotted versions (`41.20250101.3.0`): components
+/// split on `.`, numeric ones compared as numbers, others as text; a
+/// numeric component sorts before a textual one; when one version is a
+/// prefix of the other, the longer one is newer (`41.1` < `41.1.0`).
+pub fn compare_versions(a: &str, b: &str) -> Ordering {
+    let mut x = a.split('.');
+    let mut y = b.split('.');
+    loop {
+        match (x.next(), y.next()) {
+            (None, None) => return Ordering::Equal,
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(p), Some(q)) => {
+                let ord = match (p.parse::<u128>(), q.parse::<u128>()) {
+                    (Ok(m), Ok(n)) => m.cmp(&n),
+                    (Ok(_), Err(_)) => Ordering::Less,
+                    (Err(_), Ok(_)) => Ordering::Greater,
+                    (Err(_), Err(_)) => p.cmp(q),
+                };
+                if ord != Ordering::Equal {
+                    return ord;
+                }
+            }
+        }
+    }
+}
+
+/// What a commit says about its age.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Age<'a> {
+    pub timestamp: u64,
+    pub version: Option<&'a str>,
+}
+
+/// Why a target is older than what the ref has now, or `None` if it is
+/// not. A replay of an older, validly signed release is refused on either
+/// signal: an older timestamp, or a lower version.
+pub fn downgrade_reason(current: &Age<'_>, target: &Age<'_>) -> Option<String> {
+    if target.timestamp < current.timestamp {
+        return Some(format!(
+            "target commit timestamp {} is older than the current commit's {}",
+            target.timestamp, current.timestamp
+        ));
+    }
+    if let (Some(cur), Some(tgt)) = (current.version, target.version) {
+        if compare_versions(tgt, cur) == Ordering::Less {
+            return Some(format!(
+                "target version {tgt} is lower than the current version {cur}"
+            ));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Ordering::*;
+
+    #[test]
+    fn version_order() {
+        let cases = [
+            ("41.20250101.3.0", "41.20250115.3.0", Less),
+            ("41.20250115.3.0", "41.20250115.3.0", Equal),
+            ("42.20240101.1.0", "41.20250101.3.0", Greater),
+            ("41.20250101.3.10", "41.20250101.3.9", Greater),
+            ("41.1", "41.1.0", Less),
+            ("41.1.rc1", "41.1.1", Greater),
+            ("41.a", "41.b", Less),
+            ("9", "10", Less),
+            ("", "0", Less),
+        ];
+        for (a, b, want) in cases {
+            assert_eq!(compare_versions(a, b), want, "{a} vs {b}");
+            assert_eq!(compare_versions(b, a), want.reverse(), "{b} vs {a}");
+        }
+    }
+
+    #[test]
+    fn downgrades() {
+        let age = |timestamp, version| Age { timestamp, version };
+        let cases = [
+            (age(100, Some("41.2")), age(200, Some("41.3")), false),
+            (age(100, Some("41.2")), age(100, Some("41.2")), false),
+            (age(200, Some("41.2")), age(100, Some("41.3")), true),
+            (age(100, Some("41.3")), age(200, Some("41.2")), true),
+            (age(100, None), age(200, Some("1")), false),
+            (age(100, Some("41.3")), age(200, None), false),
+            (age(100, None), age(99, None), true),
+        ];
+        for (cur, tgt, refused) in cases {
+            assert_eq!(
+                downgrade_reason(&cur, &tgt).is_some(),
+                refused,
+                "{cur:?} -> {tgt:?}"
+            );
+        }
+    }
+}

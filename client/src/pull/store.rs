@@ -1,0 +1,275 @@
+//! The local repo, through libostree. Blocking: call from writer threads.
+//!
+//! Objects are written without a transaction and with libostree's own
+//! fsync disabled: each one is written to an anonymous temporary file and
+//! linked into `objects/XX/` complete (libostree's `O_TMPFILE` + `linkat`),
+//! which is where the governor finds it to start its writeback. Durability
+//! is the governor's job and the final barrier's (see ARCHITECTURE.md).
+
+use super::fetch::{BodyReader, ConsumeError};
+use super::walk::MAX_CONTENT_SIZE;
+use crate::format::content::{header_len, ArchiveHeader, HEADER_PREFIX_LEN};
+use crate::format::{Checksum, ObjectKind};
+use std::io::Read;
+use anyhow::{anyhow, Context, Result};
+use ostree::gio;
+use ostree::glib::{self, Variant, VariantTy};
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone)]
+pub struct Store {
+    pub repo: ostree::Repo,
+    pub path: PathBuf,
+    pub mode: ostree::RepoMode,
+}
+
+fn no_cancel() -> Option<&'static gio::Cancellable> {
+    None
+}
+
+fn objtype(kind: ObjectKind) -> ostree::ObjectType {
+    match kind {
+        ObjectKind::Commit => ostree::ObjectType::Commit,
+        ObjectKind::DirTree => ostree::ObjectType::DirTree,
+        ObjectKind::DirMeta => ostree::ObjectType::DirMeta,
+        ObjectKind::File => ostree::ObjectType::File,
+        ObjectKind::CommitMeta => ostree::ObjectType::CommitMeta,
+    }
+}
+
+/// libostree reports a checksum mismatch on write with this prefix.
+const CORRUPTED: &str = "Corrupted";
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Self> {
+        let repo = ostree::Repo::new_for_path(path);
+        repo.open(no_cancel())
+            .with_context(|| format!("opening ostree repo {}", path.display()))?;
+        repo.set_disable_fsync(true);
+        let mode = repo.mode();
+        Ok(Self {
+            repo,
+            path: path.to_path_buf(),
+            mode,
+        })
+    }
+
+    pub fn is_archive(&self) -> bool {
+        self.mode == ostree::RepoMode::Archive
+    }
+
+    /// The repo directory, for `syncfs` and `fsync`.
+    pub fn dir(&self) -> Result<File> {
+        File::open(&self.path).with_context(|| format!("opening {}", self.path.display()))
+    }
+
+    /// `objects/XX/REST.EXT` as this repo stores the object.
+    pub fn object_relpath(&self, kind: ObjectKind, c: &Checksum) -> String {
+        let hex = c.to_hex();
+        let ext = match kind {
+            ObjectKind::File if !self.is_archive() => "file",
+            k => k.extension(),
+        };
+        format!("objects/{}/{}.{ext}", &hex[..2], &hex[2..])
+    }
+
+    /// The object's file opened read-only for the governor, or `None` for a
+    /// symlink (bare mode stores symlinks as symlinks: no data to flush).
+    pub fn open_object(&self, kind: ObjectKind, c: &Checksum) -> Result<Option<File>> {
+        let rel = self.object_relpath(kind, c);
+        let dir = self.dir()?;
+        match rustix::fs::openat(
+            dir.as_fd(),
+            rel.as_str(),
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        ) {
+            Ok(fd) => Ok(Some(File::from(fd))),
+            Err(rustix::io::Errno::LOOP) => Ok(None),
+            Err(e) => Err(anyhow!("opening {rel}: {e}")),
+        }
+    }
+
+    pub fn has(&self, kind: ObjectKind, c: &Checksum) -> Result<bool> {
+        self.repo
+            .has_object(objtype(kind), &c.to_hex(), no_cancel())
+            .with_context(|| format!("looking up {}", self.object_relpath(kind, c)))
+    }
+
+    /// A stored metadata object's bytes.
+    pub fn load(&self, kind: ObjectKind, c: &Checksum) -> Result<Vec<u8>> {
+        let v = self
+            .repo
+            .load_variant(objtype(kind), &c.to_hex())
+            .with_context(|| format!("loading {}", self.object_relpath(kind, c)))?;
+        Ok(v.data().to_vec())
+    }
+
+    /// Writes a metadata object whose bytes already hashed to `c`.
+    /// libostree checks the checksum again as it writes.
+    pub fn write_metadata(&self, kind: ObjectKind, c: &Checksum, bytes: &[u8], ty: &str) -> Result<()> {
+        debug_assert_eq!(&Checksum::digest(bytes), c);
+        let ty = VariantTy::new(ty).expect("valid type string");
+        let v = Variant::from_data_with_type(bytes.to_vec(), ty);
+        self.repo
+            .write_metadata(objtype(kind), Some(&c.to_hex()), &v, no_cancel())
+            .with_context(|| format!("writing {}", self.object_relpath(kind, c)))?;
+        Ok(())
+    }
+
+    /// Writes detached metadata (`.commitmeta`) as fetched.
+    pub fn write_commitmeta(&self, c: &Checksum, bytes: &[u8]) -> Result<()> {
+        let v = Variant::from_data_with_type(bytes.to_vec(), VariantTy::VARDICT);
+        self.repo
+            .write_commit_detached_metadata(&c.to_hex(), Some(&v), no_cancel())
+            .with_context(|| format!("writing detached metadata of {c}"))
+    }
+
+    /// Streams an archive content object (`.filez`: header, then raw
+    /// deflate) into the repo: the untrusted header is parsed and bounded
+    /// here, the bytes are inflated on the fly, and libostree hashes the
+    /// uncompressed stream as it writes it in this repo's mode; a mismatch
+    /// with `c` fails before the object is linked into `objects/`.
+    pub fn write_content(
+        &self,
+        c: &Checksum,
+        mut body: BodyReader,
+        _len: u64,
+    ) -> Result<(), ConsumeError> {
+        let mut prefix = [0u8; HEADER_PREFIX_LEN];
+        body.read_exact(&mut prefix)
+            .map_err(|e| ConsumeError::Corrupt(anyhow!("content object {c}: header: {e}")))?;
+        let hlen = header_len(&prefix).map_err(|e| ConsumeError::Corrupt(anyhow!("content object {c}: {e}")))?;
+        let mut hbytes = vec![0u8; hlen];
+        body.read_exact(&mut hbytes)
+            .map_err(|e| ConsumeError::Corrupt(anyhow!("content object {c}: header: {e}")))?;
+        let header = ArchiveHeader::parse(&hbytes)
+            .map_err(|e| ConsumeError::Corrupt(anyhow!("content object {c}: {e}")))?;
+        if header.size > MAX_CONTENT_SIZE {
+            return Err(ConsumeError::Corrupt(anyhow!(
+                "content object {c}: {} bytes exceeds the {MAX_CONTENT_SIZE} byte limit",
+                header.size
+            )));
+        }
+        let len = header.content_stream_len();
+        let stream = std::io::Cursor::new(header.content_stream_prefix())
+            .chain(flate2::read::DeflateDecoder::new(body).take(header.size));
+        let input = gio::ReadInputStream::new(stream);
+        self.repo
+            .write_content(Some(&c.to_hex()), &input, len, no_cancel())
+            .map_err(|e| classify(e, &format!("writing content object {c}")))?;
+        Ok(())
+    }
+
+    /// Whether the local commit is marked partial (`state/C.commitpartial`).
+    pub fn is_partial(&self, c: &Checksum) -> Result<bool> {
+        let (_, state) = self
+            .repo
+            .load_commit(&c.to_hex())
+            .with_context(|| format!("loading commit {c}"))?;
+        Ok(state.contains(ostree::RepoCommitState::PARTIAL))
+    }
+
+    pub fn mark_partial(&self, c: &Checksum, partial: bool) -> Result<()> {
+        self.repo
+            .mark_commit_partial(&c.to_hex(), partial)
+            .with_context(|| format!("marking commit {c} partial={partial}"))
+    }
+
+    pub fn resolve(&self, refspec: &str) -> Result<Option<Checksum>> {
+        let r = self
+            .repo
+            .resolve_rev(refspec, true)
+            .with_context(|| format!("resolving {refspec}"))?;
+        r.map(|s| Checksum::from_hex(&s).map_err(anyhow::Error::from))
+            .transpose()
+    }
+
+    /// Moves a ref, durably: libostree writes the new ref file with fsync
+    /// enabled for this one call (write, fdatasync, rename), then the refs
+    /// directory is fsynced so the rename itself survives a power cut.
+    pub fn set_ref(&self, remote: Option<&str>, name: &str, c: &Checksum) -> Result<()> {
+        self.repo.set_disable_fsync(false);
+        let r = self
+            .repo
+            .set_ref_immediate(remote, name, Some(&c.to_hex()), no_cancel());
+        self.repo.set_disable_fsync(true);
+        r.with_context(|| format!("setting ref {name} to {c}"))?;
+        let dir = match remote {
+            Some(rm) => self.path.join("refs/remotes").join(rm),
+            None => self.path.join("refs/heads"),
+        };
+        let file = dir.join(name);
+        let parent = file.parent().unwrap_or(&dir);
+        fsync_path(parent)
+    }
+
+    /// Makes the removal of a partial marker durable.
+    pub fn sync_state_dir(&self) -> Result<()> {
+        fsync_path(&self.path.join("state"))
+    }
+
+    /// The remote's URL and settings from the repo config.
+    pub fn remote_url(&self, name: &str) -> Result<String> {
+        Ok(self
+            .repo
+            .remote_get_url(name)
+            .with_context(|| format!("reading remote {name:?}"))?
+            .to_string())
+    }
+
+    pub fn remote_gpg_verify(&self, name: &str) -> Result<(bool, bool)> {
+        let commits = self
+            .repo
+            .remote_get_gpg_verify(name)
+            .with_context(|| format!("reading gpg-verify of remote {name:?}"))?;
+        let summary = self
+            .repo
+            .remote_get_gpg_verify_summary(name)
+            .with_context(|| format!("reading gpg-verify-summary of remote {name:?}"))?;
+        Ok((commits, summary))
+    }
+
+    pub fn remote_option(&self, name: &str, key: &str) -> Result<Option<String>> {
+        Ok(self
+            .repo
+            .remote_option(name, key, None)
+            .with_context(|| format!("reading {key} of remote {name:?}"))?
+            .map(|s| s.to_string()))
+    }
+
+    /// Applies a downloaded static delta directory (`superblock`, `0`,
+    /// `1`, ...). libostree checks each part's checksum against the
+    /// superblock and each object's checksum as it writes it.
+    pub fn apply_delta(&self, dir: &Path) -> Result<(), ConsumeError> {
+        let f = gio::File::for_path(dir);
+        self.repo
+            .static_delta_execute_offline(&f, false, no_cancel())
+            .map_err(|e| classify(e, "applying the static delta"))
+    }
+}
+
+/// Sorts a libostree error into "the data was bad" and "we failed".
+fn classify(e: glib::Error, what: &str) -> ConsumeError {
+    let msg = e.to_string();
+    let err = anyhow!("{what}: {msg}");
+    let io = e.kind::<gio::IOErrorEnum>();
+    let local = matches!(
+        io,
+        Some(gio::IOErrorEnum::NoSpace)
+            | Some(gio::IOErrorEnum::PermissionDenied)
+            | Some(gio::IOErrorEnum::ReadOnly)
+    );
+    if !local && (msg.contains(CORRUPTED) || io.is_none() || io == Some(gio::IOErrorEnum::InvalidData) || io == Some(gio::IOErrorEnum::Failed)) {
+        ConsumeError::Corrupt(err)
+    } else {
+        ConsumeError::Local(err)
+    }
+}
+
+fn fsync_path(p: &Path) -> Result<()> {
+    let f = File::open(p).with_context(|| format!("opening {}", p.display()))?;
+    rustix::fs::fsync(f.as_fd()).with_context(|| format!("fsync {}", p.display()))
+}

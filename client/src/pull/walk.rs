@@ -1,0 +1,294 @@
+//! The object walk: commit → dirtree → dirmeta → content, fetching only
+//! what is absent locally.
+//!
+//! Two stages share one request semaphore. The metadata stage keeps at
+//! most `concurrency` directory jobs in flight (each fetches, verifies and
+//! writes a dirtree and its dirmeta, or reads them locally if present) and
+//! feeds the content checksums it finds into a bounded channel; the
+//! content stage keeps at most `concurrency` content objects streaming
+//! into the repo. When content falls behind, the channel fills and the
+//! walk waits: memory stays bounded by the channel, the in-flight jobs and
+//! the dedup sets (32 bytes per object seen).
+
+use super::error::{PullError, PullResult, Tag};
+use super::fetch::{ConsumeError, FetchError, Fetcher};
+use super::report::Progress;
+use super::store::Store;
+use crate::format::tree::{MAX_DIRMETA_SIZE, MAX_DIRTREE_SIZE};
+use crate::format::{
+    check_dirmeta, parse_dirtree, Checksum, DirTree, ObjectKind, ObjectName,
+};
+use crate::governor::Governor;
+use anyhow::anyhow;
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+/// Content checksums queued between the stages.
+const CONTENT_QUEUE: usize = 256;
+/// Content objects above this size are refused. Content is streamed, so
+/// this bounds disk use by a hostile server rather than memory; the largest
+/// files of an OS image are a few hundred MiB.
+pub const MAX_CONTENT_SIZE: u64 = 32 << 30;
+
+pub struct Ctx {
+    pub fetcher: Arc<Fetcher>,
+    store: Mutex<Store>,
+    pub governor: Arc<Governor>,
+    pub progress: Arc<Progress>,
+    pub concurrency: usize,
+}
+
+impl Ctx {
+    pub fn new(
+        fetcher: Arc<Fetcher>,
+        store: Store,
+        governor: Arc<Governor>,
+        progress: Arc<Progress>,
+        concurrency: usize,
+    ) -> Self {
+        Self {
+            fetcher,
+            store: Mutex::new(store),
+            governor,
+            progress,
+            concurrency: concurrency.max(1),
+        }
+    }
+
+    /// A handle on the repo for one task (libostree repos are used from
+    /// many threads; the Rust handle is `Send` but not `Sync`).
+    pub fn store(&self) -> Store {
+        self.store.lock().expect("store lock").clone()
+    }
+
+    pub fn has(&self, kind: ObjectKind, c: &Checksum) -> PullResult<bool> {
+        self.store().has(kind, c).local()
+    }
+}
+
+fn join_err(e: tokio::task::JoinError) -> PullError {
+    PullError::LocalRepo(anyhow!("internal task failed: {e}"))
+}
+
+/// Fetches a metadata object, checks it hashes to its name, and returns
+/// the bytes (not yet written).
+pub async fn fetch_metadata(
+    ctx: &Ctx,
+    kind: ObjectKind,
+    c: &Checksum,
+    max: usize,
+) -> PullResult<Vec<u8>> {
+    let path = ObjectName::new(*c, kind).path();
+    let bytes = ctx
+        .fetcher
+        .get_bytes(&path, max)
+        .await
+        .map_err(FetchError::into_pull)?
+        .ok_or_else(|| PullError::Network(anyhow!("{}: not found on the remote", ctx.fetcher.url(&path))))?;
+    let got = Checksum::digest(&bytes);
+    if &got != c {
+        return Err(PullError::Verification(anyhow!(
+            "{}: checksum mismatch: the bytes hash to {got}",
+            ctx.fetcher.url(&path)
+        )));
+    }
+    Ok(bytes.to_vec())
+}
+
+/// Writes a verified metadata object, then hands it to the governor.
+pub async fn write_metadata(
+    ctx: &Ctx,
+    kind: ObjectKind,
+    c: Checksum,
+    bytes: Vec<u8>,
+    ty: &'static str,
+) -> PullResult<()> {
+    let store = ctx.store();
+    let governor = ctx.governor.clone();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        store.write_metadata(kind, &c, &bytes, ty)?;
+        governor.after_write(store.open_object(kind, &c)?)?;
+        Ok(())
+    })
+    .await
+    .map_err(join_err)?
+    .local()?;
+    ctx.progress.written.fetch_add(1, Ordering::Relaxed);
+    ctx.progress.metadata_written.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+async fn ensure_dirmeta(ctx: &Ctx, m: Checksum) -> PullResult<()> {
+    if ctx.has(ObjectKind::DirMeta, &m)? {
+        ctx.progress.present.fetch_add(1, Ordering::Relaxed);
+        return Ok(());
+    }
+    ctx.progress.needed.fetch_add(1, Ordering::Relaxed);
+    let bytes = fetch_metadata(ctx, ObjectKind::DirMeta, &m, MAX_DIRMETA_SIZE).await?;
+    check_dirmeta(&bytes)
+        .map_err(|e| PullError::Verification(anyhow!("dirmeta {m}: {e}")))?;
+    write_metadata(ctx, ObjectKind::DirMeta, m, bytes, crate::format::tree::DIRMETA_GVARIANT_TYPE).await
+}
+
+async fn dirtree(ctx: &Ctx, t: Checksum) -> PullResult<DirTree> {
+    let bytes = if ctx.has(ObjectKind::DirTree, &t)? {
+        ctx.progress.present.fetch_add(1, Ordering::Relaxed);
+        let store = ctx.store();
+        tokio::task::spawn_blocking(move || store.load(ObjectKind::DirTree, &t))
+            .await
+            .map_err(join_err)?
+            .local()?
+    } else {
+        ctx.progress.needed.fetch_add(1, Ordering::Relaxed);
+        let bytes = fetch_metadata(ctx, ObjectKind::DirTree, &t, MAX_DIRTREE_SIZE).await?;
+        // Parse before writing: a malformed tree is never stored.
+        let tree = parse_dirtree(&bytes)
+            .map_err(|e| PullError::Verification(anyhow!("dirtree {t}: {e}")))?;
+        write_metadata(ctx, ObjectKind::DirTree, t, bytes, crate::format::tree::DIRTREE_GVARIANT_TYPE).await?;
+        return Ok(tree);
+    };
+    parse_dirtree(&bytes).map_err(|e| PullError::LocalRepo(anyhow!("local dirtree {t}: {e}")))
+}
+
+async fn dir_job(ctx: Arc<Ctx>, tree: Option<Checksum>, meta: Option<Checksum>) -> PullResult<Option<DirTree>> {
+    if let Some(m) = meta {
+        ensure_dirmeta(&ctx, m).await?;
+    }
+    match tree {
+        Some(t) => Ok(Some(dirtree(&ctx, t).await?)),
+        None => Ok(None),
+    }
+}
+
+/// Fetches one content object and streams it into the repo.
+async fn content_job(ctx: Arc<Ctx>, c: Checksum) -> PullResult<()> {
+    let path = ObjectName::new(c, ObjectKind::File).path();
+    let store = ctx.store();
+    let governor = ctx.governor.clone();
+    let written = ctx
+        .fetcher
+        .get_streamed(&path, MAX_CONTENT_SIZE, move |body, len| {
+            store.write_content(&c, body, len)?;
+            let f = store
+                .open_object(ObjectKind::File, &c)
+                .map_err(ConsumeError::Local)?;
+            governor
+                .after_write(f)
+                .map_err(|e| ConsumeError::Local(e.into()))?;
+            Ok(())
+        })
+        .await
+        .map_err(FetchError::into_pull)?;
+    if written.is_none() {
+        return Err(PullError::Network(anyhow!(
+            "{}: not found on the remote",
+            ctx.fetcher.url(&path)
+        )));
+    }
+    ctx.progress.written.fetch_add(1, Ordering::Relaxed);
+    ctx.progress.content_written.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+async fn content_stage(ctx: Arc<Ctx>, mut rx: mpsc::Receiver<Checksum>) -> PullResult<()> {
+    let mut set = JoinSet::new();
+    loop {
+        while set.len() >= ctx.concurrency {
+            if let Some(r) = set.join_next().await {
+                r.map_err(join_err)??;
+            }
+        }
+        tokio::select! {
+            biased;
+            Some(r) = set.join_next(), if !set.is_empty() => r.map_err(join_err)??,
+            next = rx.recv() => match next {
+                Some(c) => {
+                    set.spawn(content_job(ctx.clone(), c));
+                }
+                None => break,
+            },
+        }
+    }
+    while let Some(r) = set.join_next().await {
+        r.map_err(join_err)??;
+    }
+    Ok(())
+}
+
+/// Why the metadata stage stopped early.
+enum Stop {
+    Failed(PullError),
+    /// The content stage is gone; its own error says why.
+    ContentGone,
+}
+
+impl From<PullError> for Stop {
+    fn from(e: PullError) -> Self {
+        Stop::Failed(e)
+    }
+}
+
+async fn metadata_stage(
+    ctx: Arc<Ctx>,
+    root_tree: Checksum,
+    root_meta: Checksum,
+    tx: mpsc::Sender<Checksum>,
+) -> Result<(), Stop> {
+    let mut seen_trees = HashSet::from([root_tree]);
+    let mut seen_meta = HashSet::from([root_meta]);
+    let mut seen_content = HashSet::new();
+    let mut pending: Vec<(Option<Checksum>, Option<Checksum>)> = vec![(Some(root_tree), Some(root_meta))];
+    let mut set = JoinSet::new();
+    loop {
+        while set.len() < ctx.concurrency {
+            let Some((t, m)) = pending.pop() else { break };
+            set.spawn(dir_job(ctx.clone(), t, m));
+        }
+        let Some(res) = set.join_next().await else {
+            break;
+        };
+        let Some(tree) = res.map_err(join_err)?? else {
+            continue;
+        };
+        for (_, c) in tree.files {
+            if !seen_content.insert(c) {
+                continue;
+            }
+            if ctx.has(ObjectKind::File, &c)? {
+                ctx.progress.present.fetch_add(1, Ordering::Relaxed);
+            } else {
+                ctx.progress.needed.fetch_add(1, Ordering::Relaxed);
+                tx.send(c).await.map_err(|_| Stop::ContentGone)?;
+            }
+        }
+        for (_, t, m) in tree.dirs {
+            let t = seen_trees.insert(t).then_some(t);
+            let m = seen_meta.insert(m).then_some(m);
+            if t.is_some() || m.is_some() {
+                pending.push((t, m));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Walks the tree of a commit and fetches every missing object.
+pub async fn walk(ctx: Arc<Ctx>, root_tree: Checksum, root_meta: Checksum) -> PullResult<()> {
+    let (tx, rx) = mpsc::channel(CONTENT_QUEUE);
+    let content = tokio::spawn(content_stage(ctx.clone(), rx));
+    let meta = metadata_stage(ctx, root_tree, root_meta, tx).await;
+    match meta {
+        Err(Stop::Failed(e)) => {
+            content.abort();
+            Err(e)
+        }
+        Err(Stop::ContentGone) => match content.await.map_err(join_err)? {
+            Err(e) => Err(e),
+            Ok(()) => Err(PullError::LocalRepo(anyhow!("content stage ended early"))),
+        },
+        Ok(()) => content.await.map_err(join_err)?,
+    }
+}

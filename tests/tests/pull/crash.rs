@@ -1,0 +1,146 @@
+//! Crash safety: SIGKILL the client at 20 points spread across an update
+//! (v1 → v2). After each kill `ostree fsck` is clean, the ref is the old
+//! commit or the new one, and the next run fetches only objects the repo
+//! still lacks. A final run completes.
+
+use super::support::*;
+use oscontent_tests::proxy::{FaultProxy, Faults};
+use oscontent_tests::*;
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Kill points by object count; two more are taken on `--json` events.
+const OBJECT_KILLS: usize = 18;
+/// Bound on waiting for one kill point.
+const KILL_WAIT: Duration = Duration::from_secs(60);
+
+enum KillAt {
+    /// After this many more object requests reached the server.
+    Objects(usize),
+    /// When this event appears on stdout.
+    Event(&'static str),
+}
+
+fn present(repo: &Ostree) -> BTreeSet<(String, String)> {
+    list_objects(&repo.repo)
+        .unwrap()
+        .0
+        .into_iter()
+        .flat_map(|(k, cs)| cs.into_iter().map(move |c| (k.clone(), c)))
+        .collect()
+}
+
+fn spawn(repo: &Ostree, url: &str) -> (Child, mpsc::Receiver<String>) {
+    let mut child = client(pull_args(&repo.repo, url, fixture_ref(), &["--concurrency", "2"]))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawning the client");
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().expect("piped");
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+#[test]
+fn sigkill_at_20_points_then_resume() {
+    let (v1, v2) = (v1(), v2());
+    let tmp = tempdir();
+    let server = Server::release(v2);
+    // HTTP/1.1 through the proxy, whose counter says how far the pull got.
+    let proxy = FaultProxy::start(server.addr, Faults::default()).unwrap();
+    let repo = repo_at_v1(&tmp.path().join("repo")).unwrap();
+    let total_new = {
+        let a = list_objects(&v1.repo).unwrap();
+        list_objects(&v2.repo)
+            .unwrap()
+            .0
+            .into_iter()
+            .flat_map(|(k, cs)| cs.into_iter().map(move |c| (k.clone(), c)))
+            .filter(|(k, c)| k != "commitmeta" && !a.contains(k, c))
+            .count()
+    };
+    let step = (total_new / (OBJECT_KILLS + 2)).max(1);
+    let mut plan = vec![KillAt::Event("verified")];
+    plan.extend((0..OBJECT_KILLS).map(|_| KillAt::Objects(step)));
+    plan.push(KillAt::Event("barrier"));
+
+    let mut kills = 0;
+    let mut refetched = 0;
+    for (i, at) in plan.iter().enumerate() {
+        let before = present(&repo);
+        let log0 = server.access_log().unwrap().len();
+        let fwd0 = proxy.forwarded();
+        let (mut child, lines) = spawn(&repo, &proxy.url);
+        let deadline = Instant::now() + KILL_WAIT;
+        let mut finished = false;
+        loop {
+            let hit = match at {
+                KillAt::Objects(n) => proxy.forwarded() >= fwd0 + n,
+                KillAt::Event(name) => lines
+                    .try_iter()
+                    .any(|l| l.contains(&format!("\"event\":\"{name}\""))),
+            };
+            if hit {
+                let _ = child.kill();
+                break;
+            }
+            if child.try_wait().unwrap().is_some() {
+                finished = true;
+                break;
+            }
+            assert!(Instant::now() < deadline, "kill point {i} not reached");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let status = child.wait().unwrap();
+        if finished {
+            // The update completed before this kill point: the rest of the
+            // plan has nothing left to interrupt.
+            assert!(status.success(), "run {i} failed: {status}");
+            break;
+        }
+        kills += 1;
+        repo.fsck().unwrap_or_else(|e| panic!("after kill {i}: {e:#}"));
+        let r = ref_target(&repo, fixture_ref());
+        assert!(
+            r.as_deref() == Some(v1.commit.as_str()) || r.as_deref() == Some(v2.commit.as_str()),
+            "after kill {i}: ref at {r:?}"
+        );
+        // This run fetched nothing the repo already had when it started.
+        let fetched = fetched_objects(&server.access_log().unwrap()[log0..]);
+        let dup: Vec<_> = fetched
+            .iter()
+            .filter(|o| o.0 != "commit" && before.contains(*o))
+            .collect();
+        assert!(dup.is_empty(), "run {i} refetched present objects: {dup:?}");
+        let after = present(&repo);
+        refetched += fetched.iter().filter(|o| !after.contains(*o)).count();
+    }
+    assert!(kills >= 20, "only {kills} kill points were reached");
+
+    // The final run completes, fetching only what is still missing.
+    let before = present(&repo);
+    let log0 = server.access_log().unwrap().len();
+    let out = run_client(&pull_args(&repo.repo, &proxy.url, fixture_ref(), &[]));
+    expect_ok(&out, "final run");
+    let fetched = fetched_objects(&server.access_log().unwrap()[log0..]);
+    assert!(fetched
+        .iter()
+        .all(|o| o.0 == "commit" || !before.contains(o)));
+    assert_eq!(repo.rev_parse(fixture_ref()).unwrap(), v2.commit);
+    repo.fsck().unwrap();
+    // Across all runs, only objects in flight at a kill were fetched twice.
+    let all = fetched_objects(&server.access_log().unwrap());
+    assert!(all.len() <= total_new + 1, "{} fetched for {total_new} new", all.len());
+    assert!(refetched <= kills * 2 + 2, "{refetched} objects lost at kills");
+}

@@ -1,0 +1,78 @@
+//! Retries: injected 503s and connections reset mid-body, through a
+//! proxy that speaks only HTTP/1.1 (so the HTTP/2 attempt falls back).
+
+use super::support::*;
+use oscontent_tests::proxy::{FaultProxy, Faults};
+use oscontent_tests::*;
+use std::sync::atomic::Ordering;
+
+#[test]
+fn retries_past_503s_and_resets_then_completes() {
+    let v1 = v1();
+    let tmp = tempdir();
+    let server = Server::release(v1);
+    let proxy = FaultProxy::start(
+        server.addr,
+        Faults {
+            fail_first: 6,
+            reset_every: 97,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
+    let out = run_client(&pull_args(&repo.repo, &proxy.url, fixture_ref(), &["--concurrency", "4"]));
+    let evs = expect_ok(&out, "pull through faults");
+
+    let s = &proxy.stats;
+    assert!(s.h2_prefaces.load(Ordering::SeqCst) >= 1, "no HTTP/2 attempt");
+    assert_eq!(event(&evs, "start")["protocol"], "HTTP/1.1");
+    assert_eq!(s.injected_503.load(Ordering::SeqCst), 6);
+    let resets = s.injected_resets.load(Ordering::SeqCst);
+    assert!(resets >= 10, "only {resets} resets injected");
+    let retries: Vec<_> = evs.iter().filter(|e| e["event"] == "retry").collect();
+    assert!(
+        retries.len() >= 6 + resets,
+        "{} retry events for {resets} resets and 6 503s",
+        retries.len()
+    );
+    assert!(retries.iter().any(|e| e["error"].as_str().unwrap().contains("503")));
+    assert_eq!(
+        event(&evs, "done")["retries"].as_u64().unwrap() as usize,
+        retries.len()
+    );
+    assert_eq!(repo.rev_parse(fixture_ref()).unwrap(), v1.commit);
+    repo.fsck().unwrap();
+    // What reached the server: every object, and nothing twice except the
+    // ones whose responses were cut.
+    let log = server.access_log().unwrap();
+    let objects = log.iter().filter(|e| e.object().is_some() && e.kind != "commitmeta").count();
+    let unique = fetched_objects(&log).len();
+    assert_eq!(objects, unique + resets, "unexpected refetches");
+}
+
+#[test]
+fn gives_up_with_exit_2_when_the_server_keeps_failing() {
+    let v1 = v1();
+    let tmp = tempdir();
+    let server = Server::release(v1);
+    let proxy = FaultProxy::start(
+        server.addr,
+        Faults {
+            fail_first: usize::MAX,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
+    let out = run_client(&pull_args(&repo.repo, &proxy.url, fixture_ref(), &[]));
+    expect_code(&out, 2, "persistent 503");
+    let evs = events(&out);
+    let err = event(&evs, "error");
+    assert_eq!(err["kind"], "network");
+    assert!(err["message"].as_str().unwrap().contains("503"), "{err}");
+    // Bounded attempts: the commit object was tried MAX_ATTEMPTS times.
+    assert_eq!(proxy.stats.matched.load(Ordering::SeqCst), 5);
+    assert!(repo.refs().unwrap().is_empty());
+    repo.fsck().unwrap();
+}

@@ -1,0 +1,12 @@
+//! End-to-end: the `oscontent pull` / `verify` client against the real
+//! server, compared with the stock `ostree` CLI, through a fault-injecting
+//! proxy, and killed with SIGKILL across a pull.
+//!
+//! Build the binaries first: `cargo build --workspace --bins`, then
+//! `cargo test -p oscontent-tests --test pull`.
+
+mod crash;
+mod faults;
+mod fetch;
+mod support;
+mod trust;

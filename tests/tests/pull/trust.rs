@@ -1,0 +1,159 @@
+//! Signatures, ref bindings and downgrades, on the basic paths (the full
+//! hostile suite lives with the signatures work): the right key passes,
+//! a wrong key or a stripped signature is refused with exit 3, a replay of
+//! an older release with exit 4, and in every refusal the ref stays put.
+
+use super::support::*;
+use oscontent::format::build_gpgsigs;
+use oscontent::openpgp::{self, KeyAlgo};
+use oscontent_tests::*;
+use std::path::{Path, PathBuf};
+
+const REF: &str = "tiny/stable";
+
+struct Signed {
+    src: PathBuf,
+    commits: Vec<String>,
+    good: PathBuf,
+    bad: PathBuf,
+    good_fpr: String,
+}
+
+fn key(dir: &Path, name: &str) -> (openpgp::Cert, PathBuf) {
+    let (tsk, public) = openpgp::generate_key(&format!("{name} <{name}@example.com>"), KeyAlgo::Ed25519).unwrap();
+    let path = dir.join(format!("{name}.asc"));
+    std::fs::write(&path, public).unwrap();
+    (openpgp::load_tsk(tsk.as_bytes()).unwrap(), path)
+}
+
+/// An archive repo with releases 1.0 and 2.0 bound to `REF`, both commits
+/// and the summary signed by `good`.
+fn signed_repo(dir: &Path) -> Signed {
+    let src = dir.join("src");
+    let commits = tiny_repo(
+        &src,
+        &[
+            TinyCommit { version: "1.0", bind_ref: Some(REF), seed: 1 },
+            TinyCommit { version: "2.0", bind_ref: Some(REF), seed: 2 },
+        ],
+    )
+    .unwrap();
+    let (good_tsk, good) = key(dir, "good");
+    let (_, bad) = key(dir, "bad");
+    for c in &commits {
+        let bytes = std::fs::read(object_path(&src, c, "commit")).unwrap();
+        let sig = openpgp::sign_detached(&good_tsk, &bytes).unwrap();
+        std::fs::write(object_path(&src, c, "commitmeta"), build_gpgsigs(&[sig]).unwrap()).unwrap();
+    }
+    let r = Ostree::at(&src);
+    r.run(["refs", "--create", REF, &commits[1]]).unwrap();
+    r.run(["summary", "-u"]).unwrap();
+    let summary = std::fs::read(src.join("summary")).unwrap();
+    let sig = openpgp::sign_detached(&good_tsk, &summary).unwrap();
+    std::fs::write(src.join("summary.sig"), build_gpgsigs(&[sig]).unwrap()).unwrap();
+    Signed {
+        src,
+        commits,
+        good,
+        bad,
+        good_fpr: good_tsk.fingerprint().to_hex(),
+    }
+}
+
+fn keys(p: &Path) -> Vec<&str> {
+    vec!["--trusted-keys", p.to_str().unwrap()]
+}
+
+#[test]
+fn signatures_bindings_and_downgrades() {
+    let tmp = tempdir();
+    let s = signed_repo(tmp.path());
+    let server = Server::repo(&s.src).start().unwrap();
+    let (c1, c2) = (&s.commits[0], &s.commits[1]);
+
+    // The right key: verified, and the events say by whom.
+    let node = Ostree::init(&tmp.path().join("node"), "bare-user").unwrap();
+    let out = run_client(&pull_args(&node.repo, &server.url, REF, &keys(&s.good)));
+    let evs = expect_ok(&out, "signed pull");
+    let v = event(&evs, "verified");
+    assert_eq!(v["signature"]["cert"], s.good_fpr.as_str());
+    assert_eq!(v["summary_signature"]["cert"], s.good_fpr.as_str());
+    assert_eq!(node.rev_parse(REF).unwrap(), *c2);
+    node.fsck().unwrap();
+
+    // `verify`: exit 0 with the right key, 3 with another.
+    let verify = |k: &Path| {
+        run_client(&[
+            "verify", "--url", &server.url, "--ref", REF, "--json", "--trusted-keys", k.to_str().unwrap(),
+        ])
+    };
+    let out = verify(&s.good);
+    let evs = expect_ok(&out, "verify");
+    assert_eq!(evs[0]["ok"], true);
+    assert_eq!(evs[0]["commit"], c2.as_str());
+    let out = verify(&s.bad);
+    expect_code(&out, 3, "verify with the wrong key");
+    assert_eq!(event(&events(&out), "error")["kind"], "verification");
+
+    // A wrong key: exit 3, nothing written, no ref.
+    let fresh = Ostree::init(&tmp.path().join("fresh"), "bare-user").unwrap();
+    let out = run_client(&pull_args(&fresh.repo, &server.url, REF, &keys(&s.bad)));
+    expect_code(&out, 3, "wrong key");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not in the trusted keyring"));
+    assert!(fresh.refs().unwrap().is_empty());
+    assert!(fresh.objects().unwrap().is_empty(), "objects written before verification");
+
+    // Stripped signatures: the summary's, then the commit's.
+    for (what, file) in [
+        ("summary.sig", s.src.join("summary.sig")),
+        ("commitmeta", object_path(&s.src, c2, "commitmeta")),
+    ] {
+        let saved = std::fs::read(&file).unwrap();
+        std::fs::remove_file(&file).unwrap();
+        let out = run_client(&pull_args(&fresh.repo, &server.url, REF, &keys(&s.good)));
+        expect_code(&out, 3, &format!("stripped {what}"));
+        assert!(fresh.refs().unwrap().is_empty(), "{what}");
+        std::fs::write(&file, saved).unwrap();
+    }
+
+    // A remote configured with gpg-verify and a key path needs no flag.
+    node.run([
+        "remote",
+        "add",
+        &format!("--set=gpgkeypath={}", s.good.display()),
+        "signed",
+        &server.url,
+    ])
+    .unwrap();
+    let remote_args = |extra: &[&str]| {
+        let mut a = vec!["pull", "--repo", node.repo.to_str().unwrap(), "--remote", "signed", "--ref", REF, "--json"];
+        a.extend_from_slice(extra);
+        a.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let out = run_client(&remote_args(&[]));
+    let evs = expect_ok(&out, "remote with gpgkeypath");
+    assert_eq!(event(&evs, "verified")["signature"]["cert"], s.good_fpr.as_str());
+    assert_eq!(node.rev_parse(&format!("signed:{REF}")).unwrap(), *c2);
+
+    // Downgrade: a validly signed older release is refused (exit 4), the
+    // ref stays; --allow-downgrade takes it.
+    let out = run_client(&remote_args(&["--commit", c1]));
+    expect_code(&out, 4, "downgrade");
+    assert_eq!(event(&events(&out), "error")["kind"], "downgrade");
+    assert_eq!(node.rev_parse(&format!("signed:{REF}")).unwrap(), *c2);
+    let out = run_client(&remote_args(&["--commit", c1, "--allow-downgrade"]));
+    expect_ok(&out, "allowed downgrade");
+    assert_eq!(node.rev_parse(&format!("signed:{REF}")).unwrap(), *c1);
+    node.fsck().unwrap();
+
+    // Ref binding: the commits are bound to REF only.
+    let out = run_client(&pull_args(&node.repo, &server.url, "other/name", &["--commit", c2]));
+    expect_code(&out, 3, "wrong ref binding");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bound to"));
+    assert!(!node.refs().unwrap().iter().any(|r| r.contains("other")));
+
+    // A pinned checksum the remote does not have: exit 2, ref unchanged.
+    let missing = "0".repeat(64);
+    let out = run_client(&pull_args(&node.repo, &server.url, REF, &["--commit", &missing]));
+    expect_code(&out, 2, "missing pinned commit");
+}
