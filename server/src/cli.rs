@@ -34,6 +34,9 @@ pub enum LogFormat {
 pub enum Cmd {
     /// Serve a repo over HTTP until SIGTERM.
     Serve(ServeArgs),
+    /// Copy a release, verified, into an OCI layout or a bundle (a
+    /// self-contained served remote to carry to a disconnected site).
+    Mirror(MirrorArgs),
 }
 
 #[derive(Debug, Args)]
@@ -51,6 +54,15 @@ pub struct SourceArgs {
     /// `oci-archive:FILE[:TAG]`. Repeat to serve several releases at once.
     #[arg(long, value_name = "REF", group = "source")]
     pub image: Vec<ImageRef>,
+    /// An upstream oscontent server to mirror and republish (chained
+    /// servers): only new objects are fetched, everything is verified, and
+    /// the same summary and signatures are served.
+    #[arg(long, value_name = "URL", group = "source")]
+    pub upstream: Option<String>,
+    /// A bundle (`oscontent-server mirror ... bundle:DIR`) to verify file by
+    /// file and serve; a `--repo` holding a bundle is treated the same.
+    #[arg(long, value_name = "DIR", group = "source")]
+    pub bundle: Option<PathBuf>,
 }
 
 /// How `--image` sources are fetched.
@@ -117,6 +129,10 @@ pub struct ServeArgs {
     /// 0: only at SIGHUP. SIGHUP also re-publishes --oscontainer and --repo.
     #[arg(long, default_value_t = 0, value_name = "SECONDS")]
     pub refresh_interval: u64,
+    /// With --upstream or --bundle: keep the last N releases (and what the
+    /// source publishes now), removing objects nothing kept reaches.
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
     /// After SIGTERM, how long in-flight requests may take before the
     /// server exits anyway.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
@@ -150,6 +166,7 @@ pub fn run(cli: Cli) -> Result<()> {
             rt.shutdown_timeout(EXIT_GRACE);
             result
         }
+        Cmd::Mirror(args) => mirror(args),
     }
 }
 
@@ -178,7 +195,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     );
     // Local sources publish before listening: there is nothing to wait for.
     // Images are fetched in the background while /readyz says not yet.
-    let publisher = if args.source.image.is_empty() {
+    let publisher = if let Some(site) = site_source(&args.source) {
+        start_site(site, &args, &state, &signals).await?
+    } else if args.source.image.is_empty() {
         let source = match (args.source.oscontainer, args.source.repo) {
             (Some(d), None) => Source::Oscontainer(d),
             (None, Some(d)) => Source::Repo(d),
@@ -343,4 +362,150 @@ impl Signals {
             _ = self.int.recv() => {}
         }
     }
+}
+
+/// The site source, if serving one: `--upstream`, `--bundle`, or a
+/// `--repo` that holds a bundle.
+fn site_source(s: &SourceArgs) -> Option<crate::mirror::upstream::SiteSource> {
+    use crate::mirror::{bundle, upstream::SiteSource};
+    match (&s.upstream, &s.bundle, &s.repo) {
+        (Some(u), _, _) => Some(SiteSource::Upstream(u.clone())),
+        (_, Some(b), _) => Some(SiteSource::Bundle(b.clone())),
+        (_, _, Some(r)) if bundle::is_bundle(r) => {
+            tracing::info!(repo = %r.display(), "the repo is a bundle: verifying it as --bundle would");
+            Some(SiteSource::Bundle(r.clone()))
+        }
+        _ => None,
+    }
+}
+
+/// Starts serving a site source: a bundle is verified and published before
+/// the server listens (a refused bundle stops it with the reason); an
+/// upstream is fetched in the background while `/readyz` says not yet.
+async fn start_site(
+    site: crate::mirror::upstream::SiteSource,
+    args: &ServeArgs,
+    state: &AppState,
+    signals: &Signals,
+) -> Result<tokio::task::JoinHandle<()>> {
+    use crate::mirror::{sync::SyncOptions, upstream};
+    anyhow::ensure!(
+        args.commit.is_none() && args.refs.is_empty(),
+        "--commit and --ref do not apply to --upstream and --bundle: the source's own refs and summary are served"
+    );
+    anyhow::ensure!(args.keep != Some(0), "--keep 0 would keep nothing");
+    let state_dir = StateDir::open(&args.state_dir, &[])?;
+    let is_bundle = matches!(site, upstream::SiteSource::Bundle(_));
+    let mirror = upstream::SiteMirror::open(
+        site,
+        state_dir.path(),
+        SyncOptions::default(),
+        args.keep,
+        None,
+    )?;
+    let publisher = upstream::SitePublisher {
+        mirror: Arc::new(mirror),
+        app: state.clone(),
+        max_backoff: Duration::from_secs(args.registry.max_backoff.max(1)),
+        refresh_interval: (args.refresh_interval > 0)
+            .then(|| Duration::from_secs(args.refresh_interval)),
+        refresh_now: signals.hup.clone(),
+    };
+    let mut current = None;
+    if is_bundle {
+        publisher.refresh_once(&mut current).await?;
+    }
+    Ok(tokio::spawn(publisher.run(current)))
+}
+
+/// `oscontent-server mirror SRC DEST`.
+#[derive(Debug, Args)]
+pub struct MirrorArgs {
+    /// What to mirror: an image (`docker://...`, `oci:DIR[:TAG]`,
+    /// `oci-archive:FILE[:TAG]`) or an upstream oscontent server
+    /// (`http(s)://HOST[:PORT]/`).
+    #[arg(value_name = "SRC")]
+    pub source: crate::mirror::MirrorSource,
+    /// Where: `oci:DIR[:TAG]` (a verified OCI layout copy, images only) or
+    /// `bundle:DIR` (a self-contained served remote).
+    #[arg(value_name = "DEST")]
+    pub dest: crate::mirror::MirrorDest,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// Verify the summary signature and every published commit's
+    /// signatures against these OpenPGP certificates before writing.
+    #[arg(long, value_name = "FILE")]
+    pub trusted_keys: Option<PathBuf>,
+    /// Bundles: keep the last N releases (and what is published now), and
+    /// remove objects nothing kept reaches.
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
+    /// Objects fetched at once.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub jobs: usize,
+    /// Limit the transfer rate (bytes per second; suffixes K, M, G).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub max_rate: Option<u64>,
+}
+
+/// `5M` → 5 MiB/s.
+fn parse_rate(s: &str) -> std::result::Result<u64, String> {
+    let (num, mult) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{s:?}: want a positive number of bytes per second, e.g. 5M"))
+}
+
+fn load_trusted(path: &std::path::Path) -> Result<Vec<oscontent::openpgp::Cert>> {
+    use std::io::Read;
+    let max = oscontent::openpgp::MAX_KEYRING_SIZE as u64;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(max + 1).read_to_end(&mut bytes))
+        .with_context(|| format!("reading trusted keys {}", path.display()))?;
+    anyhow::ensure!(
+        bytes.len() as u64 <= max,
+        "trusted keys {} are over the {max} byte limit",
+        path.display()
+    );
+    oscontent::openpgp::load_certs(&bytes)
+        .with_context(|| format!("trusted keys {}", path.display()))
+}
+
+fn mirror(args: MirrorArgs) -> Result<()> {
+    let opts = crate::mirror::MirrorOptions {
+        fetch: FetchOptions {
+            platform: args.registry.platform.clone(),
+            authfile: args.registry.authfile.clone(),
+            ca_files: args.registry.ca_files.clone(),
+            insecure_registries: args.registry.insecure_registries.clone(),
+            registries_conf: args.registry.registries_conf.clone(),
+            ..FetchOptions::default()
+        },
+        trusted: args
+            .trusted_keys
+            .as_deref()
+            .map(load_trusted)
+            .transpose()?
+            .map(Arc::new),
+        keep: args.keep,
+        jobs: args.jobs,
+        max_rate: args.max_rate,
+        ..Default::default()
+    };
+    let report = crate::mirror::mirror(&args.source, &args.dest, &opts)
+        .with_context(|| format!("mirroring {} into {}", args.source, args.dest))?;
+    // One JSON line on stdout, for scripts and tests.
+    println!(
+        "{}",
+        serde_json::to_string(&report).context("serializing the report")?
+    );
+    Ok(())
 }
