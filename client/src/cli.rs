@@ -138,7 +138,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("invalid duration {s:?}: want e.g. 10ms, 0.5s, 2m"))?;
     if !v.is_finite() || v <= 0.0 || v * mult > 3600.0 {
-        return Err(format!("duration {s:?} must be positive and at most an hour"));
+        return Err(format!(
+            "duration {s:?} must be positive and at most an hour"
+        ));
     }
     Ok(Duration::from_secs_f64(v * mult))
 }

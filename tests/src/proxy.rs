@@ -26,6 +26,10 @@ pub struct Faults {
     pub prefix: String,
     /// Answer the first N matching requests with `503`, without forwarding.
     pub fail_first: usize,
+    /// Answer the first `fail_each` requests of every `fail_path_every`-th
+    /// distinct matching path with `503` (0: never).
+    pub fail_path_every: usize,
+    pub fail_each: usize,
     /// Reset the connection half-way through every Nth forwarded matching
     /// response (0: never), counting from 1. Only bodies of at least 64
     /// bytes are cut.
@@ -37,6 +41,8 @@ impl Default for Faults {
         Self {
             prefix: "/objects/".into(),
             fail_first: 0,
+            fail_path_every: 0,
+            fail_each: 0,
             reset_every: 0,
         }
     }
@@ -54,6 +60,8 @@ pub struct ProxyStats {
     pub h2_prefaces: AtomicUsize,
     /// Paths requested, in order.
     pub paths: Mutex<Vec<String>>,
+    /// Distinct matching paths: (order of first appearance, requests).
+    pub per_path: Mutex<std::collections::HashMap<String, (usize, usize)>>,
 }
 
 #[derive(Debug)]
@@ -125,7 +133,12 @@ fn read_head(s: &mut TcpStream) -> Result<Option<Vec<u8>>> {
     }
 }
 
-fn serve_conn(mut client: TcpStream, upstream: SocketAddr, faults: &Faults, stats: &ProxyStats) -> Result<()> {
+fn serve_conn(
+    mut client: TcpStream,
+    upstream: SocketAddr,
+    faults: &Faults,
+    stats: &ProxyStats,
+) -> Result<()> {
     client.set_read_timeout(Some(IO_TIMEOUT))?;
     client.set_write_timeout(Some(IO_TIMEOUT))?;
     loop {
@@ -146,7 +159,20 @@ fn serve_conn(mut client: TcpStream, upstream: SocketAddr, faults: &Faults, stat
         } else {
             0
         };
-        if matched && n <= faults.fail_first {
+        let (path_index, path_requests) = if matched {
+            let mut m = stats.per_path.lock().unwrap();
+            let next = m.len();
+            let e = m.entry(path.clone()).or_insert((next, 0));
+            e.1 += 1;
+            *e
+        } else {
+            (0, 0)
+        };
+        let path_fails = matched
+            && faults.fail_path_every > 0
+            && path_index % faults.fail_path_every == faults.fail_path_every - 1
+            && path_requests <= faults.fail_each;
+        if matched && (n <= faults.fail_first || path_fails) {
             stats.injected_503.fetch_add(1, Ordering::SeqCst);
             client.write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")?;
             continue;

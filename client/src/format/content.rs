@@ -35,7 +35,9 @@ fn err(why: impl Into<String>) -> FormatError {
 pub fn header_len(prefix: &[u8; HEADER_PREFIX_LEN]) -> Result<usize, FormatError> {
     let len = u32::from_be_bytes(prefix[..4].try_into().expect("4 bytes")) as usize;
     if len == 0 || len > MAX_HEADER_SIZE {
-        return Err(err(format!("header of {len} bytes (limit {MAX_HEADER_SIZE})")));
+        return Err(err(format!(
+            "header of {len} bytes (limit {MAX_HEADER_SIZE})"
+        )));
     }
     Ok(len)
 }
@@ -106,7 +108,10 @@ mod tests {
             mode.to_be().to_variant(),
             0u32.to_variant(),
             target.to_variant(),
-            Variant::array_from_iter_with_type(VariantTy::new("(ayay)").unwrap(), []),
+            Variant::array_from_iter_with_type(
+                VariantTy::new("(ayay)").unwrap(),
+                [] as [Variant; 0],
+            ),
         ])
         .data()
         .to_vec()

@@ -11,8 +11,7 @@
 use super::{Checksum, FormatError};
 use ostree::glib::{Variant, VariantDict, VariantTy};
 
-pub const SUPERBLOCK_GVARIANT_TYPE: &str =
-    "(a{sv}tayay(a{sv}aya(say)sstayay)aya(uayttay)a(yaytt))";
+pub const SUPERBLOCK_GVARIANT_TYPE: &str = "(a{sv}tayay(a{sv}aya(say)sstayay)aya(uayttay)a(yaytt))";
 /// Superblocks above this size are refused: they list objects (33 bytes
 /// each) and part headers, so 16 MiB covers ~500,000 objects.
 pub const MAX_SUPERBLOCK_SIZE: usize = 16 << 20;
@@ -93,8 +92,8 @@ impl Superblock {
             [] => None,
             b => Some(Checksum::from_bytes(b).map_err(|_| err("from checksum"))?),
         };
-        let to = Checksum::from_bytes(&bytes_of(&v.child_value(3))?)
-            .map_err(|_| err("to checksum"))?;
+        let to =
+            Checksum::from_bytes(&bytes_of(&v.child_value(3))?).map_err(|_| err("to checksum"))?;
         let commit = v.child_value(4).data().to_vec();
         let mut parts = Vec::new();
         for p in v.child_value(6).iter() {
@@ -195,7 +194,8 @@ mod tests {
     #[test]
     fn chooses_the_delta_only_when_most_of_it_is_needed() {
         // (parts, objects numbered from 1 that are already present, want delta)
-        let cases: &[(&[(u64, usize)], &[u8], bool)] = &[
+        type Case<'a> = (&'a [(u64, usize)], &'a [u8], bool);
+        let cases: &[Case] = &[
             (&[(1000, 10)], &[], true),
             (&[(1000, 10)], &[1], false),
             (&[(1000, 10), (10, 1)], &[], true),

@@ -15,12 +15,12 @@ pub mod tree;
 
 pub use checksum::Checksum;
 pub use commit::{Commit, COMMIT_GVARIANT_TYPE};
+pub use delta::Superblock;
 pub use gpgsigs::{build_gpgsigs, merge_gpgsigs, parse_gpgsigs};
 pub use path::{DeltaFile, DeltaName, ObjectKind, ObjectName, RefNamespace, RepoPath};
 pub use refname::{sanitize_ref_component, validate_collection_id, validate_ref};
 pub use summary::{build_summary, parse_summary, Summary, SummaryDelta, SummaryRef};
 pub use tree::{check_dirmeta, parse_dirtree, DirTree};
-pub use delta::Superblock;
 
 /// Why some bytes or a name are not valid ostree format. Callers branch on
 /// this (404 versus 500 on the server, refuse versus retry on the client).

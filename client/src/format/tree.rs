@@ -35,8 +35,7 @@ fn err(what: &'static str, why: impl Into<String>) -> FormatError {
 
 /// ostree's rule for a path component in a tree (`ostree_validate_filename`).
 fn check_name(name: &str) -> Result<(), FormatError> {
-    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0')
-    {
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
         return Err(err("dirtree", format!("invalid file name {name:?}")));
     }
     Ok(())
@@ -60,7 +59,9 @@ fn owned(bytes: &[u8], ty: &str, what: &'static str, max: usize) -> Result<Varia
 }
 
 fn checksum_of(v: &Variant, what: &'static str) -> Result<Checksum, FormatError> {
-    let b = v.fixed_array::<u8>().map_err(|e| err(what, e.to_string()))?;
+    let b = v
+        .fixed_array::<u8>()
+        .map_err(|e| err(what, e.to_string()))?;
     Checksum::from_bytes(b).map_err(|_| err(what, format!("checksum of {} bytes", b.len())))
 }
 
@@ -165,7 +166,10 @@ mod tests {
                 0u32.to_variant(),
                 0u32.to_variant(),
                 mode.to_be().to_variant(),
-                Variant::array_from_iter_with_type(VariantTy::new("(ayay)").unwrap(), []),
+                Variant::array_from_iter_with_type(
+                    VariantTy::new("(ayay)").unwrap(),
+                    [] as [Variant; 0],
+                ),
             ])
             .data()
             .to_vec()

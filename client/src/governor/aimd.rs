@@ -56,6 +56,10 @@ pub struct Aimd {
     pub rate: f64,
     /// Bytes written between two waited flushes.
     pub batch: u64,
+    /// Set by a decrease: the next slow flush mostly measured data written
+    /// before the decrease took effect, so it does not decrease again
+    /// (one reaction per round trip, as TCP does).
+    hold: bool,
 }
 
 impl Aimd {
@@ -63,6 +67,7 @@ impl Aimd {
         Self {
             rate: config.initial_rate,
             batch: config.initial_batch,
+            hold: false,
             config,
         }
     }
@@ -71,10 +76,14 @@ impl Aimd {
     pub fn on_flush(&mut self, latency: Duration) -> bool {
         let c = &self.config;
         let over = latency > c.target;
-        if over {
+        if over && self.hold {
+            self.hold = false;
+        } else if over {
             self.rate = (self.rate * c.decrease).max(c.min_rate);
             self.batch = ((self.batch as f64 * c.decrease) as u64).max(c.min_batch);
+            self.hold = true;
         } else {
+            self.hold = false;
             self.rate = (self.rate + c.rate_step).min(c.max_rate);
             self.batch = (self.batch + c.batch_step).min(c.max_batch);
         }
@@ -104,9 +113,13 @@ mod tests {
             (&[1], 72.0, 1280),
             (&[10], 72.0, 1280),
             (&[11], 32.0, 512),
-            (&[11, 11], 16.0, 256),
-            (&[50, 50, 50, 50, 50, 50, 50], 1.0, 128),
+            // The second slow flush in a row is held, the third acts.
+            (&[11, 11], 32.0, 512),
+            (&[11, 11, 11], 16.0, 256),
+            (&[50; 7], 4.0, 128),
+            (&[50; 20], 1.0, 128),
             (&[50, 1], 40.0, 768),
+            (&[50, 1, 50], 20.0, 384),
             (&[1; 200], 1024.0, 16384),
         ];
         for (lat, rate, batch) in cases {

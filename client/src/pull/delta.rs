@@ -109,8 +109,9 @@ pub async fn try_delta(
         let got = ctx
             .fetcher
             .get_streamed(&path, part.size, move |mut body, _len| {
-                let mut f = std::fs::File::create(&dest)
-                    .map_err(|e| ConsumeError::Local(anyhow!("creating {}: {e}", dest.display())))?;
+                let mut f = std::fs::File::create(&dest).map_err(|e| {
+                    ConsumeError::Local(anyhow!("creating {}: {e}", dest.display()))
+                })?;
                 let mut h = Sha256::new();
                 let mut buf = vec![0u8; 64 << 10];
                 loop {

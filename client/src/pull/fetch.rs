@@ -228,15 +228,15 @@ impl Fetcher {
     }
 
     async fn send(&self, path: &str) -> Result<Option<reqwest::Response>, FetchError> {
-        let resp = self
-            .client
-            .get(self.url(path))
-            .send()
-            .await
-            .map_err(|e| FetchError::Network {
-                path: path.to_owned(),
-                source: e.into(),
-            })?;
+        let resp =
+            self.client
+                .get(self.url(path))
+                .send()
+                .await
+                .map_err(|e| FetchError::Network {
+                    path: path.to_owned(),
+                    source: e.into(),
+                })?;
         match resp.status().as_u16() {
             200 => Ok(Some(resp)),
             404 => Ok(None),

@@ -26,9 +26,9 @@ pub mod store;
 pub mod verify;
 pub mod walk;
 
-use crate::format::summary::MAX_SUMMARY_SIZE;
-use crate::format::gpgsigs::MAX_DETACHED_METADATA_SIZE;
 use crate::format::commit::MAX_COMMIT_SIZE;
+use crate::format::gpgsigs::MAX_DETACHED_METADATA_SIZE;
+use crate::format::summary::MAX_SUMMARY_SIZE;
 use crate::format::{
     parse_summary, validate_ref, Checksum, Commit, ObjectKind, ObjectName, Summary, ARCHIVE_MODE,
     COMMIT_GVARIANT_TYPE,
@@ -106,19 +106,32 @@ pub fn pull(opts: &PullOptions, reporter: Arc<Reporter>) -> PullResult<()> {
         validate_ref(r).usage()?;
     }
     if opts.concurrency == 0 {
-        return Err(PullError::Usage(anyhow!("--concurrency must be at least 1")));
+        return Err(PullError::Usage(anyhow!(
+            "--concurrency must be at least 1"
+        )));
     }
     // Before any thread exists, so that all of them inherit the I/O class.
     let governor = Arc::new(Governor::new(opts.io_mode, opts.io_latency_target));
     let store = Store::open(&opts.repo).local()?;
     let (url, remote, trust) = resolve_source(opts, &store)?;
     let rt = runtime(opts.concurrency)?;
-    let r = rt.block_on(pull_async(opts, store, url, remote, trust, governor, reporter.clone()));
+    let r = rt.block_on(pull_async(
+        opts,
+        store,
+        url,
+        remote,
+        trust,
+        governor,
+        reporter.clone(),
+    ));
     reporter.finish();
     r
 }
 
-fn resolve_source(opts: &PullOptions, store: &Store) -> PullResult<(String, Option<String>, Trust)> {
+fn resolve_source(
+    opts: &PullOptions,
+    store: &Store,
+) -> PullResult<(String, Option<String>, Trust)> {
     let explicit = opts
         .trusted_keys
         .as_deref()
@@ -127,16 +140,40 @@ fn resolve_source(opts: &PullOptions, store: &Store) -> PullResult<(String, Opti
     match &opts.source {
         Source::Url(u) => {
             let on = explicit.is_some();
-            Ok((u.clone(), None, Trust { keyring: explicit, commits: on, summary: on }))
+            Ok((
+                u.clone(),
+                None,
+                Trust {
+                    keyring: explicit,
+                    commits: on,
+                    summary: on,
+                },
+            ))
         }
         Source::Remote(name) => {
             let url = store.remote_url(name).usage()?;
             let (gpg_commits, gpg_summary) = store.remote_gpg_verify(name).usage()?;
             if let Some(k) = explicit {
-                return Ok((url, Some(name.clone()), Trust { keyring: Some(k), commits: true, summary: true }));
+                return Ok((
+                    url,
+                    Some(name.clone()),
+                    Trust {
+                        keyring: Some(k),
+                        commits: true,
+                        summary: true,
+                    },
+                ));
             }
             if !gpg_commits && !gpg_summary {
-                return Ok((url, Some(name.clone()), Trust { keyring: None, commits: false, summary: false }));
+                return Ok((
+                    url,
+                    Some(name.clone()),
+                    Trust {
+                        keyring: None,
+                        commits: false,
+                        summary: false,
+                    },
+                ));
             }
             let keyring = remote_keyring(store, name)?.ok_or_else(|| {
                 PullError::Usage(anyhow!(
@@ -144,7 +181,15 @@ fn resolve_source(opts: &PullOptions, store: &Store) -> PullResult<(String, Opti
                      (gpgkeypath, or {name}.trustedkeys.gpg in the repo); pass --trusted-keys FILE"
                 ))
             })?;
-            Ok((url, Some(name.clone()), Trust { keyring: Some(keyring), commits: gpg_commits, summary: gpg_summary }))
+            Ok((
+                url,
+                Some(name.clone()),
+                Trust {
+                    keyring: Some(keyring),
+                    commits: gpg_commits,
+                    summary: gpg_summary,
+                },
+            ))
         }
     }
 }
@@ -228,7 +273,10 @@ async fn resolve_target(
     let (target, resolved_by) = match (pinned, ref_name) {
         (Some(c), _) => (c, "pinned"),
         (None, Some(r)) => {
-            match summary.as_ref().and_then(|s| s.refs.iter().find(|e| e.name == r)) {
+            match summary
+                .as_ref()
+                .and_then(|s| s.refs.iter().find(|e| e.name == r))
+            {
                 Some(e) => (e.commit, "summary"),
                 None => {
                     let path = format!("refs/heads/{r}");
@@ -249,7 +297,7 @@ async fn resolve_target(
                     }
                     let text = String::from_utf8_lossy(&body);
                     let c = Checksum::from_hex(text.trim())
-                        .with_context(|| format!("{}", fetcher.url(&path)))
+                        .with_context(|| fetcher.url(&path))
                         .net()?;
                     (c, "ref-file")
                 }
@@ -277,7 +325,10 @@ async fn commit_bytes(ctx: &Ctx, c: &Checksum) -> PullResult<(Vec<u8>, bool)> {
 
 async fn commitmeta(fetcher: &Fetcher, c: &Checksum) -> PullResult<Option<bytes::Bytes>> {
     fetcher
-        .get_bytes(&ObjectName::new(*c, ObjectKind::CommitMeta).path(), MAX_DETACHED_METADATA_SIZE)
+        .get_bytes(
+            &ObjectName::new(*c, ObjectKind::CommitMeta).path(),
+            MAX_DETACHED_METADATA_SIZE,
+        )
         .await
         .map_err(FetchError::into_pull)
 }
@@ -317,7 +368,13 @@ async fn pull_async(
         None => None,
     };
     let progress = Arc::new(Progress::default());
-    let ctx = Arc::new(Ctx::new(fetcher.clone(), store.clone(), governor.clone(), progress.clone(), opts.concurrency));
+    let ctx = Arc::new(Ctx::new(
+        fetcher.clone(),
+        store.clone(),
+        governor.clone(),
+        progress.clone(),
+        opts.concurrency,
+    ));
 
     // Verify before writing anything.
     let (cbytes, have_commit) = commit_bytes(&ctx, &target).await?;
@@ -328,7 +385,12 @@ async fn pull_async(
     let mut signed_by = None;
     if trust.commits {
         let keyring = trust.keyring.as_ref().expect("verification has a keyring");
-        let v = verify::verify_commit(keyring, &cbytes, meta.as_deref(), &format!("commit {target}"))?;
+        let v = verify::verify_commit(
+            keyring,
+            &cbytes,
+            meta.as_deref(),
+            &format!("commit {target}"),
+        )?;
         signed_by = Some(verify::describe(&v));
     }
     if let Some(r) = &opts.ref_name {
@@ -342,8 +404,14 @@ async fn pull_async(
             .local()?;
         let (cv, tv) = (cur_commit.version(), commit.version());
         let reason = policy::downgrade_reason(
-            &policy::Age { timestamp: cur_commit.timestamp, version: cv.as_deref() },
-            &policy::Age { timestamp: commit.timestamp, version: tv.as_deref() },
+            &policy::Age {
+                timestamp: cur_commit.timestamp,
+                version: cv.as_deref(),
+            },
+            &policy::Age {
+                timestamp: commit.timestamp,
+                version: tv.as_deref(),
+            },
         );
         if let Some(why) = reason {
             if !opts.allow_downgrade {
@@ -352,7 +420,11 @@ async fn pull_async(
                     refspec.as_deref().unwrap_or("the ref")
                 )));
             }
-            reporter.event("downgrade-allowed", json!({"reason": why}), Some(format!("warning: {why}; allowed by --allow-downgrade")));
+            reporter.event(
+                "downgrade-allowed",
+                json!({"reason": why}),
+                Some(format!("warning: {why}; allowed by --allow-downgrade")),
+            );
         }
         downgrade_checked = true;
     }
@@ -372,7 +444,14 @@ async fn pull_async(
     if !complete {
         store.mark_partial(&target, true).local()?;
         if !have_commit {
-            walk::write_metadata(&ctx, ObjectKind::Commit, target, cbytes.clone(), COMMIT_GVARIANT_TYPE).await?;
+            walk::write_metadata(
+                &ctx,
+                ObjectKind::Commit,
+                target,
+                cbytes.clone(),
+                COMMIT_GVARIANT_TYPE,
+            )
+            .await?;
         }
         if let Some(m) = &meta {
             store.write_commitmeta(&target, m).local()?;
@@ -388,7 +467,11 @@ async fn pull_async(
         }
         .await;
         ticker.abort();
-        reporter.progress(&progress, fetcher.counters.bytes.load(Ordering::Relaxed), fetcher.counters.requests.load(Ordering::Relaxed));
+        reporter.progress(
+            &progress,
+            fetcher.counters.bytes.load(Ordering::Relaxed),
+            fetcher.counters.requests.load(Ordering::Relaxed),
+        );
         r?;
     } else if let Some(m) = &meta {
         // Signatures may have been added since.
@@ -403,7 +486,11 @@ async fn pull_async(
         .map_err(|e| PullError::LocalRepo(anyhow!("barrier task: {e}")))?
         .context("syncfs on the repo filesystem")
         .local()?;
-    reporter.event("barrier", json!({"duration_ms": barrier.as_secs_f64() * 1e3}), None);
+    reporter.event(
+        "barrier",
+        json!({"duration_ms": barrier.as_secs_f64() * 1e3}),
+        None,
+    );
     if !complete {
         store.mark_partial(&target, false).local()?;
         store.sync_state_dir().local()?;
@@ -425,7 +512,13 @@ async fn pull_async(
     let human = format!(
         "{} {} at {target}: {} objects fetched ({}), {} already present, {} retries, {:.1}s",
         refspec.as_deref().unwrap_or("commit"),
-        if moved { "moved" } else if complete { "already" } else { "complete" },
+        if moved {
+            "moved"
+        } else if complete {
+            "already"
+        } else {
+            "complete"
+        },
         progress.written.load(Ordering::Relaxed),
         indicatif::HumanBytes(c.bytes.load(Ordering::Relaxed)),
         progress.present.load(Ordering::Relaxed),
@@ -516,10 +609,19 @@ pub fn verify(opts: &VerifyOptions, reporter: Arc<Reporter>) -> PullResult<Verif
             .await
             .map_err(FetchError::into_pull)?;
         let ssig = verify::verify_summary(&keyring, &summary, sig.as_deref())?;
-        let parsed = parse_summary(&summary).context("parsing the summary").net()?;
-        let summary_commit = parsed.refs.iter().find(|r| r.name == opts.ref_name).map(|r| r.commit);
+        let parsed = parse_summary(&summary)
+            .context("parsing the summary")
+            .net()?;
+        let summary_commit = parsed
+            .refs
+            .iter()
+            .find(|r| r.name == opts.ref_name)
+            .map(|r| r.commit);
         let target = opts.commit.or(summary_commit).ok_or_else(|| {
-            PullError::Verification(anyhow!("ref {:?} is not in the signed summary", opts.ref_name))
+            PullError::Verification(anyhow!(
+                "ref {:?} is not in the signed summary",
+                opts.ref_name
+            ))
         })?;
         let path = ObjectName::new(target, ObjectKind::Commit).path();
         let cbytes = fetcher
@@ -528,11 +630,19 @@ pub fn verify(opts: &VerifyOptions, reporter: Arc<Reporter>) -> PullResult<Verif
             .map_err(FetchError::into_pull)?
             .ok_or_else(|| PullError::Network(anyhow!("{}: not found", fetcher.url(&path))))?;
         if Checksum::digest(&cbytes) != target {
-            return Err(PullError::Verification(anyhow!("{}: checksum mismatch", fetcher.url(&path))));
+            return Err(PullError::Verification(anyhow!(
+                "{}: checksum mismatch",
+                fetcher.url(&path)
+            )));
         }
         let commit = Commit::parse(&cbytes).verification()?;
         let meta = commitmeta(&fetcher, &target).await?;
-        let csig = verify::verify_commit(&keyring, &cbytes, meta.as_deref(), &format!("commit {target}"))?;
+        let csig = verify::verify_commit(
+            &keyring,
+            &cbytes,
+            meta.as_deref(),
+            &format!("commit {target}"),
+        )?;
         verify::check_binding(&commit, &opts.ref_name)?;
         Ok(VerifyReport {
             url: opts.url.clone(),

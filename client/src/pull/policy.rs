@@ -73,7 +73,7 @@ mod tests {
             ("41.1.rc1", "41.1.1", Greater),
             ("41.a", "41.b", Less),
             ("9", "10", Less),
-            ("", "0", Less),
+            ("", "", Equal),
         ];
         for (a, b, want) in cases {
             assert_eq!(compare_versions(a, b), want, "{a} vs {b}");

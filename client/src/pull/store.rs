@@ -10,11 +10,11 @@ use super::fetch::{BodyReader, ConsumeError};
 use super::walk::MAX_CONTENT_SIZE;
 use crate::format::content::{header_len, ArchiveHeader, HEADER_PREFIX_LEN};
 use crate::format::{Checksum, ObjectKind};
-use std::io::Read;
 use anyhow::{anyhow, Context, Result};
 use ostree::gio;
 use ostree::glib::{self, Variant, VariantTy};
 use std::fs::File;
+use std::io::Read;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
@@ -109,9 +109,17 @@ impl Store {
 
     /// Writes a metadata object whose bytes already hashed to `c`.
     /// libostree checks the checksum again as it writes.
-    pub fn write_metadata(&self, kind: ObjectKind, c: &Checksum, bytes: &[u8], ty: &str) -> Result<()> {
+    pub fn write_metadata(
+        &self,
+        kind: ObjectKind,
+        c: &Checksum,
+        bytes: &[u8],
+        ty: &str,
+    ) -> Result<()> {
         debug_assert_eq!(&Checksum::digest(bytes), c);
         let ty = VariantTy::new(ty).expect("valid type string");
+        // glib keeps pointers into the buffer in child values: it must own it.
+        #[allow(clippy::unnecessary_to_owned)]
         let v = Variant::from_data_with_type(bytes.to_vec(), ty);
         self.repo
             .write_metadata(objtype(kind), Some(&c.to_hex()), &v, no_cancel())
@@ -121,6 +129,7 @@ impl Store {
 
     /// Writes detached metadata (`.commitmeta`) as fetched.
     pub fn write_commitmeta(&self, c: &Checksum, bytes: &[u8]) -> Result<()> {
+        #[allow(clippy::unnecessary_to_owned)]
         let v = Variant::from_data_with_type(bytes.to_vec(), VariantTy::VARDICT);
         self.repo
             .write_commit_detached_metadata(&c.to_hex(), Some(&v), no_cancel())
@@ -141,7 +150,8 @@ impl Store {
         let mut prefix = [0u8; HEADER_PREFIX_LEN];
         body.read_exact(&mut prefix)
             .map_err(|e| ConsumeError::Corrupt(anyhow!("content object {c}: header: {e}")))?;
-        let hlen = header_len(&prefix).map_err(|e| ConsumeError::Corrupt(anyhow!("content object {c}: {e}")))?;
+        let hlen = header_len(&prefix)
+            .map_err(|e| ConsumeError::Corrupt(anyhow!("content object {c}: {e}")))?;
         let mut hbytes = vec![0u8; hlen];
         body.read_exact(&mut hbytes)
             .map_err(|e| ConsumeError::Corrupt(anyhow!("content object {c}: header: {e}")))?;
@@ -262,7 +272,12 @@ fn classify(e: glib::Error, what: &str) -> ConsumeError {
             | Some(gio::IOErrorEnum::PermissionDenied)
             | Some(gio::IOErrorEnum::ReadOnly)
     );
-    if !local && (msg.contains(CORRUPTED) || io.is_none() || io == Some(gio::IOErrorEnum::InvalidData) || io == Some(gio::IOErrorEnum::Failed)) {
+    if !local
+        && (msg.contains(CORRUPTED)
+            || io.is_none()
+            || io == Some(gio::IOErrorEnum::InvalidData)
+            || io == Some(gio::IOErrorEnum::Failed))
+    {
         ConsumeError::Corrupt(err)
     } else {
         ConsumeError::Local(err)

@@ -80,9 +80,7 @@ pub fn verify_summary(
     sig: Option<&[u8]>,
 ) -> PullResult<VerifiedSig> {
     let sigs = match sig {
-        Some(b) => parse_gpgsigs(b)
-            .context("summary.sig")
-            .verification()?,
+        Some(b) => parse_gpgsigs(b).context("summary.sig").verification()?,
         None => {
             return Err(PullError::Verification(anyhow!(
                 "the remote's summary is not signed (no summary.sig), and signatures are required"

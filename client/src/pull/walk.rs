@@ -15,9 +15,7 @@ use super::fetch::{ConsumeError, FetchError, Fetcher};
 use super::report::Progress;
 use super::store::Store;
 use crate::format::tree::{MAX_DIRMETA_SIZE, MAX_DIRTREE_SIZE};
-use crate::format::{
-    check_dirmeta, parse_dirtree, Checksum, DirTree, ObjectKind, ObjectName,
-};
+use crate::format::{check_dirmeta, parse_dirtree, Checksum, DirTree, ObjectKind, ObjectName};
 use crate::governor::Governor;
 use anyhow::anyhow;
 use std::collections::HashSet;
@@ -87,7 +85,12 @@ pub async fn fetch_metadata(
         .get_bytes(&path, max)
         .await
         .map_err(FetchError::into_pull)?
-        .ok_or_else(|| PullError::Network(anyhow!("{}: not found on the remote", ctx.fetcher.url(&path))))?;
+        .ok_or_else(|| {
+            PullError::Network(anyhow!(
+                "{}: not found on the remote",
+                ctx.fetcher.url(&path)
+            ))
+        })?;
     let got = Checksum::digest(&bytes);
     if &got != c {
         return Err(PullError::Verification(anyhow!(
@@ -117,7 +120,9 @@ pub async fn write_metadata(
     .map_err(join_err)?
     .local()?;
     ctx.progress.written.fetch_add(1, Ordering::Relaxed);
-    ctx.progress.metadata_written.fetch_add(1, Ordering::Relaxed);
+    ctx.progress
+        .metadata_written
+        .fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
 
@@ -128,9 +133,15 @@ async fn ensure_dirmeta(ctx: &Ctx, m: Checksum) -> PullResult<()> {
     }
     ctx.progress.needed.fetch_add(1, Ordering::Relaxed);
     let bytes = fetch_metadata(ctx, ObjectKind::DirMeta, &m, MAX_DIRMETA_SIZE).await?;
-    check_dirmeta(&bytes)
-        .map_err(|e| PullError::Verification(anyhow!("dirmeta {m}: {e}")))?;
-    write_metadata(ctx, ObjectKind::DirMeta, m, bytes, crate::format::tree::DIRMETA_GVARIANT_TYPE).await
+    check_dirmeta(&bytes).map_err(|e| PullError::Verification(anyhow!("dirmeta {m}: {e}")))?;
+    write_metadata(
+        ctx,
+        ObjectKind::DirMeta,
+        m,
+        bytes,
+        crate::format::tree::DIRMETA_GVARIANT_TYPE,
+    )
+    .await
 }
 
 async fn dirtree(ctx: &Ctx, t: Checksum) -> PullResult<DirTree> {
@@ -147,13 +158,24 @@ async fn dirtree(ctx: &Ctx, t: Checksum) -> PullResult<DirTree> {
         // Parse before writing: a malformed tree is never stored.
         let tree = parse_dirtree(&bytes)
             .map_err(|e| PullError::Verification(anyhow!("dirtree {t}: {e}")))?;
-        write_metadata(ctx, ObjectKind::DirTree, t, bytes, crate::format::tree::DIRTREE_GVARIANT_TYPE).await?;
+        write_metadata(
+            ctx,
+            ObjectKind::DirTree,
+            t,
+            bytes,
+            crate::format::tree::DIRTREE_GVARIANT_TYPE,
+        )
+        .await?;
         return Ok(tree);
     };
     parse_dirtree(&bytes).map_err(|e| PullError::LocalRepo(anyhow!("local dirtree {t}: {e}")))
 }
 
-async fn dir_job(ctx: Arc<Ctx>, tree: Option<Checksum>, meta: Option<Checksum>) -> PullResult<Option<DirTree>> {
+async fn dir_job(
+    ctx: Arc<Ctx>,
+    tree: Option<Checksum>,
+    meta: Option<Checksum>,
+) -> PullResult<Option<DirTree>> {
     if let Some(m) = meta {
         ensure_dirmeta(&ctx, m).await?;
     }
@@ -240,7 +262,8 @@ async fn metadata_stage(
     let mut seen_trees = HashSet::from([root_tree]);
     let mut seen_meta = HashSet::from([root_meta]);
     let mut seen_content = HashSet::new();
-    let mut pending: Vec<(Option<Checksum>, Option<Checksum>)> = vec![(Some(root_tree), Some(root_meta))];
+    let mut pending: Vec<(Option<Checksum>, Option<Checksum>)> =
+        vec![(Some(root_tree), Some(root_meta))];
     let mut set = JoinSet::new();
     loop {
         while set.len() < ctx.concurrency {

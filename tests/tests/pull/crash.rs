@@ -34,12 +34,17 @@ fn present(repo: &Ostree) -> BTreeSet<(String, String)> {
 }
 
 fn spawn(repo: &Ostree, url: &str) -> (Child, mpsc::Receiver<String>) {
-    let mut child = client(pull_args(&repo.repo, url, fixture_ref(), &["--concurrency", "2"]))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawning the client");
+    let mut child = client(pull_args(
+        &repo.repo,
+        url,
+        fixture_ref(),
+        &["--concurrency", "2"],
+    ))
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawning the client");
     let (tx, rx) = mpsc::channel();
     let out = child.stdout.take().expect("piped");
     std::thread::spawn(move || {
@@ -110,7 +115,8 @@ fn sigkill_at_20_points_then_resume() {
             break;
         }
         kills += 1;
-        repo.fsck().unwrap_or_else(|e| panic!("after kill {i}: {e:#}"));
+        repo.fsck()
+            .unwrap_or_else(|e| panic!("after kill {i}: {e:#}"));
         let r = ref_target(&repo, fixture_ref());
         assert!(
             r.as_deref() == Some(v1.commit.as_str()) || r.as_deref() == Some(v2.commit.as_str()),
@@ -141,6 +147,13 @@ fn sigkill_at_20_points_then_resume() {
     repo.fsck().unwrap();
     // Across all runs, only objects in flight at a kill were fetched twice.
     let all = fetched_objects(&server.access_log().unwrap());
-    assert!(all.len() <= total_new + 1, "{} fetched for {total_new} new", all.len());
-    assert!(refetched <= kills * 2 + 2, "{refetched} objects lost at kills");
+    assert!(
+        all.len() <= total_new + 1,
+        "{} fetched for {total_new} new",
+        all.len()
+    );
+    assert!(
+        refetched <= kills * 2 + 2,
+        "{refetched} objects lost at kills"
+    );
 }

@@ -14,29 +14,43 @@ fn retries_past_503s_and_resets_then_completes() {
     let proxy = FaultProxy::start(
         server.addr,
         Faults {
-            fail_first: 6,
+            fail_first: 3,
+            fail_path_every: 200,
+            fail_each: 2,
             reset_every: 97,
             ..Default::default()
         },
     )
     .unwrap();
     let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
-    let out = run_client(&pull_args(&repo.repo, &proxy.url, fixture_ref(), &["--concurrency", "4"]));
+    let out = run_client(&pull_args(
+        &repo.repo,
+        &proxy.url,
+        fixture_ref(),
+        &["--concurrency", "4"],
+    ));
     let evs = expect_ok(&out, "pull through faults");
 
     let s = &proxy.stats;
-    assert!(s.h2_prefaces.load(Ordering::SeqCst) >= 1, "no HTTP/2 attempt");
+    assert!(
+        s.h2_prefaces.load(Ordering::SeqCst) >= 1,
+        "no HTTP/2 attempt"
+    );
     assert_eq!(event(&evs, "start")["protocol"], "HTTP/1.1");
-    assert_eq!(s.injected_503.load(Ordering::SeqCst), 6);
+    let injected = s.injected_503.load(Ordering::SeqCst);
+    // 3 at the start, then 2 for each of the ~14 chosen paths.
+    assert!(injected >= 3 + 2 * 10, "only {injected} 503s injected");
     let resets = s.injected_resets.load(Ordering::SeqCst);
     assert!(resets >= 10, "only {resets} resets injected");
     let retries: Vec<_> = evs.iter().filter(|e| e["event"] == "retry").collect();
-    assert!(
-        retries.len() >= 6 + resets,
-        "{} retry events for {resets} resets and 6 503s",
-        retries.len()
+    assert_eq!(
+        retries.len(),
+        injected + resets,
+        "one retry per injected fault"
     );
-    assert!(retries.iter().any(|e| e["error"].as_str().unwrap().contains("503")));
+    assert!(retries
+        .iter()
+        .any(|e| e["error"].as_str().unwrap().contains("503")));
     assert_eq!(
         event(&evs, "done")["retries"].as_u64().unwrap() as usize,
         retries.len()
@@ -46,7 +60,10 @@ fn retries_past_503s_and_resets_then_completes() {
     // What reached the server: every object, and nothing twice except the
     // ones whose responses were cut.
     let log = server.access_log().unwrap();
-    let objects = log.iter().filter(|e| e.object().is_some() && e.kind != "commitmeta").count();
+    let objects = log
+        .iter()
+        .filter(|e| e.object().is_some() && e.kind != "commitmeta")
+        .count();
     let unique = fetched_objects(&log).len();
     assert_eq!(objects, unique + resets, "unexpected refetches");
 }

@@ -26,7 +26,10 @@ fn update_fetches_only_new_objects_like_stock_ostree() {
     assert!(v1_log.iter().all(|e| e.version == "HTTP/2.0"), "{v1_log:?}");
     // Every object of v1 exactly once.
     let fetched = fetched_objects(&v1_log);
-    let objects = v1_log.iter().filter(|e| e.object().is_some() && e.kind != "commitmeta").count();
+    let objects = v1_log
+        .iter()
+        .filter(|e| e.object().is_some() && e.kind != "commitmeta")
+        .count();
     assert_eq!(objects, fetched.len(), "an object was fetched twice");
     let want: BTreeSet<(String, String)> = list_objects(&v1.repo)
         .unwrap()
@@ -35,9 +38,15 @@ fn update_fetches_only_new_objects_like_stock_ostree() {
         .flat_map(|(k, cs)| cs.into_iter().map(move |c| (k.clone(), c)))
         .filter(|(k, _)| k != "commitmeta")
         .collect();
-    assert_eq!(fetched, want, "v1: fetched objects differ from the commit's");
+    assert_eq!(
+        fetched, want,
+        "v1: fetched objects differ from the commit's"
+    );
     let done = event(&evs, "done");
-    assert_eq!(done["objects_written"].as_u64().unwrap() as usize, want.len());
+    assert_eq!(
+        done["objects_written"].as_u64().unwrap() as usize,
+        want.len()
+    );
     assert_eq!(done["ref_moved"], true);
 
     // v2 from a server serving v2: both clients fetch exactly the new objects.
@@ -57,7 +66,10 @@ fn update_fetches_only_new_objects_like_stock_ostree() {
     let evs = expect_ok(&out, "pull v2");
     let ours_v2 = fetched_objects(&server2.access_log().unwrap()[o0..]);
     assert!(!ours_v2.is_empty());
-    assert_eq!(ours_v2, stock_v2, "the update fetched other objects than stock ostree");
+    assert_eq!(
+        ours_v2, stock_v2,
+        "the update fetched other objects than stock ostree"
+    );
     let new_objects: BTreeSet<_> = {
         let a = list_objects(&v1.repo).unwrap();
         list_objects(&v2.repo)
@@ -68,7 +80,10 @@ fn update_fetches_only_new_objects_like_stock_ostree() {
             .filter(|(k, c)| k != "commitmeta" && !a.contains(k, c))
             .collect()
     };
-    assert_eq!(ours_v2, new_objects, "the update fetched objects it already had");
+    assert_eq!(
+        ours_v2, new_objects,
+        "the update fetched objects it already had"
+    );
     let done = event(&evs, "done");
     // One fsync per object written.
     assert_eq!(done["governor"]["flushes"], done["objects_written"]);
@@ -137,14 +152,21 @@ fn every_repo_mode_matches_a_stock_pull_over_http1_and_http2() {
             "{mode}: want every request over {proto}"
         );
         // The ref is the remote's, as `ostree pull REMOTE REF` writes it.
-        assert_eq!(repo.rev_parse(&format!("os:{}", fixture_ref())).unwrap(), v1.commit);
+        assert_eq!(
+            repo.rev_parse(&format!("os:{}", fixture_ref())).unwrap(),
+            v1.commit
+        );
         repo.fsck().unwrap_or_else(|e| panic!("{mode}: {e:#}"));
         let got = checkout_digest(&repo, &v1.commit, &tmp.path().join(format!("co-{mode}")));
         assert_eq!(got, want, "{mode}: checkout differs from the stock pull's");
         let g = &event(&evs, "done")["governor"];
         assert_eq!(g["io_mode"], io_mode);
         // Stock-like never flushes before the barrier; the others do.
-        assert_eq!(g["flushes"].as_u64().unwrap() > 0, io_mode != "stock-like", "{mode}: {g}");
+        assert_eq!(
+            g["flushes"].as_u64().unwrap() > 0,
+            io_mode != "stock-like",
+            "{mode}: {g}"
+        );
         assert!(g["barrier_ms"].as_f64().is_some());
         // Nothing left behind in tmp/ but what ostree itself keeps.
         let leftovers: Vec<_> = std::fs::read_dir(repo.repo.join("tmp"))
@@ -163,11 +185,21 @@ fn static_delta_is_used_when_offered_from_the_local_commit() {
     let tmp = tempdir();
     // An archive repo with both releases, a ref, and a v1 → v2 delta.
     let src = Ostree::init(&tmp.path().join("src"), "archive").unwrap();
-    src.run(["pull-local", &v1.repo.display().to_string(), &v1.commit]).unwrap();
-    src.run(["pull-local", &v2.repo.display().to_string(), &v2.commit]).unwrap();
-    src.run(["refs", "--create", fixture_ref(), &v2.commit]).unwrap();
-    src.run(["static-delta", "generate", "--from", &v1.commit, "--to", &v2.commit])
+    src.run(["pull-local", &v1.repo.display().to_string(), &v1.commit])
         .unwrap();
+    src.run(["pull-local", &v2.repo.display().to_string(), &v2.commit])
+        .unwrap();
+    src.run(["refs", "--create", fixture_ref(), &v2.commit])
+        .unwrap();
+    src.run([
+        "static-delta",
+        "generate",
+        "--from",
+        &v1.commit,
+        "--to",
+        &v2.commit,
+    ])
+    .unwrap();
     let server = Server::repo(&src.repo).start().unwrap();
     let repo = repo_at_v1(&tmp.path().join("node")).unwrap();
 
@@ -177,8 +209,12 @@ fn static_delta_is_used_when_offered_from_the_local_commit() {
     let log = server.access_log().unwrap()[before..].to_vec();
     let d = event(&evs, "delta");
     assert_eq!(d["from"], v1.commit.as_str());
-    assert!(log.iter().any(|e| e.kind == "delta" && e.path.ends_with("/superblock")));
-    assert!(log.iter().any(|e| e.kind == "delta" && e.path.ends_with("/0")));
+    assert!(log
+        .iter()
+        .any(|e| e.kind == "delta" && e.path.ends_with("/superblock")));
+    assert!(log
+        .iter()
+        .any(|e| e.kind == "delta" && e.path.ends_with("/0")));
     // The delta carried the content: no loose content object was fetched.
     assert!(
         !log.iter().any(|e| e.kind == "filez"),

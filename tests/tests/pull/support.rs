@@ -36,7 +36,8 @@ pub fn events(out: &Output) -> Vec<Value> {
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
-            let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+            let v: Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
             assert!(v["event"].is_string(), "no \"event\" field: {l}");
             v
         })
@@ -133,8 +134,13 @@ pub fn tree_digest(root: &Path) -> Result<BTreeMap<String, String>> {
 
 /// `ostree checkout --user-mode COMMIT DEST` and its digest.
 pub fn checkout_digest(repo: &Ostree, commit: &str, dest: &Path) -> BTreeMap<String, String> {
-    repo.run(["checkout", "--user-mode", commit, &dest.display().to_string()])
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    repo.run([
+        "checkout",
+        "--user-mode",
+        commit,
+        &dest.display().to_string(),
+    ])
+    .unwrap_or_else(|e| panic!("{e:#}"));
     tree_digest(dest).unwrap_or_else(|e| panic!("{e:#}"))
 }
 

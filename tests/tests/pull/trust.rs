@@ -20,7 +20,8 @@ struct Signed {
 }
 
 fn key(dir: &Path, name: &str) -> (openpgp::Cert, PathBuf) {
-    let (tsk, public) = openpgp::generate_key(&format!("{name} <{name}@example.com>"), KeyAlgo::Ed25519).unwrap();
+    let (tsk, public) =
+        openpgp::generate_key(&format!("{name} <{name}@example.com>"), KeyAlgo::Ed25519).unwrap();
     let path = dir.join(format!("{name}.asc"));
     std::fs::write(&path, public).unwrap();
     (openpgp::load_tsk(tsk.as_bytes()).unwrap(), path)
@@ -33,8 +34,16 @@ fn signed_repo(dir: &Path) -> Signed {
     let commits = tiny_repo(
         &src,
         &[
-            TinyCommit { version: "1.0", bind_ref: Some(REF), seed: 1 },
-            TinyCommit { version: "2.0", bind_ref: Some(REF), seed: 2 },
+            TinyCommit {
+                version: "1.0",
+                bind_ref: Some(REF),
+                seed: 1,
+            },
+            TinyCommit {
+                version: "2.0",
+                bind_ref: Some(REF),
+                seed: 2,
+            },
         ],
     )
     .unwrap();
@@ -43,7 +52,11 @@ fn signed_repo(dir: &Path) -> Signed {
     for c in &commits {
         let bytes = std::fs::read(object_path(&src, c, "commit")).unwrap();
         let sig = openpgp::sign_detached(&good_tsk, &bytes).unwrap();
-        std::fs::write(object_path(&src, c, "commitmeta"), build_gpgsigs(&[sig]).unwrap()).unwrap();
+        std::fs::write(
+            object_path(&src, c, "commitmeta"),
+            build_gpgsigs(&[sig]).unwrap(),
+        )
+        .unwrap();
     }
     let r = Ostree::at(&src);
     r.run(["refs", "--create", REF, &commits[1]]).unwrap();
@@ -84,7 +97,14 @@ fn signatures_bindings_and_downgrades() {
     // `verify`: exit 0 with the right key, 3 with another.
     let verify = |k: &Path| {
         run_client(&[
-            "verify", "--url", &server.url, "--ref", REF, "--json", "--trusted-keys", k.to_str().unwrap(),
+            "verify",
+            "--url",
+            &server.url,
+            "--ref",
+            REF,
+            "--json",
+            "--trusted-keys",
+            k.to_str().unwrap(),
         ])
     };
     let out = verify(&s.good);
@@ -101,7 +121,10 @@ fn signatures_bindings_and_downgrades() {
     expect_code(&out, 3, "wrong key");
     assert!(String::from_utf8_lossy(&out.stderr).contains("not in the trusted keyring"));
     assert!(fresh.refs().unwrap().is_empty());
-    assert!(fresh.objects().unwrap().is_empty(), "objects written before verification");
+    assert!(
+        fresh.objects().unwrap().is_empty(),
+        "objects written before verification"
+    );
 
     // Stripped signatures: the summary's, then the commit's.
     for (what, file) in [
@@ -126,13 +149,25 @@ fn signatures_bindings_and_downgrades() {
     ])
     .unwrap();
     let remote_args = |extra: &[&str]| {
-        let mut a = vec!["pull", "--repo", node.repo.to_str().unwrap(), "--remote", "signed", "--ref", REF, "--json"];
+        let mut a = vec![
+            "pull",
+            "--repo",
+            node.repo.to_str().unwrap(),
+            "--remote",
+            "signed",
+            "--ref",
+            REF,
+            "--json",
+        ];
         a.extend_from_slice(extra);
         a.into_iter().map(str::to_owned).collect::<Vec<_>>()
     };
     let out = run_client(&remote_args(&[]));
     let evs = expect_ok(&out, "remote with gpgkeypath");
-    assert_eq!(event(&evs, "verified")["signature"]["cert"], s.good_fpr.as_str());
+    assert_eq!(
+        event(&evs, "verified")["signature"]["cert"],
+        s.good_fpr.as_str()
+    );
     assert_eq!(node.rev_parse(&format!("signed:{REF}")).unwrap(), *c2);
 
     // Downgrade: a validly signed older release is refused (exit 4), the
@@ -147,13 +182,23 @@ fn signatures_bindings_and_downgrades() {
     node.fsck().unwrap();
 
     // Ref binding: the commits are bound to REF only.
-    let out = run_client(&pull_args(&node.repo, &server.url, "other/name", &["--commit", c2]));
+    let out = run_client(&pull_args(
+        &node.repo,
+        &server.url,
+        "other/name",
+        &["--commit", c2],
+    ));
     expect_code(&out, 3, "wrong ref binding");
     assert!(String::from_utf8_lossy(&out.stderr).contains("bound to"));
     assert!(!node.refs().unwrap().iter().any(|r| r.contains("other")));
 
     // A pinned checksum the remote does not have: exit 2, ref unchanged.
     let missing = "0".repeat(64);
-    let out = run_client(&pull_args(&node.repo, &server.url, REF, &["--commit", &missing]));
+    let out = run_client(&pull_args(
+        &node.repo,
+        &server.url,
+        REF,
+        &["--commit", &missing],
+    ));
     expect_code(&out, 2, "missing pinned commit");
 }
