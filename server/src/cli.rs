@@ -1,15 +1,17 @@
 //! The `oscontent-server` command line.
 
 use crate::http::{AppState, HttpConfig};
-use crate::images::{announce, ImagePublisher};
-use crate::publish::{self, PublishRequest, Source, StateDir};
-use crate::source::{self, FetchOptions, ImageRef, Platform};
+use crate::images::ImagePublisher;
+use crate::publish::{self, PublishRequest, Release, Source, StateDir};
+use crate::served::Generation;
+use crate::signing::{self, SignatureOptions};
+use crate::source::{self, FetchOptions, ImageRef, Platform, StagedImage};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use oscontent::format::Checksum;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,9 +36,162 @@ pub enum LogFormat {
 pub enum Cmd {
     /// Serve a repo over HTTP until SIGTERM.
     Serve(ServeArgs),
+    /// Make an OpenPGP signing key (v4, which GnuPG 2.2 and stock ostree
+    /// accept).
+    Keygen(KeygenArgs),
+    /// Sign what `serve` would publish for the same sources: each commit
+    /// object and the exact summary bytes. Writes a signature bundle for
+    /// `serve --signatures`.
+    Sign(SignArgs),
     /// Copy a release, verified, into an OCI layout or a bundle (a
     /// self-contained served remote to carry to a disconnected site).
     Mirror(MirrorArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct KeygenArgs {
+    /// User ID of the key, e.g. "OS updates <os@example.com>".
+    #[arg(long, value_name = "NAME <EMAIL>")]
+    pub uid: String,
+    /// Public-key algorithm.
+    #[arg(long, value_enum, default_value_t = Cipher::Ed25519)]
+    pub cipher: Cipher,
+    /// Key lifetime, e.g. 2y, 365d, 12w, or never. An OS-update key that
+    /// expires strands nodes that were offline, hence never by default.
+    #[arg(long, value_name = "DURATION", default_value = "never")]
+    pub expires: String,
+    /// Where to write the secret key (armored, mode 0600). Never
+    /// overwritten.
+    #[arg(long, value_name = "FILE")]
+    pub out_secret: PathBuf,
+    /// Where to write the public key (armored): for `--trusted-keys` and
+    /// `ostree remote add --gpg-import`. Never overwritten.
+    #[arg(long, value_name = "FILE")]
+    pub out_public: PathBuf,
+    /// Also write a revocation certificate here (keep it offline).
+    #[arg(long, value_name = "FILE")]
+    pub out_revocation: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Cipher {
+    Ed25519,
+    Rsa3072,
+    Rsa4096,
+}
+
+impl From<Cipher> for oscontent::openpgp::KeyAlgo {
+    fn from(c: Cipher) -> Self {
+        match c {
+            Cipher::Ed25519 => Self::Ed25519,
+            Cipher::Rsa3072 => Self::Rsa3072,
+            Cipher::Rsa4096 => Self::Rsa4096,
+        }
+    }
+}
+
+/// The secret key, from a file or from the environment.
+#[derive(Debug, Args)]
+#[group(id = "secret-key", required = true, multiple = false)]
+pub struct SecretKeyArgs {
+    /// The secret key (armored TSK, no passphrase), as `keygen` writes it.
+    #[arg(long, value_name = "FILE", group = "secret-key")]
+    pub key: Option<PathBuf>,
+    /// Name of an environment variable holding the armored secret key
+    /// (e.g. from a Kubernetes Secret).
+    #[arg(long, value_name = "VAR", group = "secret-key")]
+    pub key_env: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SignArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// As for `serve`: the commit to publish.
+    #[arg(long, value_name = "CHECKSUM")]
+    pub commit: Option<Checksum>,
+    /// As for `serve`: ref names to publish (repeatable).
+    #[arg(long = "ref", value_name = "NAME")]
+    pub refs: Vec<String>,
+    #[command(flatten)]
+    pub key: SecretKeyArgs,
+    /// The bundle directory to create (must not exist, or be empty).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Scratch space for the publication (and for `--image`, the staged
+    /// repos); removed afterwards.
+    #[arg(long, value_name = "DIR")]
+    pub work_dir: Option<PathBuf>,
+}
+
+/// Signature handling of `serve`.
+#[derive(Debug, Args)]
+pub struct SignatureArgs {
+    /// A signature bundle made by `oscontent-server sign` (read-only; e.g. a
+    /// ConfigMap mount, whose `..data` layout is understood). Its commit
+    /// signatures are merged with the source's; its summary.sig is served
+    /// only if it signs exactly the summary this server publishes.
+    #[arg(long, value_name = "DIR")]
+    pub signatures: Option<PathBuf>,
+    /// Public keys (armored or binary). Every published commit and the
+    /// summary must carry a valid, unexpired, unrevoked signature by one of
+    /// them, or the content is not published (the server stays not ready,
+    /// or keeps serving what it verified before).
+    #[arg(long, value_name = "FILE")]
+    pub trusted_keys: Option<PathBuf>,
+    /// Trusted control-plane mode only: sign commits and the summary at
+    /// publish time with this secret key (armored TSK). The signatures go
+    /// into the state dir, never into the source.
+    #[arg(long, value_name = "FILE", conflicts_with = "sign_key_env")]
+    pub sign_key: Option<PathBuf>,
+    /// As --sign-key, from an environment variable holding the armored key.
+    #[arg(long, value_name = "VAR")]
+    pub sign_key_env: Option<String>,
+    /// How often to look for a changed bundle in --signatures (and a changed
+    /// summary in --repo mode) and re-publish.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub signatures_poll: u64,
+}
+
+impl SignatureArgs {
+    /// Reads the keys now: a bad key file is a startup error, not a
+    /// publication that never succeeds.
+    pub fn load(&self) -> Result<SignatureOptions> {
+        let trusted = self
+            .trusted_keys
+            .as_deref()
+            .map(signing::load_trusted_keys)
+            .transpose()?
+            .map(std::sync::Arc::new);
+        let sign_key = match (&self.sign_key, &self.sign_key_env) {
+            (Some(p), _) => Some(signing::load_secret_key_file(p)?),
+            (None, Some(v)) => Some(signing::load_secret_key_env(v)?),
+            (None, None) => None,
+        };
+        if let Some(k) = &sign_key {
+            tracing::warn!(key = %k.fingerprint(), "signing at publish time with a private key: run this only on trusted (control-plane) nodes");
+        }
+        if let Some(dir) = &self.signatures {
+            signing::bundle_root(dir)?;
+        }
+        Ok(SignatureOptions {
+            bundle_dir: self.signatures.clone(),
+            trusted,
+            sign_key: sign_key.map(std::sync::Arc::new),
+        })
+    }
+}
+
+impl SecretKeyArgs {
+    fn load(&self) -> Result<oscontent::openpgp::Cert> {
+        match (&self.key, &self.key_env) {
+            (Some(p), _) => signing::load_secret_key_file(p),
+            (None, Some(v)) => signing::load_secret_key_env(v),
+            (None, None) => unreachable!("clap requires one of --key, --key-env"),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -137,6 +292,8 @@ pub struct ServeArgs {
     /// server exits anyway.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub shutdown_timeout: u64,
+    #[command(flatten)]
+    pub signing: SignatureArgs,
 }
 
 /// Sets up logging once, on stderr, filtered by `RUST_LOG` (default info).
@@ -154,6 +311,9 @@ pub fn init_tracing(format: LogFormat) {
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
+        Cmd::Keygen(args) => keygen(args),
+        Cmd::Sign(args) => sign(args),
+        Cmd::Mirror(args) => mirror(args),
         Cmd::Serve(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -166,7 +326,6 @@ pub fn run(cli: Cli) -> Result<()> {
             rt.shutdown_timeout(EXIT_GRACE);
             result
         }
-        Cmd::Mirror(args) => mirror(args),
     }
 }
 
@@ -187,6 +346,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
     // mean a graceful stop, not the default instant death.
     let signals = Signals::install()?;
     let access_log = args.access_log.as_ref().map(open_access_log).transpose()?;
+    let sigs = args.signing.load()?;
+    let poll = Duration::from_secs(args.signing.signatures_poll.max(1));
     let state = AppState::new(
         HttpConfig {
             metadata_max_age: Duration::from_secs(args.metadata_max_age),
@@ -195,29 +356,55 @@ async fn serve(args: ServeArgs) -> Result<()> {
     );
     // Local sources publish before listening: there is nothing to wait for.
     // Images are fetched in the background while /readyz says not yet.
-    let publisher = if let Some(site) = site_source(&args.source) {
-        start_site(site, &args, &state, &signals).await?
+    let mut background = Vec::new();
+    if let Some(site) = site_source(&args.source) {
+        background.push(start_site(site, &args, &sigs, &state, &signals).await?);
     } else if args.source.image.is_empty() {
         let source = match (args.source.oscontainer, args.source.repo) {
             (Some(d), None) => Source::Oscontainer(d),
             (None, Some(d)) => Source::Repo(d),
             _ => unreachable!("clap enforces exactly one source"),
         };
-        let state_dir = Arc::new(StateDir::open(&args.state_dir, &[source.repo_path()])?);
-        let req = Arc::new(PublishRequest {
-            source,
+        let state_dir = StateDir::open(&args.state_dir, &[source.repo_path()])?;
+        let req = PublishRequest {
+            source: source.clone(),
             commit: args.commit,
             refs: args.refs,
+        };
+        let what = source.repo_path().display().to_string();
+        let opts = sigs.clone();
+        let publisher: Publisher = Arc::new(move || {
+            publish::publish_signed(&req, &state_dir, &opts)
+                .with_context(|| format!("publishing {what}"))
         });
-        let generation = publish_local(&req, &state_dir).await?;
-        announce(&generation);
-        state.publish(generation);
-        tokio::spawn(republish_on_hup(
-            req,
-            state_dir,
+        let attempt = publish_once(&publisher).await;
+        match attempt.result {
+            Ok(generation) => {
+                announce(&generation);
+                state.publish(generation);
+            }
+            // Signatures may arrive later (a ConfigMap update): listen, stay
+            // not ready, and publish once they verify.
+            Err(e) if signing::is_signature_error(&e) => {
+                tracing::error!("{e:#}");
+                tracing::warn!("not ready until the signatures verify; watching for new ones");
+            }
+            Err(e) => return Err(e),
+        }
+        if sigs.is_active() {
+            background.push(tokio::spawn(watch_signatures(
+                publisher.clone(),
+                state.clone(),
+                sigs.bundle_dir.clone(),
+                poll,
+                attempt.bundle_identity,
+            )));
+        }
+        background.push(tokio::spawn(republish_on_hup(
+            publisher,
             state.clone(),
             signals.hup.clone(),
-        ))
+        )));
     } else {
         anyhow::ensure!(
             args.commit.is_none() && args.refs.is_empty(),
@@ -228,17 +415,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
         std::fs::create_dir_all(&staging)
             .with_context(|| format!("creating {}", staging.display()))?;
         source::clean_staging(&staging)?;
-        let opts = FetchOptions {
-            platform: args.registry.platform.clone(),
-            authfile: args.registry.authfile.clone(),
-            ca_files: args.registry.ca_files.clone(),
-            insecure_registries: args.registry.insecure_registries.clone(),
-            registries_conf: args.registry.registries_conf.clone(),
-            ..FetchOptions::default()
-        };
         let publisher = ImagePublisher {
             images: args.source.image.clone(),
-            opts,
+            opts: fetch_options(&args.registry),
             staging,
             state_dir: Arc::new(state_dir),
             app: state.clone(),
@@ -246,9 +425,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
             refresh_interval: (args.refresh_interval > 0)
                 .then(|| Duration::from_secs(args.refresh_interval)),
             refresh_now: signals.hup.clone(),
+            sigs,
         };
-        tokio::spawn(publisher.run())
-    };
+        background.push(tokio::spawn(publisher.run()));
+    }
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -268,7 +448,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     signals.recv().await;
     tracing::info!("shutting down: finishing in-flight requests");
     // A fetch in progress stops at its next read and removes its staging.
-    publisher.abort();
+    for f in background {
+        f.abort();
+    }
     drain_state.start_draining();
     let _ = tx.send(());
     match tokio::time::timeout(timeout, server).await {
@@ -280,35 +462,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// How long exiting waits for blocking work (an image read) to notice
-/// cancellation.
-const EXIT_GRACE: Duration = Duration::from_secs(1);
-/// Under the state dir: where images are staged and kept while served.
-const IMAGES_DIR: &str = "images";
-/// Publishes a local source on the blocking pool.
-async fn publish_local(
-    req: &Arc<PublishRequest>,
-    state_dir: &Arc<StateDir>,
-) -> Result<crate::served::Generation> {
-    let (r, sd) = (req.clone(), state_dir.clone());
-    tokio::task::spawn_blocking(move || publish::publish(&r, &sd))
-        .await
-        .context("publish task")?
-        .with_context(|| format!("publishing {}", req.source.repo_path().display()))
-}
-
 /// At each SIGHUP, publishes a local source again (a remounted image
 /// volume, refs added to a repo). A failure keeps the current generation.
-async fn republish_on_hup(
-    req: Arc<PublishRequest>,
-    state_dir: Arc<StateDir>,
-    app: AppState,
-    hup: Arc<tokio::sync::Notify>,
-) {
+async fn republish_on_hup(publisher: Publisher, app: AppState, hup: Arc<tokio::sync::Notify>) {
     loop {
         hup.notified().await;
         tracing::info!("SIGHUP: publishing the source again");
-        match publish_local(&req, &state_dir).await {
+        match publish_once(&publisher).await.result {
             Ok(generation) => {
                 app.metrics
                     .source_checks
@@ -326,6 +486,264 @@ async fn republish_on_hup(
             }
         }
     }
+}
+
+fn fetch_options(r: &RegistryArgs) -> FetchOptions {
+    FetchOptions {
+        platform: r.platform.clone(),
+        authfile: r.authfile.clone(),
+        ca_files: r.ca_files.clone(),
+        insecure_registries: r.insecure_registries.clone(),
+        registries_conf: r.registries_conf.clone(),
+        ..FetchOptions::default()
+    }
+}
+
+/// How long exiting waits for blocking work (an image read) to notice
+/// cancellation.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+/// Under the state dir: where images are staged and kept while served.
+const IMAGES_DIR: &str = "images";
+
+fn announce(generation: &Generation) {
+    for (name, commit) in &generation.derived_refs {
+        tracing::info!(r#ref = name, %commit, generation = generation.id, "published");
+    }
+    let s = &generation.signatures;
+    for (name, commit, v) in &s.verified_refs {
+        tracing::info!(r#ref = name, %commit, key = %v.cert_fingerprint, "commit signature verified");
+    }
+    if let Some(v) = &s.verified_summary {
+        tracing::info!(key = %v.cert_fingerprint, "summary signature verified");
+    }
+    if let Some(d) = &s.summary_digest {
+        tracing::info!(summary_sha256 = %d, signed = s.summary_signed, "summary");
+    }
+}
+
+/// Builds one generation from fixed sources (runs on the blocking pool).
+type Publisher = Arc<dyn Fn() -> Result<Generation> + Send + Sync>;
+
+/// One publication attempt and the bundle it saw.
+struct Attempt {
+    result: Result<Generation>,
+    bundle_identity: Option<[u8; 32]>,
+}
+
+async fn publish_once(publisher: &Publisher) -> Attempt {
+    let p = publisher.clone();
+    let result = tokio::task::spawn_blocking(move || p())
+        .await
+        .context("publish task")
+        .and_then(|r| r);
+    let bundle_identity = match &result {
+        Ok(g) => g.signatures.bundle_identity,
+        Err(_) => None,
+    };
+    Attempt {
+        result,
+        bundle_identity,
+    }
+}
+
+/// Re-publishes when the signature bundle changes (a new ConfigMap
+/// version), or when the served summary no longer is the one publication
+/// signed (a `--repo` that changed). A refused publication keeps the
+/// previous generation, or keeps the server not ready. Runs until aborted.
+async fn watch_signatures(
+    publisher: Publisher,
+    app: AppState,
+    bundle_dir: Option<PathBuf>,
+    poll: Duration,
+    mut seen: Option<[u8; 32]>,
+) {
+    loop {
+        tokio::time::sleep(poll).await;
+        let dir = bundle_dir.clone();
+        let current = app.current.load_full();
+        let stale = tokio::task::spawn_blocking(move || {
+            let identity = dir.as_deref().and_then(signing::bundle_identity);
+            let summary_moved = current.is_some_and(|g| {
+                let served = g
+                    .served_summary()
+                    .ok()
+                    .map(|b| oscontent::format::Checksum::digest(&b));
+                served.is_some() && served != g.signatures.summary_digest
+            });
+            (identity, summary_moved)
+        })
+        .await;
+        let Ok((identity, summary_moved)) = stale else {
+            continue;
+        };
+        // Not ready: try again each time (the source may have been signed
+        // meanwhile, or a clock-dependent check may now pass).
+        if identity == seen && !summary_moved && app.is_ready() {
+            continue;
+        }
+        tracing::info!(
+            bundle_changed = identity != seen,
+            summary_moved,
+            "signatures or summary changed; re-publishing"
+        );
+        seen = identity;
+        match publish_once(&publisher).await.result {
+            Ok(g) => {
+                announce(&g);
+                app.publish(g);
+            }
+            Err(e) if app.is_ready() => {
+                tracing::error!("{e:#}");
+                tracing::warn!("keeping the previously published generation");
+            }
+            Err(e) => tracing::error!("{e:#}"),
+        }
+    }
+}
+
+/// Removes a staged image when the generation serving it is dropped (after
+/// its last in-flight request), or when publication fails.
+struct StagedGuard(Option<StagedImage>);
+
+impl Drop for StagedGuard {
+    fn drop(&mut self) {
+        if let Some(img) = self.0.take() {
+            let root = img.root.clone();
+            if let Err(e) = img.remove() {
+                tracing::warn!(dir = %root.display(), "removing a staged image: {e}");
+            }
+        }
+    }
+}
+
+/// Fetches and verifies every image into `staging`.
+async fn stage_images(
+    images: &[ImageRef],
+    opts: &FetchOptions,
+    staging: &Path,
+) -> Result<(Vec<Release>, Vec<StagedGuard>)> {
+    let mut guards = Vec::new();
+    let mut releases = Vec::new();
+    for image in images {
+        let staged = source::fetch(image, opts, staging)
+            .await
+            .with_context(|| format!("fetching {image}"))?;
+        tracing::info!(
+            %image,
+            manifest = staged.manifest_digest,
+            commit = staged.commit,
+            compressed_bytes = staged.compressed_bytes,
+            written_bytes = staged.written_bytes,
+            "image verified and staged"
+        );
+        let commit: Checksum = staged
+            .commit
+            .parse()
+            .with_context(|| format!("image {image}: label {}", source::COMMIT_LABEL))?;
+        releases.push(Release {
+            image: image.to_string(),
+            repo: staged.root.join(publish::OSCONTAINER_REPO),
+            commit,
+            version: staged.version.clone(),
+        });
+        guards.push(StagedGuard(Some(staged)));
+    }
+    Ok((releases, guards))
+}
+
+fn keygen(args: KeygenArgs) -> Result<()> {
+    let validity = signing::parse_validity(&args.expires).context("--expires")?;
+    let fpr = signing::keygen(&signing::KeygenRequest {
+        user_id: args.uid.clone(),
+        algo: args.cipher.into(),
+        validity,
+        out_secret: args.out_secret.clone(),
+        out_public: args.out_public.clone(),
+        out_revocation: args.out_revocation.clone(),
+    })?;
+    println!("{}", fpr.to_hex());
+    tracing::info!(
+        fingerprint = %fpr.to_hex(),
+        uid = args.uid,
+        secret = %args.out_secret.display(),
+        public = %args.out_public.display(),
+        "key generated"
+    );
+    Ok(())
+}
+
+fn sign(args: SignArgs) -> Result<()> {
+    anyhow::ensure!(
+        args.source.upstream.is_none() && args.source.bundle.is_none(),
+        "sign --upstream/--bundle: sign where the release is made; a mirror republishes those signatures as they are"
+    );
+    let tsk = args.key.load()?;
+    if let Ok(mut rd) = std::fs::read_dir(&args.out) {
+        anyhow::ensure!(
+            rd.next().is_none(),
+            "--out {} exists and is not empty; refusing to overwrite it",
+            args.out.display()
+        );
+    }
+    let work = match &args.work_dir {
+        Some(d) => tempfile::Builder::new()
+            .prefix("oscontent-sign-")
+            .tempdir_in(d),
+        None => tempfile::Builder::new().prefix("oscontent-sign-").tempdir(),
+    }
+    .context("creating a scratch directory")?;
+    let state_root = work.path().join("state");
+    let generation = if args.source.image.is_empty() {
+        let source = match (args.source.oscontainer, args.source.repo) {
+            (Some(d), None) => Source::Oscontainer(d),
+            (None, Some(d)) => Source::Repo(d),
+            _ => unreachable!("clap enforces exactly one source"),
+        };
+        let state_dir = StateDir::open(&state_root, &[source.repo_path()])?;
+        let req = PublishRequest {
+            source: source.clone(),
+            commit: args.commit,
+            refs: args.refs,
+        };
+        publish::publish(&req, &state_dir)
+            .with_context(|| format!("publishing {}", source.repo_path().display()))?
+    } else {
+        anyhow::ensure!(
+            args.commit.is_none() && args.refs.is_empty(),
+            "--commit and --ref apply to --oscontainer and --repo; an image names its commit in its com.coreos.ostree-commit label"
+        );
+        let state_dir = StateDir::open(&state_root, &[])?;
+        let staging = work.path().join(IMAGES_DIR);
+        std::fs::create_dir_all(&staging)
+            .with_context(|| format!("creating {}", staging.display()))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        let (releases, guards) = rt.block_on(stage_images(
+            &args.source.image,
+            &fetch_options(&args.registry),
+            &staging,
+        ))?;
+        let mut g = publish::publish_releases(&releases, &state_dir)?;
+        g.keepalive.push(Box::new(Arc::new(guards)));
+        g
+    };
+    let bundle = signing::sign_generation(&generation, &tsk)?;
+    signing::write_bundle(&bundle, &args.out)?;
+    let m = &bundle.manifest;
+    for (name, commit) in &m.refs {
+        tracing::info!(r#ref = name, commit, "signed");
+    }
+    tracing::info!(
+        signer = m.signer,
+        summary_sha256 = m.summary_sha256,
+        commits = m.commits.len(),
+        out = %args.out.display(),
+        "signature bundle written"
+    );
+    println!("{}", args.out.display());
+    Ok(())
 }
 
 /// SIGTERM and SIGINT, both meaning "drain and exit"; SIGHUP, meaning
@@ -385,6 +803,7 @@ fn site_source(s: &SourceArgs) -> Option<crate::mirror::upstream::SiteSource> {
 async fn start_site(
     site: crate::mirror::upstream::SiteSource,
     args: &ServeArgs,
+    sigs: &SignatureOptions,
     state: &AppState,
     signals: &Signals,
 ) -> Result<tokio::task::JoinHandle<()>> {
@@ -394,12 +813,19 @@ async fn start_site(
         "--commit and --ref do not apply to --upstream and --bundle: the source's own refs and summary are served"
     );
     anyhow::ensure!(args.keep != Some(0), "--keep 0 would keep nothing");
+    anyhow::ensure!(
+        sigs.bundle_dir.is_none() && sigs.sign_key.is_none(),
+        "--signatures and --sign-key do not apply to --upstream and --bundle: the source's own signatures are republished as they are (verify them with --trusted-keys)"
+    );
     let state_dir = StateDir::open(&args.state_dir, &[])?;
     let is_bundle = matches!(site, upstream::SiteSource::Bundle(_));
     let mirror = upstream::SiteMirror::open(
         site,
         state_dir.path(),
-        SyncOptions::default(),
+        SyncOptions {
+            trusted: sigs.trusted.clone(),
+            ..SyncOptions::default()
+        },
         args.keep,
         None,
     )?;
@@ -436,6 +862,11 @@ pub struct MirrorArgs {
     /// signatures against these OpenPGP certificates before writing.
     #[arg(long, value_name = "FILE")]
     pub trusted_keys: Option<PathBuf>,
+    /// Images into bundles: a signature bundle from `oscontent-server sign`
+    /// for this image (its commit signatures and summary.sig are installed
+    /// as `serve --signatures` would).
+    #[arg(long, value_name = "DIR")]
+    pub signatures: Option<PathBuf>,
     /// Bundles: keep the last N releases (and what is published now), and
     /// remove objects nothing kept reaches.
     #[arg(long, value_name = "N")]
@@ -463,22 +894,6 @@ fn parse_rate(s: &str) -> std::result::Result<u64, String> {
         .ok_or_else(|| format!("{s:?}: want a positive number of bytes per second, e.g. 5M"))
 }
 
-fn load_trusted(path: &std::path::Path) -> Result<Vec<oscontent::openpgp::Cert>> {
-    use std::io::Read;
-    let max = oscontent::openpgp::MAX_KEYRING_SIZE as u64;
-    let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(max + 1).read_to_end(&mut bytes))
-        .with_context(|| format!("reading trusted keys {}", path.display()))?;
-    anyhow::ensure!(
-        bytes.len() as u64 <= max,
-        "trusted keys {} are over the {max} byte limit",
-        path.display()
-    );
-    oscontent::openpgp::load_certs(&bytes)
-        .with_context(|| format!("trusted keys {}", path.display()))
-}
-
 fn mirror(args: MirrorArgs) -> Result<()> {
     let opts = crate::mirror::MirrorOptions {
         fetch: FetchOptions {
@@ -492,14 +907,30 @@ fn mirror(args: MirrorArgs) -> Result<()> {
         trusted: args
             .trusted_keys
             .as_deref()
-            .map(load_trusted)
+            .map(signing::load_trusted_keys)
             .transpose()?
             .map(Arc::new),
+        signatures: crate::mirror::Signatures {
+            bundle_dir: args.signatures.clone(),
+        },
         keep: args.keep,
         jobs: args.jobs,
         max_rate: args.max_rate,
         ..Default::default()
     };
+    if opts.signatures.bundle_dir.is_some() {
+        anyhow::ensure!(
+            matches!(
+                (&args.source, &args.dest),
+                (
+                    crate::mirror::MirrorSource::Image(_),
+                    crate::mirror::MirrorDest::Bundle(_)
+                )
+            ),
+            "--signatures applies to an image mirrored into a bundle; an upstream server's signatures are copied as they are"
+        );
+        signing::bundle_root(args.signatures.as_deref().expect("checked"))?;
+    }
     let report = crate::mirror::mirror(&args.source, &args.dest, &opts)
         .with_context(|| format!("mirroring {} into {}", args.source, args.dest))?;
     // One JSON line on stdout, for scripts and tests.

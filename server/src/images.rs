@@ -42,6 +42,8 @@ pub struct ImagePublisher {
     pub refresh_interval: Option<Duration>,
     /// Fired by SIGHUP: check now.
     pub refresh_now: Arc<Notify>,
+    /// Signatures to install and verify at each publication.
+    pub sigs: crate::signing::SignatureOptions,
 }
 
 /// Removes a staged image when the last generation serving it is dropped,
@@ -174,11 +176,12 @@ impl ImagePublisher {
             return Ok((Checked::Unchanged, next));
         }
         let releases: Vec<Release> = next.iter().map(|c| c.release.clone()).collect();
-        let sd = self.state_dir.clone();
-        let mut generation: Generation =
-            tokio::task::spawn_blocking(move || publish::publish_releases(&releases, &sd))
-                .await
-                .context("publish task")??;
+        let (sd, sigs) = (self.state_dir.clone(), self.sigs.clone());
+        let mut generation: Generation = tokio::task::spawn_blocking(move || {
+            publish::publish_releases_signed(&releases, &sd, &sigs)
+        })
+        .await
+        .context("publish task")??;
         // The generation shares the staged images; they outlive it only if
         // a later generation still serves them.
         generation.keepalive.extend(

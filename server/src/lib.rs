@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod mirror;
 pub mod publish;
 pub mod served;
+pub mod signing;
 pub mod source;
 
 pub use http::{app, AppState, HttpConfig};

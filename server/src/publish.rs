@@ -13,6 +13,7 @@
 
 use crate::fsutil;
 use crate::served::Generation;
+use crate::signing::{self, SignatureOptions};
 use anyhow::{bail, Context, Result};
 use oscontent::format::{self, Checksum, Commit, ObjectKind, ObjectName};
 use std::path::{Path, PathBuf};
@@ -303,6 +304,16 @@ fn check_disjoint(state: &Path, repo: &Path) -> Result<()> {
 /// Publishes `req` as a new generation (not yet visible: the caller swaps it
 /// in). On error nothing is left behind.
 pub fn publish(req: &PublishRequest, state: &StateDir) -> Result<Generation> {
+    publish_signed(req, state, &SignatureOptions::default())
+}
+
+/// [`publish`], with signatures installed, made and verified as `sigs`
+/// says (see `signing.rs`) before the generation can become visible.
+pub fn publish_signed(
+    req: &PublishRequest,
+    state: &StateDir,
+    sigs: &SignatureOptions,
+) -> Result<Generation> {
     let repo = req.source.repo_path();
     let config = check_archive_repo(&repo)?;
     // Also checked before the state dir was created; the repo may have
@@ -341,7 +352,7 @@ pub fn publish(req: &PublishRequest, state: &StateDir) -> Result<Generation> {
         }
         Ok(names.into_iter().map(|n| (n, checksum)).collect())
     })();
-    finish_generation(result, id, vec![repo], dir, tmp)
+    finish_generation(result, id, vec![repo], dir, tmp, sigs)
 }
 
 /// Validates an overlay built in `tmp` and renames it into place as
@@ -352,6 +363,7 @@ fn finish_generation(
     sources: Vec<PathBuf>,
     dir: PathBuf,
     tmp: PathBuf,
+    sigs: &SignatureOptions,
 ) -> Result<Generation> {
     let checked = result.and_then(|refs| {
         // Validate the overlay before it becomes a generation: a broken repo
@@ -361,13 +373,16 @@ fn finish_generation(
         probe
             .generated_summary()
             .context("generating the summary")?;
+        // Signatures last: they sign (and verify) the final refs and summary.
+        let report = signing::apply(&probe, sigs, std::time::SystemTime::now())?;
         std::fs::rename(&tmp, &dir)
             .with_context(|| format!("renaming {} into place", tmp.display()))?;
-        Ok(refs)
+        Ok((refs, report))
     });
     match checked {
-        Ok(refs) => {
+        Ok((refs, report)) => {
             let mut generation = Generation::new(id, sources, dir.clone(), refs);
+            generation.signatures = report;
             generation.keepalive.push(Box::new(OverlayGuard(dir)));
             Ok(generation)
         }
@@ -435,6 +450,15 @@ fn newer(a: &Commit, b: &Commit) -> bool {
 /// a ref in its binding; older releases stay reachable by checksum or by
 /// their version ref with clients that allow it).
 pub fn publish_releases(releases: &[Release], state: &StateDir) -> Result<Generation> {
+    publish_releases_signed(releases, state, &SignatureOptions::default())
+}
+
+/// [`publish_releases`] with signatures, as [`publish_signed`].
+pub fn publish_releases_signed(
+    releases: &[Release],
+    state: &StateDir,
+    sigs: &SignatureOptions,
+) -> Result<Generation> {
     anyhow::ensure!(!releases.is_empty(), "no releases to publish");
     let (id, dir, tmp) = state.new_generation_dir();
     let _ = std::fs::remove_dir_all(&tmp);
@@ -510,7 +534,7 @@ pub fn publish_releases(releases: &[Release], state: &StateDir) -> Result<Genera
         }
         Ok(claims.into_iter().map(|(n, c)| (n, c.checksum)).collect())
     })();
-    finish_generation(result, id, sources, dir, tmp)
+    finish_generation(result, id, sources, dir, tmp, sigs)
 }
 
 #[cfg(test)]

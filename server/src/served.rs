@@ -80,6 +80,8 @@ pub struct Generation {
     pub published: SystemTime,
     /// Refs the server published into the overlay, with their commits.
     pub derived_refs: Vec<(String, Checksum)>,
+    /// What publication did with signatures (bundle, signing, verification).
+    pub signatures: crate::signing::SignatureReport,
     summary: Mutex<Option<SummaryCache>>,
     commits: Mutex<BTreeMap<Checksum, Commit>>,
 }
@@ -107,6 +109,7 @@ impl Generation {
             overlay,
             published: SystemTime::now(),
             derived_refs,
+            signatures: Default::default(),
             summary: Mutex::new(None),
             commits: Mutex::new(BTreeMap::new()),
         }
@@ -154,13 +157,18 @@ impl Generation {
             }
             RepoPath::SummarySig => {
                 // summary.sig must sign the summary actually served, or
-                // ostree would keep using a stale cached summary.
+                // ostree would keep using a stale cached summary. What the
+                // server installed (a bundle's, or its own with --sign-key)
+                // is keyed by the digest of the summary it signs, so it is
+                // served only next to exactly that summary.
+                let rel = summary_sig_path(&Checksum::digest(&self.served_summary()?));
+                if let r @ Resolved::File { .. } = self.first_file(&rel, &[Layer::Overlay])? {
+                    return Ok(r);
+                }
                 if let Some(Resolved::File { layer, .. }) = self.source_summary()? {
                     return self.first_file("summary.sig", &[layer]);
                 }
-                let summary = self.generated_summary()?;
-                let rel = summary_sig_path(&Checksum::digest(&summary.bytes));
-                self.first_file(&rel, &[Layer::Overlay])
+                Ok(Resolved::Missing)
             }
             // Detached metadata from the server (signature bundles) wins
             // over what the source carries: it is the merged superset.
@@ -190,6 +198,63 @@ impl Generation {
                 root: source.clone(),
                 rel: "summary".into(),
             }))
+    }
+
+    /// The exact summary bytes served: the source's own, else the generated
+    /// one. This is what `summary.sig` must sign.
+    pub fn served_summary(&self) -> Result<bytes::Bytes> {
+        if let Some(Resolved::File { root, rel, .. }) = self.source_summary()? {
+            let (b, _) = fsutil::read_file(&root, &rel, format::summary::MAX_SUMMARY_SIZE as u64)
+                .with_context(|| format!("reading {}/{rel}", root.display()))?
+                .with_context(|| format!("{}/{rel} vanished", root.display()))?;
+            return Ok(b.into());
+        }
+        Ok(self.generated_summary()?.bytes)
+    }
+
+    /// The exact bytes of a commit object, checked to hash to its name:
+    /// what its signatures sign.
+    pub fn commit_bytes(&self, c: &Checksum) -> Result<Vec<u8>> {
+        let rel = ObjectName::new(*c, ObjectKind::Commit).path();
+        let (bytes, _) = self
+            .all_roots()
+            .find_map(|root| {
+                fsutil::read_file(root, &rel, format::commit::MAX_COMMIT_SIZE as u64).transpose()
+            })
+            .transpose()
+            .with_context(|| format!("reading commit {c}"))?
+            .with_context(|| format!("commit {c} is not in the repo"))?;
+        anyhow::ensure!(
+            Checksum::digest(&bytes) == *c,
+            "commit object {c} is corrupt: its bytes hash to {}",
+            Checksum::digest(&bytes)
+        );
+        Ok(bytes)
+    }
+
+    /// A commit's detached metadata as the sources carry it (the first
+    /// source that has it), ignoring the overlay.
+    pub fn source_commitmeta(&self, c: &Checksum) -> Result<Option<Vec<u8>>> {
+        let rel = ObjectName::new(*c, ObjectKind::CommitMeta).path();
+        for root in &self.sources {
+            if let Some((b, _)) = fsutil::read_file(root, &rel, MAX_METADATA_FILE)
+                .with_context(|| format!("reading {}/{rel}", root.display()))?
+            {
+                return Ok(Some(b));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A commit's detached metadata as served (overlay first).
+    pub fn served_commitmeta(&self, c: &Checksum) -> Result<Option<Vec<u8>>> {
+        let rel = ObjectName::new(*c, ObjectKind::CommitMeta).path();
+        if let Some((b, _)) = fsutil::read_file(&self.overlay, &rel, MAX_METADATA_FILE)
+            .with_context(|| format!("reading {}/{rel}", self.overlay.display()))?
+        {
+            return Ok(Some(b));
+        }
+        self.source_commitmeta(c)
     }
 
     /// All roots: sources in precedence order, then the overlay.

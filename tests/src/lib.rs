@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 pub use xtask::fixtures::{Fixtures, Release};
 
 pub mod proxy;
+pub mod signing;
 
 /// Environment variable naming the directory that holds the binaries.
 pub const BIN_DIR_ENV: &str = "OSCONTENT_BIN_DIR";

@@ -113,14 +113,23 @@ impl std::fmt::Display for MirrorDest {
     }
 }
 
-/// How the image side gets its signatures when publishing an image, as
-/// `serve --image` would: today, what the image's repo carries.
+/// Where an image's signatures come from when it is published for a
+/// bundle, as `serve --image` would: what the image's repo carries, merged
+/// with a `--signatures` bundle made by `oscontent-server sign` (whose
+/// `summary.sig` is installed only if it signs exactly the summary
+/// published; see `signing.rs`).
 #[derive(Debug, Clone, Default)]
-pub struct Signatures {}
+pub struct Signatures {
+    pub bundle_dir: Option<PathBuf>,
+}
 
 impl Signatures {
     fn publish_releases(&self, releases: &[Release], state: &StateDir) -> Result<Generation> {
-        crate::publish::publish_releases(releases, state)
+        let opts = crate::signing::SignatureOptions {
+            bundle_dir: self.bundle_dir.clone(),
+            ..Default::default()
+        };
+        crate::publish::publish_releases_signed(releases, state, &opts)
     }
 }
 
