@@ -916,7 +916,6 @@ fn mirror(args: MirrorArgs) -> Result<()> {
         keep: args.keep,
         jobs: args.jobs,
         max_rate: args.max_rate,
-        ..Default::default()
     };
     if opts.signatures.bundle_dir.is_some() {
         anyhow::ensure!(

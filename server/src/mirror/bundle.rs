@@ -321,9 +321,10 @@ pub struct Destination {
 }
 
 impl Destination {
-    /// Opens `root` for an update: takes the lock, moves the manifest aside
-    /// (from now on the destination does not look complete), and opens the
-    /// store trusting what that manifest lists.
+    /// Opens `root` for an update: takes the lock, reads the last complete
+    /// manifest (or, after an interrupted update, the one it moved aside),
+    /// and opens the store trusting what that manifest lists. Nothing is
+    /// changed until [`Self::start_update`].
     pub fn begin(root: &Path, manifest_path: &Path) -> Result<Self> {
         std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
         let work = root.join(WORK_DIR);
@@ -344,12 +345,7 @@ impl Destination {
         )?;
         let parked = work.join(PREVIOUS);
         let previous = match read_manifest(manifest_path)? {
-            Some(m) => {
-                std::fs::rename(manifest_path, &parked)
-                    .with_context(|| format!("moving {} aside", manifest_path.display()))?;
-                sync_dir(manifest_path.parent().unwrap_or(root))?;
-                Some(m)
-            }
+            Some(m) => Some(m),
             // An interrupted update: its predecessor's manifest still says
             // what was verified.
             None => read_manifest(&parked).unwrap_or_else(|e| {
@@ -370,6 +366,29 @@ impl Destination {
             store,
             _lock: lock,
         })
+    }
+
+    /// Moves the manifest aside: from now on, until [`Self::commit`], the
+    /// destination does not look complete. Called once the source's
+    /// metadata and signatures verified, so a refused source leaves a
+    /// complete destination as it was.
+    pub fn start_update(&self) -> Result<()> {
+        if self.manifest_path.exists() {
+            let parked = self.work.join(PREVIOUS);
+            std::fs::rename(&self.manifest_path, &parked)
+                .with_context(|| format!("moving {} aside", self.manifest_path.display()))?;
+            sync_dir(self.manifest_path.parent().unwrap_or(&self.root))?;
+        }
+        Ok(())
+    }
+
+    /// Whether the destination is complete and already holds `summary`.
+    pub fn up_to_date(&self, summary: &Checksum) -> bool {
+        self.manifest_path.exists()
+            && self
+                .previous
+                .as_ref()
+                .is_some_and(|m| m.summary_sha256 == summary.to_hex())
     }
 
     /// The release history after `snap`: the previous releases (their refs
@@ -522,13 +541,21 @@ pub struct Pruned {
 /// `summary.sig` of `meta` into `store`'s root.
 pub fn write_remote_files(store: &Store, meta: &Metadata) -> Result<()> {
     let root = store.root().to_path_buf();
+    // The directories a local ostree repo has, so that stock tools also
+    // open a bundle in place (`ostree fsck --repo=DIR`).
+    for d in ["refs/heads", "refs/mirrors", "refs/remotes"] {
+        std::fs::create_dir_all(root.join(d))
+            .with_context(|| format!("creating {}/{d}", root.display()))?;
+    }
     let wanted: BTreeSet<String> = meta.refs.iter().map(PublishedRef::path).collect();
     for rel in list_files(&root, "refs")? {
         if !wanted.contains(&rel) {
             store.remove(&rel)?;
         }
     }
-    remove_empty_dirs(&root.join("refs"))?;
+    for d in ["refs/heads", "refs/mirrors", "refs/remotes"] {
+        remove_empty_dirs(&root.join(d))?;
+    }
     for r in &meta.refs {
         store.write_file(&r.path(), format!("{}\n", r.commit).as_bytes())?;
     }
@@ -660,7 +687,8 @@ mod tests {
             ("refs/heads/x", b"abc\n"),
             (obj.as_str(), b"object bytes"),
         ];
-        let cases: Vec<(&str, Box<dyn Fn(&Path)>, Option<&str>)> = vec![
+        type Damage = Box<dyn Fn(&Path)>;
+        let cases: Vec<(&str, Damage, Option<&str>)> = vec![
             ("intact", Box::new(|_| {}), None),
             (
                 "flipped byte",

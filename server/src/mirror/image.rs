@@ -63,12 +63,12 @@ pub fn sync_image(
             version: staged.version.clone(),
         };
         let state_root = dest.work.join(STATE);
-        let state = StateDir::open(&state_root, &[release.repo.clone()])?;
+        let state = StateDir::open(&state_root, std::slice::from_ref(&release.repo))?;
         let generation = signatures.publish_releases(&[release], &state)?;
         let remote = GenerationRemote {
             generation: Arc::new(generation),
         };
-        let snap = sync::sync(&remote, &dest.store, opts);
+        let snap = super::update_from(dest, &remote, opts);
         drop(remote);
         let _ = std::fs::remove_dir_all(&state_root);
         snap

@@ -231,6 +231,20 @@ pub fn mirror(src: &MirrorSource, dest: &MirrorDest, opts: &MirrorOptions) -> Re
     }
 }
 
+/// Reads and verifies what `remote` publishes (summary signature, commit
+/// signatures) before the destination is touched, then starts the update
+/// and walks. A refused source leaves a complete destination complete.
+pub(crate) fn update_from(
+    dest: &Destination,
+    remote: &dyn remote::Remote,
+    opts: &SyncOptions,
+) -> Result<sync::Snapshot> {
+    let meta = sync::read_metadata(remote, opts)?;
+    sync::verify_commits(remote, &meta, opts)?;
+    dest.start_update()?;
+    sync::sync_with(remote, &dest.store, opts, meta)
+}
+
 fn mirror_bundle(
     src: &MirrorSource,
     dir: &std::path::Path,
@@ -257,7 +271,7 @@ fn mirror_bundle(
         }
         MirrorSource::Upstream(url) => {
             let remote = HttpRemote::new(url, limit)?;
-            (sync::sync(&remote, &dest.store, &sync_opts)?, None)
+            (update_from(&dest, &remote, &sync_opts)?, None)
         }
     };
     dest.write_commitmeta(&snap)?;

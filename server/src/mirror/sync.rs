@@ -175,6 +175,43 @@ pub fn read_metadata(remote: &dyn Remote, opts: &SyncOptions) -> Result<Metadata
     })
 }
 
+/// Checks what the metadata publishes before anything is written: each
+/// commit object must hash to its name and, with trusted keys, carry a
+/// valid signature. (The walk checks them again as it writes them.)
+pub fn verify_commits(remote: &dyn Remote, meta: &Metadata, opts: &SyncOptions) -> Result<()> {
+    let Some(trusted) = &opts.trusted else {
+        return Ok(());
+    };
+    let src = remote.describe();
+    let commits: BTreeSet<Checksum> = meta.refs.iter().map(|r| r.commit).collect();
+    anyhow::ensure!(
+        commits.len() <= MAX_COMMITS,
+        "{src}: the summary names {} commits, over the limit of {MAX_COMMITS}",
+        commits.len()
+    );
+    for c in commits {
+        let rel = ObjectName::new(c, ObjectKind::Commit).path();
+        let bytes = remote
+            .get(&rel, super::store::MAX_COMMIT_SIZE)?
+            .with_context(|| format!("{src}: commit {c} is missing"))?;
+        anyhow::ensure!(
+            Checksum::digest(&bytes) == c,
+            "{src}: commit {c}: the bytes hash to {}",
+            Checksum::digest(&bytes)
+        );
+        let meta_rel = ObjectName::new(c, ObjectKind::CommitMeta).path();
+        let sigs = match remote.get(&meta_rel, MAX_COMMITMETA_SIZE)? {
+            Some(b) => {
+                parse_gpgsigs(&b).with_context(|| format!("detached metadata of commit {c}"))?
+            }
+            None => Vec::new(),
+        };
+        openpgp::verify_detached(trusted, &bytes, &sigs, SystemTime::now())
+            .map_err(|e| anyhow::anyhow!("{src}: commit {c}: signature: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Runs `f` over `items` on `jobs` threads; the first error stops the rest
 /// (they finish the item in hand) and is returned.
 pub fn parallel<T: Send>(
@@ -534,5 +571,135 @@ mod tests {
         for (c, ok) in cases {
             assert_eq!(archive_mode(c.as_bytes()).is_ok(), *ok, "{c}");
         }
+    }
+}
+
+#[cfg(test)]
+mod walk_tests {
+    use super::*;
+    use crate::mirror::remote::DirRemote;
+    use std::path::Path;
+
+    fn ostree(args: &[&str]) -> String {
+        let o = std::process::Command::new("ostree")
+            .args(args)
+            .output()
+            .expect("the ostree CLI must be installed");
+        assert!(o.status.success(), "ostree {args:?}: {o:?}");
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    /// A two-commit archive repo with a summary and a static delta, made by
+    /// the stock CLI.
+    fn source(dir: &Path) -> (std::path::PathBuf, String, String) {
+        let repo = dir.join("src");
+        let r = format!("--repo={}", repo.display());
+        ostree(&["init", "--mode=archive", &r]);
+        let tree = dir.join("tree");
+        std::fs::create_dir_all(tree.join("usr/lib")).unwrap();
+        for i in 0..50u32 {
+            std::fs::write(
+                tree.join(format!("usr/lib/f{i}")),
+                i.to_le_bytes().repeat(500),
+            )
+            .unwrap();
+        }
+        std::os::unix::fs::symlink("lib", tree.join("usr/lib64")).unwrap();
+        let commit = |subject: &str| {
+            ostree(&[
+                "commit",
+                &r,
+                "-b",
+                "os/stable",
+                "-s",
+                subject,
+                &format!("--tree=dir={}", tree.display()),
+                "--owner-uid=0",
+                "--owner-gid=0",
+            ])
+            .trim()
+            .to_owned()
+        };
+        let c1 = commit("one");
+        std::fs::write(tree.join("usr/lib/f3"), b"changed").unwrap();
+        std::fs::write(tree.join("usr/lib/new"), b"new file").unwrap();
+        let c2 = commit("two");
+        ostree(&["static-delta", "generate", &r, "--from", &c1, "--to", &c2]);
+        ostree(&["summary", "-u", &r]);
+        (repo, c1, c2)
+    }
+
+    #[test]
+    fn walks_verifies_and_copies_deltas_then_prunes() {
+        let t = tempfile::tempdir().unwrap();
+        let (repo, _c1, c2) = source(t.path());
+        let remote = DirRemote::new(&repo, None);
+        let dest = t.path().join("dest");
+        let store = Store::open(&dest, &t.path().join("tmp"), BTreeMap::new()).unwrap();
+        let snap = sync(&remote, &store, &SyncOptions::default()).unwrap();
+        assert_eq!(
+            snap.commits.keys().map(|c| c.to_hex()).collect::<Vec<_>>(),
+            [c2.clone()]
+        );
+        assert_eq!(
+            snap.fetched as usize,
+            snap.objects as usize + snap.delta_files.len()
+        );
+        assert!(
+            snap.delta_files.iter().any(|f| f.ends_with("/superblock"))
+                && snap.delta_files.iter().any(|f| f.ends_with("/0")),
+            "{:?}",
+            snap.delta_files
+        );
+        // A second sync fetches nothing.
+        let again = sync(&remote, &store, &SyncOptions::default()).unwrap();
+        assert_eq!(again.fetched, 0);
+        // Stock ostree agrees the copy is whole: refs and summary as the
+        // source's, every object present and valid.
+        crate::mirror::bundle::write_remote_files(&store, &snap.meta).unwrap();
+        for f in ["summary", "config"] {
+            assert_eq!(
+                std::fs::read(dest.join(f)).unwrap(),
+                std::fs::read(repo.join(f)).unwrap()
+            );
+        }
+        ostree(&["fsck", &format!("--repo={}", dest.display())]);
+        // What c2 reaches excludes the file c1 had and c2 replaced.
+        let kept = reachable(&store, &[Checksum::from_hex(&c2).unwrap()]).unwrap();
+        assert_eq!(
+            kept.iter().filter(|o| o.kind == ObjectKind::Commit).count(),
+            1
+        );
+        assert!(kept.len() < snap.objects as usize + 2);
+    }
+
+    #[test]
+    fn a_corrupted_delta_part_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let (repo, _, _) = source(t.path());
+        let part = crate::mirror::bundle::list_files(&repo, "deltas")
+            .unwrap()
+            .into_iter()
+            .find(|f| f.ends_with("/0"))
+            .unwrap();
+        let p = repo.join(&part);
+        let mut b = std::fs::read(&p).unwrap();
+        let i = b.len() / 2;
+        b[i] ^= 1;
+        std::fs::write(&p, b).unwrap();
+        let store = Store::open(
+            &t.path().join("dest"),
+            &t.path().join("tmp"),
+            BTreeMap::new(),
+        )
+        .unwrap();
+        let e = sync(
+            &DirRemote::new(&repo, None),
+            &store,
+            &SyncOptions::default(),
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("SHA-256 mismatch"), "{e:#}");
+        assert!(!t.path().join("dest").join(&part).exists());
     }
 }

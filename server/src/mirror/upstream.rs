@@ -165,7 +165,9 @@ impl SiteMirror {
         let Some((remote, meta)) = self.check(current)? else {
             return Ok(None);
         };
+        sync::verify_commits(remote.as_ref(), &meta, &self.opts)?;
         let dest = Destination::begin(&self.repo(), &self.dir.join(OBJECTS_MANIFEST))?;
+        dest.start_update()?;
         let snap = sync::sync_with(remote.as_ref(), &dest.store, &self.opts, meta)
             .with_context(|| format!("mirroring {}", self.source))?;
         dest.write_commitmeta(&snap)?;

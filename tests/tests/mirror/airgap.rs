@@ -120,6 +120,21 @@ fn release_crosses_the_air_gap_verified_end_to_end() {
     assert_eq!(m1["summary_verified"], true, "{m1}");
     assert_eq!(u64_of(&m1, "commits_verified"), 1, "{m1}");
     let v1_summary = std::fs::read(bundle.join("summary")).unwrap();
+    // The hub's summary and signature are refused under another key, and
+    // the refusal leaves the complete bundle as it was.
+    let stranger = keygen(&work.join("keys"), "stranger", &[]).unwrap();
+    let before = std::fs::read(bundle.join("oscontent-bundle.json")).unwrap();
+    let err = mirror_fails(
+        &hub,
+        &hub_n.url,
+        &bundle_arg,
+        &["--trusted-keys", stranger.public.to_str().unwrap()],
+    );
+    assert!(err.contains("not in the trusted keyring"), "{err}");
+    assert_eq!(
+        std::fs::read(bundle.join("oscontent-bundle.json")).unwrap(),
+        before
+    );
 
     // --- The site: serve the bundle, verified; a node pulls with the
     // original key.
