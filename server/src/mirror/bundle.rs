@@ -382,15 +382,6 @@ impl Destination {
         Ok(())
     }
 
-    /// Whether the destination is complete and already holds `summary`.
-    pub fn up_to_date(&self, summary: &Checksum) -> bool {
-        self.manifest_path.exists()
-            && self
-                .previous
-                .as_ref()
-                .is_some_and(|m| m.summary_sha256 == summary.to_hex())
-    }
-
     /// The release history after `snap`: the previous releases (their refs
     /// updated), then the newly published commits, oldest first.
     pub fn history(&self, snap: &Snapshot) -> Vec<ReleaseEntry> {

@@ -247,11 +247,12 @@ fn release_crosses_the_air_gap_verified_end_to_end() {
             .filter(|p| !old.contains_key(p) && p.ends_with(".filez"))
             .collect()
     };
-    let refuse = |b: &std::path::Path, what: &str, want: &str| {
+    // `--repo` on a bundle is `--bundle`: the same checks.
+    let refuse = |flag: &str, b: &std::path::Path, what: &str, want: &str| {
         let (_s, state) = dir();
         let o = run_bounded(
             server(&site)
-                .args(["serve", "--bundle", b.to_str().unwrap()])
+                .args(["serve", flag, b.to_str().unwrap()])
                 .args([
                     "--trusted-keys",
                     &trusted,
@@ -278,17 +279,23 @@ fn release_crosses_the_air_gap_verified_end_to_end() {
     let flipped = work.join("flipped");
     copy_bundle(&bundle, &flipped);
     flip_byte(&flipped.join(&v2_only[0]));
-    refuse(&flipped, "a flipped byte in an object", &v2_only[0]);
+    refuse(
+        "--bundle",
+        &flipped,
+        "a flipped byte in an object",
+        &v2_only[0],
+    );
     let swapped = work.join("swapped");
     copy_bundle(&bundle, &swapped);
     std::fs::write(swapped.join("summary"), &v1_summary).unwrap();
-    refuse(&swapped, "a swapped summary", "summary: SHA-256");
+    refuse("--repo", &swapped, "a swapped summary", "summary: SHA-256");
     // The same swap with a manifest rewritten to match: the summary
     // signature, by the original key, still refuses it.
     let forged = work.join("forged");
     copy_bundle(&bundle, &forged);
     forge_summary(&forged, &v1_summary);
     refuse(
+        "--bundle",
         &forged,
         "a swapped summary with a forged manifest",
         "summary signature",
