@@ -639,7 +639,7 @@ mod walk_tests {
         let snap = sync(&remote, &store, &SyncOptions::default()).unwrap();
         assert_eq!(
             snap.commits.keys().map(|c| c.to_hex()).collect::<Vec<_>>(),
-            [c2.clone()]
+            std::slice::from_ref(&c2)
         );
         assert_eq!(
             snap.fetched as usize,
