@@ -1,17 +1,16 @@
 //! The `oscontent-server` command line.
 
 use crate::http::{AppState, HttpConfig};
-use crate::images::ImagePublisher;
-use crate::publish::{self, PublishRequest, Release, Source, StateDir};
-use crate::served::Generation;
-use crate::signing::{self, SignatureOptions};
-use crate::source::{self, FetchOptions, ImageRef, Platform, StagedImage};
+use crate::images::{self, announce, ImagePublisher};
+use crate::publish::{self, PublishRequest, Source, StateDir};
+use crate::signing::{self, SignatureOptions, SignatureWatch};
+use crate::source::{self, FetchOptions, ImageRef, Platform};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use oscontent::format::Checksum;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -347,7 +346,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let signals = Signals::install()?;
     let access_log = args.access_log.as_ref().map(open_access_log).transpose()?;
     let sigs = args.signing.load()?;
-    let poll = Duration::from_secs(args.signing.signatures_poll.max(1));
+    let signatures_poll = Duration::from_secs(args.signing.signatures_poll.max(1));
     let state = AppState::new(
         HttpConfig {
             metadata_max_age: Duration::from_secs(args.metadata_max_age),
@@ -356,29 +355,22 @@ async fn serve(args: ServeArgs) -> Result<()> {
     );
     // Local sources publish before listening: there is nothing to wait for.
     // Images are fetched in the background while /readyz says not yet.
-    let mut background = Vec::new();
-    if let Some(site) = site_source(&args.source) {
-        background.push(start_site(site, &args, &sigs, &state, &signals).await?);
+    let publisher = if let Some(site) = site_source(&args.source) {
+        start_site(site, &args, &sigs, &state, &signals).await?
     } else if args.source.image.is_empty() {
         let source = match (args.source.oscontainer, args.source.repo) {
             (Some(d), None) => Source::Oscontainer(d),
             (None, Some(d)) => Source::Repo(d),
             _ => unreachable!("clap enforces exactly one source"),
         };
-        let state_dir = StateDir::open(&args.state_dir, &[source.repo_path()])?;
-        let req = PublishRequest {
-            source: source.clone(),
+        let state_dir = Arc::new(StateDir::open(&args.state_dir, &[source.repo_path()])?);
+        let req = Arc::new(PublishRequest {
+            source,
             commit: args.commit,
             refs: args.refs,
-        };
-        let what = source.repo_path().display().to_string();
-        let opts = sigs.clone();
-        let publisher: Publisher = Arc::new(move || {
-            publish::publish_signed(&req, &state_dir, &opts)
-                .with_context(|| format!("publishing {what}"))
         });
-        let attempt = publish_once(&publisher).await;
-        match attempt.result {
+        let mut watch = SignatureWatch::default();
+        match publish_local(&req, &state_dir, &sigs).await {
             Ok(generation) => {
                 announce(&generation);
                 state.publish(generation);
@@ -386,25 +378,24 @@ async fn serve(args: ServeArgs) -> Result<()> {
             // Signatures may arrive later (a ConfigMap update): listen, stay
             // not ready, and publish once they verify.
             Err(e) if signing::is_signature_error(&e) => {
-                tracing::error!("{e:#}");
-                tracing::warn!("not ready until the signatures verify; watching for new ones");
+                tracing::error!(
+                    "{e:#} (not ready until the signatures verify; watching for new signatures)"
+                );
+                watch.refused(sigs.bundle_dir.as_deref());
             }
             Err(e) => return Err(e),
         }
-        if sigs.is_active() {
-            background.push(tokio::spawn(watch_signatures(
-                publisher.clone(),
-                state.clone(),
-                sigs.bundle_dir.clone(),
-                poll,
-                attempt.bundle_identity,
-            )));
-        }
-        background.push(tokio::spawn(republish_on_hup(
-            publisher,
-            state.clone(),
-            signals.hup.clone(),
-        )));
+        tokio::spawn(keep_local_published(
+            LocalPublisher {
+                req,
+                state_dir,
+                sigs,
+                signatures_poll,
+                app: state.clone(),
+                hup: signals.hup.clone(),
+            },
+            watch,
+        ))
     } else {
         anyhow::ensure!(
             args.commit.is_none() && args.refs.is_empty(),
@@ -415,9 +406,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
         std::fs::create_dir_all(&staging)
             .with_context(|| format!("creating {}", staging.display()))?;
         source::clean_staging(&staging)?;
+        let opts = fetch_options(&args.registry);
         let publisher = ImagePublisher {
             images: args.source.image.clone(),
-            opts: fetch_options(&args.registry),
+            opts,
             staging,
             state_dir: Arc::new(state_dir),
             app: state.clone(),
@@ -426,9 +418,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
                 .then(|| Duration::from_secs(args.refresh_interval)),
             refresh_now: signals.hup.clone(),
             sigs,
+            signatures_poll,
         };
-        background.push(tokio::spawn(publisher.run()));
-    }
+        tokio::spawn(publisher.run())
+    };
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -448,9 +441,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     signals.recv().await;
     tracing::info!("shutting down: finishing in-flight requests");
     // A fetch in progress stops at its next read and removes its staging.
-    for f in background {
-        f.abort();
-    }
+    publisher.abort();
     drain_state.start_draining();
     let _ = tx.send(());
     match tokio::time::timeout(timeout, server).await {
@@ -462,32 +453,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// At each SIGHUP, publishes a local source again (a remounted image
-/// volume, refs added to a repo). A failure keeps the current generation.
-async fn republish_on_hup(publisher: Publisher, app: AppState, hup: Arc<tokio::sync::Notify>) {
-    loop {
-        hup.notified().await;
-        tracing::info!("SIGHUP: publishing the source again");
-        match publish_once(&publisher).await.result {
-            Ok(generation) => {
-                app.metrics
-                    .source_checks
-                    .with_label_values(&["published"])
-                    .inc();
-                announce(&generation);
-                app.publish(generation);
-            }
-            Err(e) => {
-                app.metrics
-                    .source_checks
-                    .with_label_values(&["failed"])
-                    .inc();
-                tracing::error!("{e:#} (still serving the previous generation)");
-            }
-        }
-    }
-}
-
+/// How long exiting waits for blocking work (an image read) to notice
+/// cancellation.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+/// Under the state dir: where images are staged and kept while served.
+const IMAGES_DIR: &str = "images";
 fn fetch_options(r: &RegistryArgs) -> FetchOptions {
     FetchOptions {
         platform: r.platform.clone(),
@@ -499,156 +469,92 @@ fn fetch_options(r: &RegistryArgs) -> FetchOptions {
     }
 }
 
-/// How long exiting waits for blocking work (an image read) to notice
-/// cancellation.
-const EXIT_GRACE: Duration = Duration::from_secs(1);
-/// Under the state dir: where images are staged and kept while served.
-const IMAGES_DIR: &str = "images";
-
-fn announce(generation: &Generation) {
-    for (name, commit) in &generation.derived_refs {
-        tracing::info!(r#ref = name, %commit, generation = generation.id, "published");
-    }
-    let s = &generation.signatures;
-    for (name, commit, v) in &s.verified_refs {
-        tracing::info!(r#ref = name, %commit, key = %v.cert_fingerprint, "commit signature verified");
-    }
-    if let Some(v) = &s.verified_summary {
-        tracing::info!(key = %v.cert_fingerprint, "summary signature verified");
-    }
-    if let Some(d) = &s.summary_digest {
-        tracing::info!(summary_sha256 = %d, signed = s.summary_signed, "summary");
-    }
-}
-
-/// Builds one generation from fixed sources (runs on the blocking pool).
-type Publisher = Arc<dyn Fn() -> Result<Generation> + Send + Sync>;
-
-/// One publication attempt and the bundle it saw.
-struct Attempt {
-    result: Result<Generation>,
-    bundle_identity: Option<[u8; 32]>,
-}
-
-async fn publish_once(publisher: &Publisher) -> Attempt {
-    let p = publisher.clone();
-    let result = tokio::task::spawn_blocking(move || p())
+/// Publishes a local source on the blocking pool.
+async fn publish_local(
+    req: &Arc<PublishRequest>,
+    state_dir: &Arc<StateDir>,
+    sigs: &SignatureOptions,
+) -> Result<crate::served::Generation> {
+    let (r, sd, s) = (req.clone(), state_dir.clone(), sigs.clone());
+    tokio::task::spawn_blocking(move || publish::publish_signed(&r, &sd, &s))
         .await
-        .context("publish task")
-        .and_then(|r| r);
-    let bundle_identity = match &result {
-        Ok(g) => g.signatures.bundle_identity,
-        Err(_) => None,
-    };
-    Attempt {
-        result,
-        bundle_identity,
-    }
+        .context("publish task")?
+        .with_context(|| format!("publishing {}", req.source.repo_path().display()))
 }
 
-/// Re-publishes when the signature bundle changes (a new ConfigMap
-/// version), or when the served summary no longer is the one publication
-/// signed (a `--repo` that changed). A refused publication keeps the
-/// previous generation, or keeps the server not ready. Runs until aborted.
-async fn watch_signatures(
-    publisher: Publisher,
+/// What republishing a local source needs.
+struct LocalPublisher {
+    req: Arc<PublishRequest>,
+    state_dir: Arc<StateDir>,
+    sigs: SignatureOptions,
+    signatures_poll: Duration,
     app: AppState,
-    bundle_dir: Option<PathBuf>,
-    poll: Duration,
-    mut seen: Option<[u8; 32]>,
-) {
+    hup: Arc<tokio::sync::Notify>,
+}
+
+/// Publishes a local source again at each SIGHUP (a remounted image
+/// volume, refs added to a repo) and, with signatures, when new ones arrive
+/// or the served summary moved. A failure keeps the current generation.
+/// Runs until aborted at shutdown.
+async fn keep_local_published(p: LocalPublisher, mut watch: SignatureWatch) {
     loop {
-        tokio::time::sleep(poll).await;
-        let dir = bundle_dir.clone();
-        let current = app.current.load_full();
-        let stale = tokio::task::spawn_blocking(move || {
-            let identity = dir.as_deref().and_then(signing::bundle_identity);
-            let summary_moved = current.is_some_and(|g| {
-                let served = g
-                    .served_summary()
-                    .ok()
-                    .map(|b| oscontent::format::Checksum::digest(&b));
-                served.is_some() && served != g.signatures.summary_digest
-            });
-            (identity, summary_moved)
-        })
-        .await;
-        let Ok((identity, summary_moved)) = stale else {
-            continue;
-        };
-        // Not ready: try again each time (the source may have been signed
-        // meanwhile, or a clock-dependent check may now pass).
-        if identity == seen && !summary_moved && app.is_ready() {
-            continue;
+        if p.sigs.is_active() {
+            tokio::select! {
+                _ = tokio::time::sleep(p.signatures_poll) => {
+                    let dir = p.sigs.bundle_dir.clone();
+                    let current = p.app.current.load_full();
+                    let w = watch.clone();
+                    let again = tokio::task::spawn_blocking(move || w.should_republish(dir.as_deref(), current.as_deref()))
+                        .await
+                        .unwrap_or(false);
+                    if !again {
+                        continue;
+                    }
+                    tracing::info!("new signatures (or a changed summary); publishing again");
+                }
+                _ = p.hup.notified() => tracing::info!("SIGHUP: publishing the source again"),
+            }
+        } else {
+            p.hup.notified().await;
+            tracing::info!("SIGHUP: publishing the source again");
         }
-        tracing::info!(
-            bundle_changed = identity != seen,
-            summary_moved,
-            "signatures or summary changed; re-publishing"
-        );
-        seen = identity;
-        match publish_once(&publisher).await.result {
-            Ok(g) => {
-                announce(&g);
-                app.publish(g);
+        match publish_local(&p.req, &p.state_dir, &p.sigs).await {
+            Ok(generation) => {
+                p.app
+                    .metrics
+                    .source_checks
+                    .with_label_values(&["published"])
+                    .inc();
+                watch.published();
+                announce(&generation);
+                p.app.publish(generation);
             }
-            Err(e) if app.is_ready() => {
-                tracing::error!("{e:#}");
-                tracing::warn!("keeping the previously published generation");
+            Err(e) => {
+                p.app
+                    .metrics
+                    .source_checks
+                    .with_label_values(&["failed"])
+                    .inc();
+                if signing::is_signature_error(&e) {
+                    let dir = p.sigs.bundle_dir.clone();
+                    let w = watch.clone();
+                    watch = tokio::task::spawn_blocking(move || {
+                        let mut w = w;
+                        w.refused(dir.as_deref());
+                        w
+                    })
+                    .await
+                    .unwrap_or_default();
+                }
+                let serving = if p.app.is_ready() {
+                    "still serving the previous generation"
+                } else {
+                    "not ready"
+                };
+                tracing::error!("{e:#} ({serving})");
             }
-            Err(e) => tracing::error!("{e:#}"),
         }
     }
-}
-
-/// Removes a staged image when the generation serving it is dropped (after
-/// its last in-flight request), or when publication fails.
-struct StagedGuard(Option<StagedImage>);
-
-impl Drop for StagedGuard {
-    fn drop(&mut self) {
-        if let Some(img) = self.0.take() {
-            let root = img.root.clone();
-            if let Err(e) = img.remove() {
-                tracing::warn!(dir = %root.display(), "removing a staged image: {e}");
-            }
-        }
-    }
-}
-
-/// Fetches and verifies every image into `staging`.
-async fn stage_images(
-    images: &[ImageRef],
-    opts: &FetchOptions,
-    staging: &Path,
-) -> Result<(Vec<Release>, Vec<StagedGuard>)> {
-    let mut guards = Vec::new();
-    let mut releases = Vec::new();
-    for image in images {
-        let staged = source::fetch(image, opts, staging)
-            .await
-            .with_context(|| format!("fetching {image}"))?;
-        tracing::info!(
-            %image,
-            manifest = staged.manifest_digest,
-            commit = staged.commit,
-            compressed_bytes = staged.compressed_bytes,
-            written_bytes = staged.written_bytes,
-            "image verified and staged"
-        );
-        let commit: Checksum = staged
-            .commit
-            .parse()
-            .with_context(|| format!("image {image}: label {}", source::COMMIT_LABEL))?;
-        releases.push(Release {
-            image: image.to_string(),
-            repo: staged.root.join(publish::OSCONTAINER_REPO),
-            commit,
-            version: staged.version.clone(),
-        });
-        guards.push(StagedGuard(Some(staged)));
-    }
-    Ok((releases, guards))
 }
 
 fn keygen(args: KeygenArgs) -> Result<()> {
@@ -672,6 +578,8 @@ fn keygen(args: KeygenArgs) -> Result<()> {
     Ok(())
 }
 
+/// Publishes the sources into a scratch state dir with the server's own
+/// code, signs exactly that, and writes the bundle.
 fn sign(args: SignArgs) -> Result<()> {
     anyhow::ensure!(
         args.source.upstream.is_none() && args.source.bundle.is_none(),
@@ -720,13 +628,13 @@ fn sign(args: SignArgs) -> Result<()> {
             .enable_all()
             .build()
             .context("starting the async runtime")?;
-        let (releases, guards) = rt.block_on(stage_images(
+        let (releases, guards) = rt.block_on(images::stage_once(
             &args.source.image,
             &fetch_options(&args.registry),
             &staging,
         ))?;
         let mut g = publish::publish_releases(&releases, &state_dir)?;
-        g.keepalive.push(Box::new(Arc::new(guards)));
+        g.keepalive.extend(guards);
         g
     };
     let bundle = signing::sign_generation(&generation, &tsk)?;

@@ -696,16 +696,17 @@ pub fn apply(
         sigs.push(openpgp::sign_detached(tsk, &summary).context("signing the summary")?);
     }
     if !sigs.is_empty() {
-        if let Some(existing) = source_summary_sig(probe)? {
-            // The source's own summary.sig over the same (source) summary.
-            sigs = [parse_gpgsigs(&existing).unwrap_or_default(), sigs].concat();
-            sigs.dedup();
-        }
-        write_overlay(
-            &probe.overlay,
-            &summary_sig_path(&digest),
-            &build_gpgsigs(&sigs)?,
-        )?;
+        // Kept alongside: the source's own summary.sig, which signs the same
+        // summary when the source's summary is the one served.
+        let existing = source_summary_sig(probe)?.filter(|b| match parse_gpgsigs(b) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!("ignoring the source's unreadable summary.sig: {e}");
+                false
+            }
+        });
+        let merged = merge_gpgsigs(existing.as_deref(), &sigs)?;
+        write_overlay(&probe.overlay, &summary_sig_path(&digest), &merged)?;
     }
 
     if let Some(trusted) = &opts.trusted {
@@ -713,6 +714,53 @@ pub fn apply(
     }
     report.summary_signed = served_summary_sig(probe, &digest)?.is_some();
     Ok(report)
+}
+
+/// When to publish again for signature reasons, between publications: the
+/// bundle directory holds something new, or the summary a generation serves
+/// is no longer the one its publication signed and verified (a `--repo`
+/// that other tools changed). A bundle that was refused is not retried
+/// until it changes again. The checks read files: call from blocking code.
+#[derive(Debug, Default, Clone)]
+pub struct SignatureWatch {
+    /// Identity of the last bundle a publication refused.
+    refused: Option<Option<[u8; 32]>>,
+}
+
+impl SignatureWatch {
+    /// Whether to publish again. `current` is the generation served, if any;
+    /// with none, a refused publication waits and is retried at each call.
+    pub fn should_republish(
+        &self,
+        bundle_dir: Option<&Path>,
+        current: Option<&Generation>,
+    ) -> bool {
+        let Some(g) = current else {
+            return true;
+        };
+        let moved = g
+            .served_summary()
+            .ok()
+            .is_some_and(|b| Some(Checksum::digest(&b)) != g.signatures.summary_digest);
+        if moved {
+            return true;
+        }
+        let Some(dir) = bundle_dir else {
+            return false;
+        };
+        let identity = bundle_identity(dir);
+        identity != g.signatures.bundle_identity && self.refused != Some(identity)
+    }
+
+    /// Records that publication with the bundle as it is now was refused.
+    pub fn refused(&mut self, bundle_dir: Option<&Path>) {
+        self.refused = Some(bundle_dir.and_then(bundle_identity));
+    }
+
+    /// Records a successful publication.
+    pub fn published(&mut self) {
+        self.refused = None;
+    }
 }
 
 /// The source's `summary.sig`, when the source's own summary is served.

@@ -749,6 +749,9 @@ pub struct ServerBuilder {
     state_dir: Option<PathBuf>,
     /// Environment changes: `Some` sets, `None` removes.
     env: Vec<(OsString, Option<OsString>)>,
+    /// Run exactly `oscontent-server SOURCE...` in an empty environment
+    /// plus `env` ([`Server::verbatim`]).
+    verbatim: bool,
 }
 
 impl ServerBuilder {
@@ -786,6 +789,16 @@ impl ServerBuilder {
     fn command(&self, tmp: &Path) -> (Command, PathBuf, PathBuf) {
         let state = self.state_dir.clone().unwrap_or_else(|| tmp.join("state"));
         let log = tmp.join("access.log");
+        if self.verbatim {
+            let mut cmd = Command::new(server_bin());
+            cmd.env_clear().args(&self.source);
+            for (k, v) in &self.env {
+                if let Some(v) = v {
+                    cmd.env(k, v);
+                }
+            }
+            return (cmd, state, log);
+        }
         let mut cmd = Command::new(server_bin());
         local_only(&mut cmd);
         cmd.arg("serve")
@@ -952,6 +965,7 @@ impl Server {
             extra: Vec::new(),
             state_dir: None,
             env: Vec::new(),
+            verbatim: false,
         }
     }
 
@@ -962,6 +976,7 @@ impl Server {
             extra: Vec::new(),
             state_dir: None,
             env: Vec::new(),
+            verbatim: false,
         }
     }
 
@@ -978,6 +993,29 @@ impl Server {
             extra: Vec::new(),
             state_dir: None,
             env: vec![("REGISTRY_AUTH_FILE".into(), None)],
+            verbatim: false,
+        }
+    }
+
+    /// `oscontent-server ARGS...` exactly (the first is the subcommand): no
+    /// state dir, listen address or access log is added, and the
+    /// environment is only `env`. ARGS must make it listen on loopback
+    /// port 0 and print its address; [`ServerBuilder::state_dir`] only
+    /// tells the harness where the state dir is.
+    pub fn verbatim<I, S>(args: I, env: &[(String, String)]) -> ServerBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        ServerBuilder {
+            source: args.into_iter().map(|a| a.as_ref().to_owned()).collect(),
+            extra: Vec::new(),
+            state_dir: None,
+            env: env
+                .iter()
+                .map(|(k, v)| (OsString::from(k), Some(OsString::from(v))))
+                .collect(),
+            verbatim: true,
         }
     }
 

@@ -31,6 +31,14 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "a real OCI distribution registry on loopback",
     ),
     ("apache2-utils", "htpasswd for registry basic auth"),
+    (
+        "python3-venv",
+        "check-deploy installs checkov from PyPI into a venv",
+    ),
+    (
+        "openssl",
+        "a throwaway CA and TLS certificate for the deploy test's registry",
+    ),
     ("fio", "the latency-sensitive neighbour in I/O benchmarks"),
     (
         "iproute2",

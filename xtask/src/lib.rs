@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod demo;
+pub mod deploy;
 pub mod deps;
 pub mod fixtures;
 pub mod testrun;

@@ -25,6 +25,10 @@ enum Cmd {
     Deps,
     /// Formatting and clippy lints.
     Check,
+    /// Render deploy/ (base, overlays, ServiceMonitor component) with
+    /// `kubectl kustomize`, decode every object strictly, check the security
+    /// and rollout invariants, and run checkov over all of it.
+    CheckDeploy,
     /// Every check and test, as CI runs them: deps, check, build, fixtures, tests.
     Test,
     /// Build demo oscontainers, serve v1 then v2, update a fresh node repo
@@ -115,6 +119,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Deps => xtask::deps::ensure()?,
         Cmd::Check => xtask::testrun::check()?,
+        Cmd::CheckDeploy => xtask::deploy::check_deploy()?,
         Cmd::Test => xtask::testrun::test()?,
         Cmd::Demo(a) => xtask::demo::demo(&xtask::demo::DemoOptions {
             scale: a.scale,

@@ -49,11 +49,21 @@ pub fn check() -> Result<()> {
     ])
 }
 
-/// Installs what is missing, checks, builds, prepares fixtures once (so test
-/// processes do not queue on the fixture lock), then runs every test.
+/// Installs what is missing, checks (code, then deploy/), builds, prepares
+/// fixtures once (so test processes do not queue on the fixture lock), then
+/// runs every test.
 pub fn test() -> Result<()> {
     deps::ensure()?;
-    check()?;
+    // checkov's install is mostly network wait (minutes on a fresh
+    // machine); it overlaps the CPU-bound lints instead of adding to them.
+    let checkov = std::thread::spawn(crate::deploy::checkov::ensure_installed);
+    let checked = check();
+    let installed = checkov
+        .join()
+        .map_err(|_| anyhow::anyhow!("the checkov install thread panicked"))?;
+    checked?;
+    installed.context("installing checkov")?;
+    crate::deploy::check_deploy().context("cargo xtask check-deploy")?;
     cargo(&["build", "--workspace", "--bins", "--tests"])?;
     let f = fixtures::small().context("building the small fixtures")?;
     eprintln!("xtask: fixtures ready at {}", f.root.display());

@@ -58,15 +58,21 @@ pub struct Registry {
 
 impl Registry {
     pub fn start() -> Registry {
-        Self::start_inner(None)
+        Self::start_inner(None, None)
     }
 
     /// A registry that requires these htpasswd (bcrypt) credentials.
     pub fn start_with_auth(user: &str, pass: &str) -> Registry {
-        Self::start_inner(Some((user, pass)))
+        Self::start_inner(Some((user, pass)), None)
     }
 
-    fn start_inner(basic: Option<(&str, &str)>) -> Registry {
+    /// A registry serving HTTPS with this PEM certificate and key (and, if
+    /// given, requiring htpasswd credentials).
+    pub fn start_tls(cert: &Path, key: &Path, basic: Option<(&str, &str)>) -> Registry {
+        Self::start_inner(basic, Some((cert, key)))
+    }
+
+    fn start_inner(basic: Option<(&str, &str)>, tls: Option<(&Path, &Path)>) -> Registry {
         let dir = tempdir();
         let auth = match basic {
             Some((u, p)) => {
@@ -80,6 +86,14 @@ impl Registry {
             }
             None => String::new(),
         };
+        let tls = match tls {
+            Some((cert, key)) => format!(
+                "  tls:\n    certificate: {}\n    key: {}\n",
+                cert.display(),
+                key.display()
+            ),
+            None => String::new(),
+        };
         // A port picked here may be taken by the time the registry binds
         // it: a few tries.
         for _ in 0..5 {
@@ -88,7 +102,7 @@ impl Registry {
             std::fs::write(
                 &config,
                 format!(
-                    "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{auth}",
+                    "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:{port}\n{tls}{auth}",
                     dir.path().join("storage").display()
                 ),
             )

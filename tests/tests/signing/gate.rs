@@ -177,11 +177,7 @@ fn configmap_updates_are_verified_before_they_are_served() {
     cm.update(&bad);
     let cm_before = snapshot(&cm.dir).unwrap();
     server
-        .wait_stderr_lines(
-            "keeping the previously published generation",
-            1,
-            NOTICE_TIMEOUT,
-        )
+        .wait_stderr_lines("still serving the previous generation", 1, NOTICE_TIMEOUT)
         .unwrap();
     assert_eq!(readyz(&server), 200);
     assert_eq!(get_ok(&server, "/summary.sig"), good_sig);

@@ -205,3 +205,90 @@ fn detached_metadata_in_the_source_is_served_and_counts() {
         assert_pulled(&repo, &tiny.commit, name);
     }
 }
+
+#[test]
+fn sign_key_covers_images_and_live_repo_changes() {
+    let tmp = tempdir();
+    let k = keys();
+    let s = |p: &Path| p.display().to_string();
+    let sign_args = [
+        "--sign-key".to_owned(),
+        s(&k.trusted.secret),
+        "--trusted-keys".into(),
+        s(&k.trusted.public),
+    ];
+
+    // --image: the server signs what it staged.
+    let tiny = tiny_oscontainer(&tmp.path().join("tiny"), 21);
+    let image = oci_layout(&tmp.path().join("oci"), &[(&tiny, "t")]).remove(0);
+    let server = Server::images([image]).args(&sign_args).start().unwrap();
+    let (repo, ok, err) = stock_pull(
+        &tmp.path().join("image-pull"),
+        &server.url,
+        &k.trusted,
+        true,
+    );
+    assert!(ok, "image: {err}");
+    assert_pulled(&repo, &tiny.commit, "image");
+    drop(server);
+
+    // --repo is live: a ref another tool adds is signed (and verified) by
+    // the next publication, which the server makes on its own.
+    let live = tmp.path().join("live");
+    let first = tiny_repo(
+        &live,
+        &[TinyCommit {
+            version: "1",
+            bind_ref: Some(TINY_REF),
+            seed: 22,
+        }],
+    )
+    .unwrap()
+    .remove(0);
+    let r = Ostree::at(&live);
+    r.run(["refs", &format!("--create={TINY_REF}"), &first])
+        .unwrap();
+    let mut server = Server::repo(&live)
+        .args(&sign_args)
+        .args(["--signatures-poll", POLL])
+        .start()
+        .unwrap();
+    let (node, ok, err) = stock_pull(&tmp.path().join("live-pull"), &server.url, &k.trusted, true);
+    assert!(ok, "repo: {err}");
+    assert_pulled(&node, &first, "repo");
+
+    let tree = tmp.path().join("tree2");
+    std::fs::create_dir_all(tree.join("etc")).unwrap();
+    std::fs::write(tree.join("etc/os-release"), "VERSION_ID=2\n").unwrap();
+    let second = commit_tree(
+        &r,
+        &tree,
+        TINY_REF,
+        "2",
+        "2030-01-01T00:00:00Z",
+        Some(&first),
+    )
+    .unwrap();
+    r.run(["refs", "--force", &format!("--create={TINY_REF}"), &second])
+        .unwrap();
+    server
+        .wait_stderr_lines("publishing again", 1, NOTICE_TIMEOUT)
+        .unwrap();
+    let signed = wait_for(
+        NOTICE_TIMEOUT,
+        std::time::Duration::from_millis(100),
+        || {
+            let meta = server
+                .get(&format!("/{}", object_rel(&second, "commitmeta")))
+                .ok()?;
+            (meta.status == 200).then_some(())
+        },
+    );
+    assert!(
+        signed.is_some(),
+        "the new commit was signed:\n{}",
+        server.stderr()
+    );
+    node.pull(&["origin", TINY_REF]).unwrap();
+    assert_pulled(&node, &second, "repo after a change");
+}

@@ -46,6 +46,22 @@ fn sign_and_serve_publish_byte_identical_summaries() {
     let tmp = tempdir();
     let k = keys();
     let (repo, commits) = rich_repo(tmp.path());
+    // A mirror that keeps its own summary: that summary is what is served,
+    // so that is what gets signed.
+    let own = tmp.path().join("own");
+    let own_commit = tiny_repo(
+        &own,
+        &[TinyCommit {
+            version: "4.0",
+            bind_ref: Some("os/own"),
+            seed: 40,
+        }],
+    )
+    .unwrap()
+    .remove(0);
+    let o = Ostree::at(&own);
+    o.run(["refs", "--create=os/own", &own_commit]).unwrap();
+    o.run(["summary", "-u"]).unwrap();
     let rel1 = tiny_oscontainer(&tmp.path().join("rel1"), 31);
     let rel2 = tiny_oscontainer(&tmp.path().join("rel2"), 32);
     let images = oci_layout(&tmp.path().join("oci"), &[(&rel1, "one"), (&rel2, "two")]);
@@ -70,6 +86,11 @@ fn sign_and_serve_publish_byte_identical_summaries() {
                 "os/a".into(),
             ],
             vec![commits[1].clone()],
+        ),
+        (
+            "repo with its own summary",
+            vec!["--repo".into(), p(&own)],
+            vec![own_commit.clone()],
         ),
         (
             "two images",
@@ -108,6 +129,13 @@ fn sign_and_serve_publish_byte_identical_summaries() {
         let mut server = b.start().unwrap_or_else(|e| panic!("{name}: {e:#}"));
         server.wait_ready(START_TIMEOUT).unwrap();
         let summary = get_ok(&server, "/summary");
+        if name.contains("own summary") {
+            assert_eq!(
+                summary,
+                std::fs::read(own.join("summary")).unwrap(),
+                "{name}: the source's summary is served"
+            );
+        }
         assert_eq!(
             sha256_hex(&summary),
             manifest_summary_sha256(&m1),
@@ -127,7 +155,7 @@ fn sign_and_serve_publish_byte_identical_summaries() {
         }
         // The summary says what the sources say: stock ostree reads it.
         let view = ostree_summary_view(&summary, tmp.path(), name);
-        if name.starts_with("repo") {
+        if name.starts_with("repo with deltas") {
             assert!(
                 view.contains("org.example.Os"),
                 "{name}: collection ID in\n{view}"
