@@ -390,6 +390,18 @@ fn release_crosses_the_air_gap_verified_end_to_end() {
     for (path, entry) in objects {
         assert_eq!(manifest2["files"].get(path), Some(entry), "{path}");
     }
+
+    // Any web server serves a bundle, and stock `ostree pull --mirror`
+    // takes it, verifying the original signatures.
+    let web = StaticServer::start(&killed);
+    let (_m, mirror_dir) = dir();
+    let copy = Ostree::init(&mirror_dir, "archive").unwrap();
+    oscontent_tests::signing::add_signed_remote(&copy, "web", &web.url, &key.public, true).unwrap();
+    // (The bound ref: the `version/` refs of an image publication need
+    // --disable-verify-bindings with stock ostree, see README.)
+    copy.pull(&["--mirror", "web", r]).unwrap();
+    assert_eq!(copy.rev_parse(r).unwrap(), v2.commit);
+    copy.fsck().unwrap();
 }
 
 /// Replaces a bundle's summary and rewrites its manifest to match, as an

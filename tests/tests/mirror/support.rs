@@ -230,3 +230,96 @@ pub fn dir() -> (tempfile::TempDir, PathBuf) {
     let p = t.path().to_path_buf();
     (t, p)
 }
+
+/// A minimal static file server on 127.0.0.1 (GET and HEAD of plain files
+/// under a root, one request per connection), standing for "any web
+/// server": it knows nothing about ostree or bundles.
+pub struct StaticServer {
+    pub url: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How long a static server may run at most.
+const STATIC_LIFETIME: Duration = Duration::from_secs(600);
+
+impl StaticServer {
+    pub fn start(root: &Path) -> StaticServer {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (flag, root) = (stop.clone(), root.to_path_buf());
+        let thread = std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + STATIC_LIFETIME;
+            while !flag.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
+                match listener.accept() {
+                    Ok((s, _)) => {
+                        let _ = serve_one(s, &root);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        StaticServer {
+            url,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for StaticServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn serve_one(mut s: std::net::TcpStream, root: &Path) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 << 10 {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&head);
+    let mut parts = line.split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let rel = target
+        .split('?')
+        .next()
+        .unwrap_or("")
+        .trim_start_matches('/');
+    let safe = !rel.is_empty()
+        && rel
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('%'));
+    let path = root.join(rel);
+    match (method, safe && path.is_file()) {
+        ("GET" | "HEAD", true) => {
+            let body = std::fs::read(&path)?;
+            write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            )?;
+            if method == "GET" {
+                s.write_all(&body)?;
+            }
+        }
+        _ => s.write_all(
+            b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        )?,
+    }
+    s.flush()
+}
