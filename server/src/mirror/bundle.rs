@@ -326,6 +326,7 @@ impl Destination {
     /// and opens the store trusting what that manifest lists. Nothing is
     /// changed until [`Self::start_update`].
     pub fn begin(root: &Path, manifest_path: &Path) -> Result<Self> {
+        refuse_foreign_dir(root, &[MANIFEST, WORK_DIR])?;
         std::fs::create_dir_all(root).with_context(|| format!("creating {}", root.display()))?;
         let work = root.join(WORK_DIR);
         std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
@@ -515,6 +516,25 @@ impl Destination {
         let _ = std::fs::remove_dir_all(&tmp);
         Ok(manifest)
     }
+}
+
+/// Refuses to write into an existing, non-empty directory that has none
+/// of `markers`: that is someone's data (a mistyped destination), not a
+/// mirror's.
+pub fn refuse_foreign_dir(dir: &Path, markers: &[&str]) -> Result<()> {
+    let mut entries = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("listing {}", dir.display())),
+    };
+    if entries.next().is_none() || markers.iter().any(|m| dir.join(m).exists()) {
+        return Ok(());
+    }
+    bail!(
+        "{} exists, is not empty, and is not a mirror destination (it has none of {}); refusing to write into it",
+        dir.display(),
+        markers.join(", ")
+    )
 }
 
 /// What pruning removed.
@@ -730,6 +750,20 @@ mod tests {
                 (r, w) => panic!("{name}: {r:?}, wanted {w:?}"),
             }
         }
+    }
+
+    #[test]
+    fn foreign_directories_are_not_written() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("d");
+        refuse_foreign_dir(&d, &[MANIFEST]).unwrap();
+        std::fs::create_dir(&d).unwrap();
+        refuse_foreign_dir(&d, &[MANIFEST]).unwrap();
+        std::fs::write(d.join("notes.txt"), b"mine").unwrap();
+        let e = refuse_foreign_dir(&d, &[MANIFEST, WORK_DIR]).unwrap_err();
+        assert!(e.to_string().contains("refusing to write"), "{e}");
+        std::fs::create_dir(d.join(WORK_DIR)).unwrap();
+        refuse_foreign_dir(&d, &[MANIFEST, WORK_DIR]).unwrap();
     }
 
     #[test]

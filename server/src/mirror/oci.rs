@@ -123,6 +123,7 @@ pub fn copy_image(
             "tag {t:?}: want 1 to 128 of [A-Za-z0-9._-]"
         );
     }
+    super::bundle::refuse_foreign_dir(dir, &["oci-layout", WORK_DIR])?;
     std::fs::create_dir_all(dir.join("blobs/sha256"))
         .with_context(|| format!("creating {}/blobs/sha256", dir.display()))?;
     let work = dir.join(WORK_DIR);

@@ -541,8 +541,10 @@ mod tests {
 
     #[test]
     fn parallel_stops_at_the_first_error() {
+        // One worker: items are taken from the end, and none after the
+        // failing one.
         let seen = AtomicU64::new(0);
-        let r = parallel((0..1000).collect(), 4, |i: u32| {
+        let r = parallel((0..1000).collect(), 1, |i: u32| {
             seen.fetch_add(1, Ordering::Relaxed);
             if i == 990 {
                 bail!("item {i}");
@@ -550,7 +552,15 @@ mod tests {
             Ok(())
         });
         assert!(r.unwrap_err().to_string().contains("990"));
-        assert!(seen.load(Ordering::Relaxed) < 1000);
+        assert_eq!(seen.load(Ordering::Relaxed), 10);
+        // Several: the error comes back whatever the interleaving.
+        let r = parallel((0..1000).collect(), 4, |i: u32| {
+            if i % 100 == 7 {
+                bail!("item {i}");
+            }
+            Ok(())
+        });
+        assert!(r.unwrap_err().to_string().starts_with("item "));
         let total = AtomicU64::new(0);
         parallel((1..=100).collect(), 3, |i: u64| {
             total.fetch_add(i, Ordering::Relaxed);
