@@ -42,6 +42,9 @@ pub enum Cmd {
     /// object and the exact summary bytes. Writes a signature bundle for
     /// `serve --signatures`.
     Sign(SignArgs),
+    /// Copy a release, verified, into an OCI layout or a bundle (a
+    /// self-contained served remote to carry to a disconnected site).
+    Mirror(MirrorArgs),
 }
 
 #[derive(Debug, Args)]
@@ -205,6 +208,15 @@ pub struct SourceArgs {
     /// `oci-archive:FILE[:TAG]`. Repeat to serve several releases at once.
     #[arg(long, value_name = "REF", group = "source")]
     pub image: Vec<ImageRef>,
+    /// An upstream oscontent server to mirror and republish (chained
+    /// servers): only new objects are fetched, everything is verified, and
+    /// the same summary and signatures are served.
+    #[arg(long, value_name = "URL", group = "source")]
+    pub upstream: Option<String>,
+    /// A bundle (`oscontent-server mirror ... bundle:DIR`) to verify file by
+    /// file and serve; a `--repo` holding a bundle is treated the same.
+    #[arg(long, value_name = "DIR", group = "source")]
+    pub bundle: Option<PathBuf>,
 }
 
 /// How `--image` sources are fetched.
@@ -271,6 +283,10 @@ pub struct ServeArgs {
     /// 0: only at SIGHUP. SIGHUP also re-publishes --oscontainer and --repo.
     #[arg(long, default_value_t = 0, value_name = "SECONDS")]
     pub refresh_interval: u64,
+    /// With --upstream or --bundle: keep the last N releases (and what the
+    /// source publishes now), removing objects nothing kept reaches.
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
     /// After SIGTERM, how long in-flight requests may take before the
     /// server exits anyway.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
@@ -296,6 +312,7 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Keygen(args) => keygen(args),
         Cmd::Sign(args) => sign(args),
+        Cmd::Mirror(args) => mirror(args),
         Cmd::Serve(args) => {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -338,7 +355,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     );
     // Local sources publish before listening: there is nothing to wait for.
     // Images are fetched in the background while /readyz says not yet.
-    let publisher = if args.source.image.is_empty() {
+    let publisher = if let Some(site) = site_source(&args.source) {
+        start_site(site, &args, &sigs, &state, &signals).await?
+    } else if args.source.image.is_empty() {
         let source = match (args.source.oscontainer, args.source.repo) {
             (Some(d), None) => Source::Oscontainer(d),
             (None, Some(d)) => Source::Repo(d),
@@ -562,6 +581,10 @@ fn keygen(args: KeygenArgs) -> Result<()> {
 /// Publishes the sources into a scratch state dir with the server's own
 /// code, signs exactly that, and writes the bundle.
 fn sign(args: SignArgs) -> Result<()> {
+    anyhow::ensure!(
+        args.source.upstream.is_none() && args.source.bundle.is_none(),
+        "sign --upstream/--bundle: sign where the release is made; a mirror republishes those signatures as they are"
+    );
     let tsk = args.key.load()?;
     if let Ok(mut rd) = std::fs::read_dir(&args.out) {
         anyhow::ensure!(
@@ -665,4 +688,162 @@ impl Signals {
             _ = self.int.recv() => {}
         }
     }
+}
+
+/// The site source, if serving one: `--upstream`, `--bundle`, or a
+/// `--repo` that holds a bundle.
+fn site_source(s: &SourceArgs) -> Option<crate::mirror::upstream::SiteSource> {
+    use crate::mirror::{bundle, upstream::SiteSource};
+    match (&s.upstream, &s.bundle, &s.repo) {
+        (Some(u), _, _) => Some(SiteSource::Upstream(u.clone())),
+        (_, Some(b), _) => Some(SiteSource::Bundle(b.clone())),
+        (_, _, Some(r)) if bundle::is_bundle(r) => {
+            tracing::info!(repo = %r.display(), "the repo is a bundle: verifying it as --bundle would");
+            Some(SiteSource::Bundle(r.clone()))
+        }
+        _ => None,
+    }
+}
+
+/// Starts serving a site source: a bundle is verified and published before
+/// the server listens (a refused bundle stops it with the reason); an
+/// upstream is fetched in the background while `/readyz` says not yet.
+async fn start_site(
+    site: crate::mirror::upstream::SiteSource,
+    args: &ServeArgs,
+    sigs: &SignatureOptions,
+    state: &AppState,
+    signals: &Signals,
+) -> Result<tokio::task::JoinHandle<()>> {
+    use crate::mirror::{sync::SyncOptions, upstream};
+    anyhow::ensure!(
+        args.commit.is_none() && args.refs.is_empty(),
+        "--commit and --ref do not apply to --upstream and --bundle: the source's own refs and summary are served"
+    );
+    anyhow::ensure!(args.keep != Some(0), "--keep 0 would keep nothing");
+    anyhow::ensure!(
+        sigs.bundle_dir.is_none() && sigs.sign_key.is_none(),
+        "--signatures and --sign-key do not apply to --upstream and --bundle: the source's own signatures are republished as they are (verify them with --trusted-keys)"
+    );
+    let state_dir = StateDir::open(&args.state_dir, &[])?;
+    let is_bundle = matches!(site, upstream::SiteSource::Bundle(_));
+    let mirror = upstream::SiteMirror::open(
+        site,
+        state_dir.path(),
+        SyncOptions {
+            trusted: sigs.trusted.clone(),
+            ..SyncOptions::default()
+        },
+        args.keep,
+        None,
+    )?;
+    let publisher = upstream::SitePublisher {
+        mirror: Arc::new(mirror),
+        app: state.clone(),
+        max_backoff: Duration::from_secs(args.registry.max_backoff.max(1)),
+        refresh_interval: (args.refresh_interval > 0)
+            .then(|| Duration::from_secs(args.refresh_interval)),
+        refresh_now: signals.hup.clone(),
+    };
+    let mut current = None;
+    if is_bundle {
+        publisher.refresh_once(&mut current).await?;
+    }
+    Ok(tokio::spawn(publisher.run(current)))
+}
+
+/// `oscontent-server mirror SRC DEST`.
+#[derive(Debug, Args)]
+pub struct MirrorArgs {
+    /// What to mirror: an image (`docker://...`, `oci:DIR[:TAG]`,
+    /// `oci-archive:FILE[:TAG]`) or an upstream oscontent server
+    /// (`http(s)://HOST[:PORT]/`).
+    #[arg(value_name = "SRC")]
+    pub source: crate::mirror::MirrorSource,
+    /// Where: `oci:DIR[:TAG]` (a verified OCI layout copy, images only) or
+    /// `bundle:DIR` (a self-contained served remote).
+    #[arg(value_name = "DEST")]
+    pub dest: crate::mirror::MirrorDest,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// Verify the summary signature and every published commit's
+    /// signatures against these OpenPGP certificates before writing.
+    #[arg(long, value_name = "FILE")]
+    pub trusted_keys: Option<PathBuf>,
+    /// Images into bundles: a signature bundle from `oscontent-server sign`
+    /// for this image (its commit signatures and summary.sig are installed
+    /// as `serve --signatures` would).
+    #[arg(long, value_name = "DIR")]
+    pub signatures: Option<PathBuf>,
+    /// Bundles: keep the last N releases (and what is published now), and
+    /// remove objects nothing kept reaches.
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
+    /// Objects fetched at once.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub jobs: usize,
+    /// Limit the transfer rate (bytes per second; suffixes K, M, G).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub max_rate: Option<u64>,
+}
+
+/// `5M` → 5 MiB/s.
+fn parse_rate(s: &str) -> std::result::Result<u64, String> {
+    let (num, mult) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 1u64 << 10),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'G' | b'g') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{s:?}: want a positive number of bytes per second, e.g. 5M"))
+}
+
+fn mirror(args: MirrorArgs) -> Result<()> {
+    let opts = crate::mirror::MirrorOptions {
+        fetch: FetchOptions {
+            platform: args.registry.platform.clone(),
+            authfile: args.registry.authfile.clone(),
+            ca_files: args.registry.ca_files.clone(),
+            insecure_registries: args.registry.insecure_registries.clone(),
+            registries_conf: args.registry.registries_conf.clone(),
+            ..FetchOptions::default()
+        },
+        trusted: args
+            .trusted_keys
+            .as_deref()
+            .map(signing::load_trusted_keys)
+            .transpose()?
+            .map(Arc::new),
+        signatures: crate::mirror::Signatures {
+            bundle_dir: args.signatures.clone(),
+        },
+        keep: args.keep,
+        jobs: args.jobs,
+        max_rate: args.max_rate,
+    };
+    if opts.signatures.bundle_dir.is_some() {
+        anyhow::ensure!(
+            matches!(
+                (&args.source, &args.dest),
+                (
+                    crate::mirror::MirrorSource::Image(_),
+                    crate::mirror::MirrorDest::Bundle(_)
+                )
+            ),
+            "--signatures applies to an image mirrored into a bundle; an upstream server's signatures are copied as they are"
+        );
+        signing::bundle_root(args.signatures.as_deref().expect("checked"))?;
+    }
+    let report = crate::mirror::mirror(&args.source, &args.dest, &opts)
+        .with_context(|| format!("mirroring {} into {}", args.source, args.dest))?;
+    // One JSON line on stdout, for scripts and tests.
+    println!(
+        "{}",
+        serde_json::to_string(&report).context("serializing the report")?
+    );
+    Ok(())
 }

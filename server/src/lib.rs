@@ -7,6 +7,7 @@ pub mod fsutil;
 pub mod http;
 pub mod images;
 pub mod metrics;
+pub mod mirror;
 pub mod publish;
 pub mod served;
 pub mod signing;

@@ -24,6 +24,9 @@ use std::time::SystemTime;
 pub const MAX_METADATA_FILE: u64 = 64 << 20;
 /// A ref file holds a checksum and a newline.
 const MAX_REF_FILE: u64 = 4096;
+/// An overlay file that, when present, is the summary served (with
+/// `summary.sig` next to it), instead of a generated one.
+pub const PINNED_SUMMARY: &str = "summary";
 /// Bounds for walking refs and deltas (external input, invariant 5).
 pub const MAX_REFS: usize = 100_000;
 pub const MAX_DELTAS: usize = 10_000;
@@ -162,8 +165,8 @@ impl Generation {
                 if let r @ Resolved::File { .. } = self.first_file(&rel, &[Layer::Overlay])? {
                     return Ok(r);
                 }
-                if self.source_summary()?.is_some() {
-                    return self.first_file("summary.sig", &[Layer::Source]);
+                if let Some(Resolved::File { layer, .. }) = self.source_summary()? {
+                    return self.first_file("summary.sig", &[layer]);
                 }
                 Ok(Resolved::Missing)
             }
@@ -178,8 +181,13 @@ impl Generation {
     }
 
     /// The source's own summary, served as is. Only a single source can
-    /// have one that describes everything served.
+    /// have one that describes everything served. A summary the server
+    /// pinned in the overlay (a mirrored upstream's, republished byte for
+    /// byte with its signature: see `mirror::upstream`) comes first.
     fn source_summary(&self) -> Result<Option<Resolved>> {
+        if let r @ Resolved::File { .. } = self.first_file(PINNED_SUMMARY, &[Layer::Overlay])? {
+            return Ok(Some(r));
+        }
         let [source] = self.sources.as_slice() else {
             return Ok(None);
         };

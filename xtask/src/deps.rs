@@ -41,6 +41,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ),
     ("fio", "the latency-sensitive neighbour in I/O benchmarks"),
     (
+        "iproute2",
+        "ip netns and veth pairs for the air-gap (mirror) e2e suite",
+    ),
+    (
         "etcd-server",
         "a real etcd as an optional benchmark neighbour",
     ),

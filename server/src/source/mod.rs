@@ -80,11 +80,11 @@ pub mod auth;
 mod error;
 mod layout;
 pub mod mirrors;
-mod pipeline;
+pub(crate) mod pipeline;
 mod reference;
 mod registry;
 pub mod unpack;
-mod verify;
+pub(crate) mod verify;
 
 pub use error::{SourceError, Subject};
 pub use reference::{ImageRef, Platform, Reference};
@@ -350,7 +350,7 @@ pub async fn resolve_digest(image: &ImageRef, opts: &FetchOptions) -> Result<Str
 /// Runs `op` against the store `image` names. For a registry, against
 /// each endpoint in turn (mirrors first, then the primary) until one
 /// succeeds or fails fatally; `op` gets a label naming the endpoint used.
-fn with_store<T>(
+pub(crate) fn with_store<T>(
     image: &ImageRef,
     opts: &FetchOptions,
     op: &mut dyn FnMut(&mut dyn pipeline::Store, &str) -> Result<T, SourceError>,

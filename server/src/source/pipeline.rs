@@ -242,6 +242,17 @@ pub struct Resolved {
     pub manifest: ImageManifest,
     pub manifest_digest: String,
     pub index_digest: Option<String>,
+    /// Every document read on the way, verified, exactly as stored: the
+    /// indexes (outermost first) and then the manifest. What a layout copy
+    /// writes so that the same digests resolve.
+    pub documents: Vec<Document>,
+}
+
+/// A manifest or index as stored.
+pub struct Document {
+    pub digest: String,
+    pub media_type: Option<String>,
+    pub bytes: Vec<u8>,
 }
 
 pub fn resolve(
@@ -269,16 +280,23 @@ pub fn resolve(
         }
     };
     let mut index_digest = None;
+    let mut documents = Vec::new();
     for _ in 0..MAX_INDEX_DEPTH {
         let s = Subject::new(image, format!("manifest {digest}"));
         match kind(&bytes, media.as_deref(), &s)? {
             Kind::Manifest => {
                 let manifest: ImageManifest = serde_json::from_slice(&bytes)
                     .map_err(|e| invalid(&s, format!("image manifest: {e}")))?;
+                documents.push(Document {
+                    digest: digest.clone(),
+                    media_type: media,
+                    bytes,
+                });
                 return Ok(Resolved {
                     manifest,
                     manifest_digest: digest,
                     index_digest,
+                    documents,
                 });
             }
             Kind::Index => {
@@ -286,6 +304,11 @@ pub fn resolve(
                 let index: ImageIndex = serde_json::from_slice(&bytes)
                     .map_err(|e| invalid(&s, format!("image index: {e}")))?;
                 let d = select_platform(index.manifests(), &opts.platform, &s)?;
+                documents.push(Document {
+                    digest: digest.clone(),
+                    media_type: media.clone(),
+                    bytes: std::mem::take(&mut bytes),
+                });
                 index_digest.get_or_insert(digest);
                 digest = d.digest().to_string();
                 let s = Subject::new(image, format!("manifest {digest}"));

@@ -1,0 +1,715 @@
+//! The verified walk: copy what an archive remote publishes (its summary,
+//! signatures, commits and every object they reach, and its static deltas)
+//! into a [`Store`], fetching only what the store does not already hold,
+//! and verifying everything before it is written.
+//!
+//! Order, and why:
+//! 1. `config` (must be an archive repo), `summary` and `summary.sig`: with
+//!    trusted keys the summary signature must verify before anything else
+//!    is read, so a forged ref list never steers the walk.
+//! 2. Each commit the summary names: its object must hash to its name; its
+//!    detached metadata (signatures) must verify with trusted keys.
+//! 3. The trees, level by level: dirtree and dirmeta objects (each must
+//!    hash to its name), then every content object (libostree's content
+//!    checksum must be its name). Objects in the store are not fetched.
+//! 4. The static deltas the summary lists: superblocks against the
+//!    summary's SHA-256, parts against their superblock's.
+//!
+//! Nothing here writes refs, the summary or the manifest: the caller does
+//! that once everything is in place ([`super::bundle`], [`super::upstream`]).
+
+use super::remote::Remote;
+use super::store::{Store, MAX_COMMITMETA_SIZE, MAX_DIRTREE_SIZE};
+use anyhow::{bail, Context, Result};
+use oscontent::format::delta::MAX_SUPERBLOCK_SIZE;
+use oscontent::format::{
+    parse_dirtree, parse_gpgsigs, parse_summary, Checksum, Commit, DeltaName, ObjectKind,
+    ObjectName, RefNamespace, Summary, Superblock,
+};
+use oscontent::openpgp::{self, Cert, VerifiedSig};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+/// A repo `config` is a few lines.
+pub const MAX_CONFIG_SIZE: u64 = 1 << 20;
+/// Largest summary.
+pub const MAX_SUMMARY_SIZE: u64 = oscontent::format::summary::MAX_SUMMARY_SIZE as u64;
+/// Most commits one summary may name (refs of all collections).
+pub const MAX_COMMITS: usize = 4096;
+/// Most objects one walk may reach (a full OS image has ~100,000).
+pub const MAX_OBJECTS: usize = 20_000_000;
+/// Tree depth bound.
+pub const MAX_TREE_DEPTH: usize = 256;
+/// A progress line every this many objects fetched.
+pub const PROGRESS_EVERY: u64 = 200;
+
+/// How to sync.
+#[derive(Debug, Clone)]
+pub struct SyncOptions {
+    /// Verify the summary and every published commit against these.
+    pub trusted: Option<Arc<Vec<Cert>>>,
+    /// Objects fetched at once.
+    pub jobs: usize,
+}
+
+impl Default for SyncOptions {
+    fn default() -> Self {
+        Self {
+            trusted: None,
+            jobs: 8,
+        }
+    }
+}
+
+/// A ref as published.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PublishedRef {
+    pub namespace: RefNamespace,
+    /// For mirrors: `collection-id/ref`.
+    pub name: String,
+    pub commit: Checksum,
+}
+
+impl PublishedRef {
+    /// Its path in a repo (`refs/heads/NAME`, `refs/mirrors/CID/NAME`).
+    pub fn path(&self) -> String {
+        format!("{}/{}", self.namespace.dir(), self.name)
+    }
+}
+
+/// The remote's metadata: what a sync republishes verbatim.
+#[derive(Debug, Clone)]
+pub struct Metadata {
+    pub config: Vec<u8>,
+    pub summary: Vec<u8>,
+    pub summary_sig: Option<Vec<u8>>,
+    pub parsed: Summary,
+    pub refs: Vec<PublishedRef>,
+    pub verified_summary: Option<VerifiedSig>,
+}
+
+impl Metadata {
+    pub fn summary_digest(&self) -> Checksum {
+        Checksum::digest(&self.summary)
+    }
+}
+
+/// What a sync found and did.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub meta: Metadata,
+    pub commits: BTreeMap<Checksum, Commit>,
+    /// Detached metadata, as published (absent: none).
+    pub commitmeta: BTreeMap<Checksum, Vec<u8>>,
+    pub verified_commits: BTreeMap<Checksum, VerifiedSig>,
+    /// Delta files in the store (superblocks and parts).
+    pub delta_files: BTreeSet<String>,
+    /// Objects the published commits reach, and their bytes in the store.
+    pub objects: u64,
+    pub object_bytes: u64,
+    /// Objects (and delta files) fetched by this sync, and their bytes.
+    pub fetched: u64,
+    pub fetched_bytes: u64,
+}
+
+fn archive_mode(config: &[u8]) -> Result<()> {
+    let text = String::from_utf8_lossy(config);
+    match crate::publish::config_value(&text, "mode").as_deref() {
+        Some("archive" | "archive-z2") => Ok(()),
+        Some(m) => bail!("the remote repo is in {m:?} mode; only archive repos can be mirrored"),
+        None => bail!("the remote's config has no core.mode: not an ostree repo"),
+    }
+}
+
+/// Fetches and checks the remote's config, summary and summary signature.
+pub fn read_metadata(remote: &dyn Remote, opts: &SyncOptions) -> Result<Metadata> {
+    let src = remote.describe();
+    let config = remote
+        .get("config", MAX_CONFIG_SIZE)?
+        .with_context(|| format!("{src}: no config: not an ostree archive remote"))?;
+    archive_mode(&config).with_context(|| format!("{src}: config"))?;
+    let summary = remote
+        .get("summary", MAX_SUMMARY_SIZE)?
+        .with_context(|| format!("{src}: no summary: nothing says what to mirror"))?;
+    let summary_sig = remote.get("summary.sig", MAX_COMMITMETA_SIZE)?;
+    let mut verified_summary = None;
+    if let Some(trusted) = &opts.trusted {
+        let sigs = match &summary_sig {
+            Some(b) => parse_gpgsigs(b).context("summary.sig")?,
+            None => bail!(
+                "{src}: the summary is not signed (no summary.sig), and --trusted-keys requires signatures"
+            ),
+        };
+        let v = openpgp::verify_detached(trusted, &summary, &sigs, SystemTime::now())
+            .map_err(|e| anyhow::anyhow!("{src}: summary signature: {e}"))?;
+        verified_summary = Some(v);
+    }
+    let parsed = parse_summary(&summary).with_context(|| format!("{src}: parsing the summary"))?;
+    let mut refs = Vec::new();
+    for r in &parsed.refs {
+        refs.push(PublishedRef {
+            namespace: RefNamespace::Heads,
+            name: r.name.clone(),
+            commit: r.commit,
+        });
+    }
+    for (cid, list) in &parsed.collection_map {
+        for r in list {
+            refs.push(PublishedRef {
+                namespace: RefNamespace::Mirrors,
+                name: format!("{cid}/{}", r.name),
+                commit: r.commit,
+            });
+        }
+    }
+    anyhow::ensure!(!refs.is_empty(), "{src}: the summary lists no refs");
+    Ok(Metadata {
+        config,
+        summary,
+        summary_sig,
+        parsed,
+        refs,
+        verified_summary,
+    })
+}
+
+/// Checks what the metadata publishes before anything is written: each
+/// commit object must hash to its name and, with trusted keys, carry a
+/// valid signature. (The walk checks them again as it writes them.)
+pub fn verify_commits(remote: &dyn Remote, meta: &Metadata, opts: &SyncOptions) -> Result<()> {
+    let Some(trusted) = &opts.trusted else {
+        return Ok(());
+    };
+    let src = remote.describe();
+    let commits: BTreeSet<Checksum> = meta.refs.iter().map(|r| r.commit).collect();
+    anyhow::ensure!(
+        commits.len() <= MAX_COMMITS,
+        "{src}: the summary names {} commits, over the limit of {MAX_COMMITS}",
+        commits.len()
+    );
+    for c in commits {
+        let rel = ObjectName::new(c, ObjectKind::Commit).path();
+        let bytes = remote
+            .get(&rel, super::store::MAX_COMMIT_SIZE)?
+            .with_context(|| format!("{src}: commit {c} is missing"))?;
+        anyhow::ensure!(
+            Checksum::digest(&bytes) == c,
+            "{src}: commit {c}: the bytes hash to {}",
+            Checksum::digest(&bytes)
+        );
+        let meta_rel = ObjectName::new(c, ObjectKind::CommitMeta).path();
+        let sigs = match remote.get(&meta_rel, MAX_COMMITMETA_SIZE)? {
+            Some(b) => {
+                parse_gpgsigs(&b).with_context(|| format!("detached metadata of commit {c}"))?
+            }
+            None => Vec::new(),
+        };
+        openpgp::verify_detached(trusted, &bytes, &sigs, SystemTime::now())
+            .map_err(|e| anyhow::anyhow!("{src}: commit {c}: signature: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Runs `f` over `items` on `jobs` threads; the first error stops the rest
+/// (they finish the item in hand) and is returned.
+pub fn parallel<T: Send>(
+    items: Vec<T>,
+    jobs: usize,
+    f: impl Fn(T) -> Result<()> + Sync,
+) -> Result<()> {
+    let queue = Mutex::new(items);
+    let failed = AtomicBool::new(false);
+    let first: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1) {
+            s.spawn(|| loop {
+                if failed.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Some(item) = queue.lock().expect("queue lock").pop() else {
+                    return;
+                };
+                if let Err(e) = f(item) {
+                    failed.store(true, Ordering::Relaxed);
+                    first.lock().expect("error lock").get_or_insert(e);
+                    return;
+                }
+            });
+        }
+    });
+    match first.into_inner().expect("error lock") {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// Shared counters of one walk.
+struct Walk<'a> {
+    remote: &'a dyn Remote,
+    store: &'a Store,
+    fetched: AtomicU64,
+    fetched_bytes: AtomicU64,
+    next_progress: AtomicU64,
+}
+
+impl Walk<'_> {
+    /// Makes `obj` present: trusted in place, or fetched and verified.
+    fn ensure(&self, obj: &ObjectName) -> Result<()> {
+        if self.store.has_object(obj)? {
+            return Ok(());
+        }
+        let n = self.store.fetch_object(self.remote, obj)?;
+        let count = self.fetched.fetch_add(1, Ordering::Relaxed) + 1;
+        let bytes = self.fetched_bytes.fetch_add(n, Ordering::Relaxed) + n;
+        let due = self.next_progress.load(Ordering::Relaxed);
+        if count >= due
+            && self
+                .next_progress
+                .compare_exchange(
+                    due,
+                    due + PROGRESS_EVERY,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            tracing::info!(objects = count, bytes, "mirror progress");
+        }
+        Ok(())
+    }
+}
+
+/// Copies and verifies what `remote` publishes into `store`.
+pub fn sync(remote: &dyn Remote, store: &Store, opts: &SyncOptions) -> Result<Snapshot> {
+    let meta = read_metadata(remote, opts)?;
+    sync_with(remote, store, opts, meta)
+}
+
+/// [`sync`] for metadata already read (and verified) with [`read_metadata`].
+pub fn sync_with(
+    remote: &dyn Remote,
+    store: &Store,
+    opts: &SyncOptions,
+    meta: Metadata,
+) -> Result<Snapshot> {
+    let src = remote.describe();
+    let walk = Walk {
+        remote,
+        store,
+        fetched: AtomicU64::new(0),
+        fetched_bytes: AtomicU64::new(0),
+        next_progress: AtomicU64::new(PROGRESS_EVERY),
+    };
+
+    // Commits and their signatures.
+    let mut by_commit: BTreeMap<Checksum, Vec<&str>> = BTreeMap::new();
+    for r in &meta.refs {
+        by_commit.entry(r.commit).or_default().push(&r.name);
+    }
+    anyhow::ensure!(
+        by_commit.len() <= MAX_COMMITS,
+        "{src}: the summary names {} commits, over the limit of {MAX_COMMITS}",
+        by_commit.len()
+    );
+    let mut commits = BTreeMap::new();
+    let mut commitmeta = BTreeMap::new();
+    let mut verified_commits = BTreeMap::new();
+    for (c, names) in &by_commit {
+        let obj = ObjectName::new(*c, ObjectKind::Commit);
+        walk.ensure(&obj)
+            .with_context(|| format!("commit {c} (ref {})", names.join(", ")))?;
+        let bytes = store.read(&obj.path(), super::store::MAX_COMMIT_SIZE)?;
+        let commit = Commit::parse(&bytes).with_context(|| format!("parsing commit {c}"))?;
+        let meta_rel = ObjectName::new(*c, ObjectKind::CommitMeta).path();
+        let detached = remote.get(&meta_rel, MAX_COMMITMETA_SIZE)?;
+        if let Some(trusted) = &opts.trusted {
+            let sigs = match &detached {
+                Some(b) => {
+                    parse_gpgsigs(b).with_context(|| format!("detached metadata of commit {c}"))?
+                }
+                None => Vec::new(),
+            };
+            let v = openpgp::verify_detached(trusted, &bytes, &sigs, SystemTime::now()).map_err(
+                |e| {
+                    anyhow::anyhow!(
+                        "{src}: commit {c} (ref {}): signature: {e}",
+                        names.join(", ")
+                    )
+                },
+            )?;
+            verified_commits.insert(*c, v);
+        }
+        if let Some(d) = detached {
+            commitmeta.insert(*c, d);
+        }
+        commits.insert(*c, commit);
+    }
+
+    // Trees, level by level; content at the end.
+    let mut seen_trees = HashSet::new();
+    let mut seen_metas = HashSet::new();
+    let mut files: BTreeSet<Checksum> = BTreeSet::new();
+    let mut level: Vec<Checksum> = Vec::new();
+    let mut metas: Vec<Checksum> = Vec::new();
+    for commit in commits.values() {
+        if seen_trees.insert(commit.root_tree) {
+            level.push(commit.root_tree);
+        }
+        if seen_metas.insert(commit.root_meta) {
+            metas.push(commit.root_meta);
+        }
+    }
+    let mut depth = 0;
+    while !level.is_empty() || !metas.is_empty() {
+        depth += 1;
+        anyhow::ensure!(
+            depth <= MAX_TREE_DEPTH,
+            "{src}: trees nested deeper than {MAX_TREE_DEPTH}"
+        );
+        let wanted: Vec<ObjectName> = level
+            .iter()
+            .map(|t| ObjectName::new(*t, ObjectKind::DirTree))
+            .chain(
+                metas
+                    .iter()
+                    .map(|m| ObjectName::new(*m, ObjectKind::DirMeta)),
+            )
+            .collect();
+        parallel(wanted, opts.jobs, |o| {
+            walk.ensure(&o)
+                .with_context(|| format!("{} {}", o.kind.extension(), o.checksum))
+        })?;
+        let mut next = Vec::new();
+        metas.clear();
+        for t in &level {
+            let rel = ObjectName::new(*t, ObjectKind::DirTree).path();
+            let tree = parse_dirtree(&store.read(&rel, MAX_DIRTREE_SIZE)?)
+                .with_context(|| format!("dirtree {t}"))?;
+            for (_, f) in tree.files {
+                files.insert(f);
+            }
+            for (_, sub, m) in tree.dirs {
+                if seen_trees.insert(sub) {
+                    next.push(sub);
+                }
+                if seen_metas.insert(m) {
+                    metas.push(m);
+                }
+            }
+            anyhow::ensure!(
+                seen_trees.len() + seen_metas.len() + files.len() <= MAX_OBJECTS,
+                "{src}: the commits reach more than {MAX_OBJECTS} objects"
+            );
+        }
+        level = next;
+    }
+    let content: Vec<ObjectName> = files
+        .iter()
+        .map(|f| ObjectName::new(*f, ObjectKind::File))
+        .collect();
+    parallel(content, opts.jobs, |o| {
+        walk.ensure(&o)
+            .with_context(|| format!("content {}", o.checksum))
+    })?;
+
+    // Static deltas.
+    let mut delta_files = BTreeSet::new();
+    for d in &meta.parsed.deltas {
+        delta_files.extend(
+            sync_delta(&walk, &d.name, &d.superblock)
+                .with_context(|| format!("static delta {}", d.name.summary_name()))?,
+        );
+    }
+
+    // What the published commits reach, as stored.
+    let entries = store.entries();
+    let reachable: Vec<String> = commits
+        .keys()
+        .map(|c| ObjectName::new(*c, ObjectKind::Commit).path())
+        .chain(
+            seen_trees
+                .iter()
+                .map(|t| ObjectName::new(*t, ObjectKind::DirTree).path()),
+        )
+        .chain(
+            seen_metas
+                .iter()
+                .map(|m| ObjectName::new(*m, ObjectKind::DirMeta).path()),
+        )
+        .chain(
+            files
+                .iter()
+                .map(|f| ObjectName::new(*f, ObjectKind::File).path()),
+        )
+        .collect();
+    let object_bytes = reachable
+        .iter()
+        .filter_map(|r| entries.get(r).map(|e| e.size))
+        .sum();
+    Ok(Snapshot {
+        objects: reachable.len() as u64,
+        object_bytes,
+        fetched: walk.fetched.load(Ordering::Relaxed),
+        fetched_bytes: walk.fetched_bytes.load(Ordering::Relaxed),
+        meta,
+        commits,
+        commitmeta,
+        verified_commits,
+        delta_files,
+    })
+}
+
+/// Copies one static delta; returns its files.
+fn sync_delta(walk: &Walk<'_>, name: &DeltaName, superblock: &Checksum) -> Result<Vec<String>> {
+    let dir = name.dir();
+    let sb_rel = format!("{dir}/superblock");
+    let n = walk
+        .store
+        .fetch_file(walk.remote, &sb_rel, MAX_SUPERBLOCK_SIZE as u64, superblock)?;
+    count(walk, n);
+    let sb = Superblock::parse(&walk.store.read(&sb_rel, MAX_SUPERBLOCK_SIZE as u64)?)
+        .context("parsing the superblock")?;
+    anyhow::ensure!(
+        sb.to == name.to && sb.from == name.from,
+        "the superblock is for {:?} -> {}, not what its name says",
+        sb.from,
+        sb.to
+    );
+    let mut files = vec![sb_rel];
+    for (i, part) in sb.parts.iter().enumerate() {
+        let rel = format!("{dir}/{i}");
+        let n = walk
+            .store
+            .fetch_file(walk.remote, &rel, part.size, &part.checksum)
+            .with_context(|| format!("part {i}"))?;
+        count(walk, n);
+        files.push(rel);
+    }
+    Ok(files)
+}
+
+fn count(walk: &Walk<'_>, n: u64) {
+    if n > 0 {
+        walk.fetched.fetch_add(1, Ordering::Relaxed);
+        walk.fetched_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// Every object `commits` reach in `store` (commit, dirtree, dirmeta,
+/// content), by walking the stored trees. For pruning: what is kept.
+pub fn reachable(store: &Store, commits: &[Checksum]) -> Result<BTreeSet<ObjectName>> {
+    let mut out = BTreeSet::new();
+    let mut stack: Vec<Checksum> = Vec::new();
+    for c in commits {
+        let obj = ObjectName::new(*c, ObjectKind::Commit);
+        let bytes = store
+            .read(&obj.path(), super::store::MAX_COMMIT_SIZE)
+            .with_context(|| format!("kept commit {c}"))?;
+        let commit = Commit::parse(&bytes).with_context(|| format!("parsing commit {c}"))?;
+        out.insert(obj);
+        out.insert(ObjectName::new(*c, ObjectKind::CommitMeta));
+        out.insert(ObjectName::new(commit.root_meta, ObjectKind::DirMeta));
+        stack.push(commit.root_tree);
+    }
+    while let Some(t) = stack.pop() {
+        if !out.insert(ObjectName::new(t, ObjectKind::DirTree)) {
+            continue;
+        }
+        anyhow::ensure!(
+            out.len() <= MAX_OBJECTS,
+            "the kept commits reach more than {MAX_OBJECTS} objects"
+        );
+        let rel = ObjectName::new(t, ObjectKind::DirTree).path();
+        let tree = parse_dirtree(&store.read(&rel, MAX_DIRTREE_SIZE)?)
+            .with_context(|| format!("dirtree {t}"))?;
+        for (_, f) in tree.files {
+            out.insert(ObjectName::new(f, ObjectKind::File));
+        }
+        for (_, sub, m) in tree.dirs {
+            out.insert(ObjectName::new(m, ObjectKind::DirMeta));
+            stack.push(sub);
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parallel_stops_at_the_first_error() {
+        // One worker: items are taken from the end, and none after the
+        // failing one.
+        let seen = AtomicU64::new(0);
+        let r = parallel((0..1000).collect(), 1, |i: u32| {
+            seen.fetch_add(1, Ordering::Relaxed);
+            if i == 990 {
+                bail!("item {i}");
+            }
+            Ok(())
+        });
+        assert!(r.unwrap_err().to_string().contains("990"));
+        assert_eq!(seen.load(Ordering::Relaxed), 10);
+        // Several: the error comes back whatever the interleaving.
+        let r = parallel((0..1000).collect(), 4, |i: u32| {
+            if i % 100 == 7 {
+                bail!("item {i}");
+            }
+            Ok(())
+        });
+        assert!(r.unwrap_err().to_string().starts_with("item "));
+        let total = AtomicU64::new(0);
+        parallel((1..=100).collect(), 3, |i: u64| {
+            total.fetch_add(i, Ordering::Relaxed);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(total.load(Ordering::Relaxed), 5050);
+    }
+
+    #[test]
+    fn only_archive_repos() {
+        let cases: &[(&str, bool)] = &[
+            ("[core]\nrepo_version=1\nmode=archive-z2\n", true),
+            ("[core]\nmode=archive\n", true),
+            ("[core]\nmode=bare\n", false),
+            ("garbage", false),
+        ];
+        for (c, ok) in cases {
+            assert_eq!(archive_mode(c.as_bytes()).is_ok(), *ok, "{c}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod walk_tests {
+    use super::*;
+    use crate::mirror::remote::DirRemote;
+    use std::path::Path;
+
+    fn ostree(args: &[&str]) -> String {
+        let o = std::process::Command::new("ostree")
+            .args(args)
+            .output()
+            .expect("the ostree CLI must be installed");
+        assert!(o.status.success(), "ostree {args:?}: {o:?}");
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    /// A two-commit archive repo with a summary and a static delta, made by
+    /// the stock CLI.
+    fn source(dir: &Path) -> (std::path::PathBuf, String, String) {
+        let repo = dir.join("src");
+        let r = format!("--repo={}", repo.display());
+        ostree(&["init", "--mode=archive", &r]);
+        let tree = dir.join("tree");
+        std::fs::create_dir_all(tree.join("usr/lib")).unwrap();
+        for i in 0..50u32 {
+            std::fs::write(
+                tree.join(format!("usr/lib/f{i}")),
+                i.to_le_bytes().repeat(500),
+            )
+            .unwrap();
+        }
+        std::os::unix::fs::symlink("lib", tree.join("usr/lib64")).unwrap();
+        let commit = |subject: &str| {
+            ostree(&[
+                "commit",
+                &r,
+                "-b",
+                "os/stable",
+                "-s",
+                subject,
+                &format!("--tree=dir={}", tree.display()),
+                "--owner-uid=0",
+                "--owner-gid=0",
+            ])
+            .trim()
+            .to_owned()
+        };
+        let c1 = commit("one");
+        std::fs::write(tree.join("usr/lib/f3"), b"changed").unwrap();
+        std::fs::write(tree.join("usr/lib/new"), b"new file").unwrap();
+        let c2 = commit("two");
+        ostree(&["static-delta", "generate", &r, "--from", &c1, "--to", &c2]);
+        ostree(&["summary", "-u", &r]);
+        (repo, c1, c2)
+    }
+
+    #[test]
+    fn walks_verifies_and_copies_deltas_then_prunes() {
+        let t = tempfile::tempdir().unwrap();
+        let (repo, _c1, c2) = source(t.path());
+        let remote = DirRemote::new(&repo, None);
+        let dest = t.path().join("dest");
+        let store = Store::open(&dest, &t.path().join("tmp"), BTreeMap::new()).unwrap();
+        let snap = sync(&remote, &store, &SyncOptions::default()).unwrap();
+        assert_eq!(
+            snap.commits.keys().map(|c| c.to_hex()).collect::<Vec<_>>(),
+            std::slice::from_ref(&c2)
+        );
+        assert_eq!(
+            snap.fetched as usize,
+            snap.objects as usize + snap.delta_files.len()
+        );
+        assert!(
+            snap.delta_files.iter().any(|f| f.ends_with("/superblock"))
+                && snap.delta_files.iter().any(|f| f.ends_with("/0")),
+            "{:?}",
+            snap.delta_files
+        );
+        // A second sync fetches nothing.
+        let again = sync(&remote, &store, &SyncOptions::default()).unwrap();
+        assert_eq!(again.fetched, 0);
+        // Stock ostree agrees the copy is whole: refs and summary as the
+        // source's, every object present and valid.
+        crate::mirror::bundle::write_remote_files(&store, &snap.meta).unwrap();
+        for f in ["summary", "config"] {
+            assert_eq!(
+                std::fs::read(dest.join(f)).unwrap(),
+                std::fs::read(repo.join(f)).unwrap()
+            );
+        }
+        ostree(&["fsck", &format!("--repo={}", dest.display())]);
+        // What c2 reaches excludes the file c1 had and c2 replaced.
+        let kept = reachable(&store, &[Checksum::from_hex(&c2).unwrap()]).unwrap();
+        assert_eq!(
+            kept.iter().filter(|o| o.kind == ObjectKind::Commit).count(),
+            1
+        );
+        assert!(kept.len() < snap.objects as usize + 2);
+    }
+
+    #[test]
+    fn a_corrupted_delta_part_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let (repo, _, _) = source(t.path());
+        let part = crate::mirror::bundle::list_files(&repo, "deltas")
+            .unwrap()
+            .into_iter()
+            .find(|f| f.ends_with("/0"))
+            .unwrap();
+        let p = repo.join(&part);
+        let mut b = std::fs::read(&p).unwrap();
+        let i = b.len() / 2;
+        b[i] ^= 1;
+        std::fs::write(&p, b).unwrap();
+        let store = Store::open(
+            &t.path().join("dest"),
+            &t.path().join("tmp"),
+            BTreeMap::new(),
+        )
+        .unwrap();
+        let e = sync(
+            &DirRemote::new(&repo, None),
+            &store,
+            &SyncOptions::default(),
+        )
+        .unwrap_err();
+        assert!(format!("{e:#}").contains("SHA-256 mismatch"), "{e:#}");
+        assert!(!t.path().join("dest").join(&part).exists());
+    }
+}

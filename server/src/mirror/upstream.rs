@@ -1,0 +1,378 @@
+//! A site server fed by another oscontent server (`serve --upstream URL`)
+//! or by a bundle carried across an air gap (`serve --bundle DIR`).
+//!
+//! Both work the same way. The server keeps its own archive store under
+//! its state dir (`mirror/repo`: objects, detached metadata, deltas, and a
+//! manifest of what it verified, `mirror/objects.json`). Each refresh reads
+//! the source's summary; if it differs from the one being served, the
+//! verified walk ([`super::sync`]) brings in only the objects the store
+//! lacks, verifying every object and, with trusted keys, the summary and
+//! every commit signature, and then a new generation is published whose
+//! overlay holds the source's refs, config, and its summary and
+//! `summary.sig` byte for byte: nodes verify against the original signer,
+//! and no trust is re-rooted at the site. A bundle is also checked file by
+//! file against its manifest before anything is read from it.
+//!
+//! The store only grows during a refresh (objects are immutable), so the
+//! generation being served stays whole; with `--keep N`, objects that no
+//! kept release reaches are removed after the new generation is built.
+//! A failed refresh keeps the previous generation; a refresh killed midway
+//! leaves verified objects that the next one uses (see [`super::store`]).
+
+use super::bundle::{self, BundleRemote, Destination, Pruned};
+use super::remote::{HttpRemote, RateLimit, Remote};
+use super::sync::{self, Metadata, SyncOptions};
+use crate::served::{Generation, PINNED_SUMMARY};
+use anyhow::{Context, Result};
+use oscontent::format::{Checksum, RefNamespace};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Under the state dir.
+pub const MIRROR_DIR: &str = "mirror";
+/// The store, served as the generation's source.
+const REPO: &str = "repo";
+/// The store's manifest.
+const OBJECTS_MANIFEST: &str = "objects.json";
+/// Generation overlays.
+const GENERATIONS: &str = "generations";
+
+/// Where a site server's content comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SiteSource {
+    /// Another oscontent server (or any archive remote) over HTTP(S).
+    Upstream(String),
+    /// A bundle directory (`mirror ... bundle:DIR`).
+    Bundle(PathBuf),
+}
+
+impl std::fmt::Display for SiteSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SiteSource::Upstream(u) => write!(f, "upstream {u}"),
+            SiteSource::Bundle(d) => write!(f, "bundle {}", d.display()),
+        }
+    }
+}
+
+/// What one refresh did.
+#[derive(Debug, Clone)]
+pub struct Refreshed {
+    pub summary: Checksum,
+    pub refs: Vec<(String, Checksum)>,
+    pub fetched: u64,
+    pub fetched_bytes: u64,
+    pub objects: u64,
+    pub object_bytes: u64,
+    pub verified_commits: usize,
+    pub summary_verified: bool,
+    pub pruned: Option<Pruned>,
+}
+
+/// A site server's mirror of its source.
+#[derive(Debug)]
+pub struct SiteMirror {
+    pub source: SiteSource,
+    dir: PathBuf,
+    pub opts: SyncOptions,
+    pub keep: Option<usize>,
+    pub limit: Option<Arc<RateLimit>>,
+    next_id: AtomicU64,
+}
+
+/// Removes a generation's overlay when the generation is dropped.
+#[derive(Debug)]
+struct OverlayGuard(PathBuf);
+
+impl Drop for OverlayGuard {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            tracing::warn!(dir = %self.0.display(), "removing a retired generation: {e}");
+        }
+    }
+}
+
+impl SiteMirror {
+    /// Opens (creating) `state_dir/mirror`, removing overlays an earlier
+    /// process left; the store and its manifest are kept (that is what
+    /// makes a restart incremental).
+    pub fn open(
+        source: SiteSource,
+        state_dir: &Path,
+        opts: SyncOptions,
+        keep: Option<usize>,
+        limit: Option<Arc<RateLimit>>,
+    ) -> Result<Self> {
+        let dir = state_dir.join(MIRROR_DIR);
+        let gens = dir.join(GENERATIONS);
+        if gens.exists() {
+            std::fs::remove_dir_all(&gens)
+                .with_context(|| format!("removing stale {}", gens.display()))?;
+        }
+        std::fs::create_dir_all(&gens).with_context(|| format!("creating {}", gens.display()))?;
+        if let SiteSource::Bundle(b) = &source {
+            let b = b
+                .canonicalize()
+                .with_context(|| format!("bundle {}", b.display()))?;
+            anyhow::ensure!(
+                !b.starts_with(state_dir) && !state_dir.starts_with(&b),
+                "--state-dir {} overlaps the bundle {}; the server never writes the bundle it serves",
+                state_dir.display(),
+                b.display()
+            );
+        }
+        Ok(Self {
+            source,
+            dir,
+            opts,
+            keep,
+            limit,
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    fn repo(&self) -> PathBuf {
+        self.dir.join(REPO)
+    }
+
+    /// The source's summary digest now, and a remote to sync from, unless
+    /// it is `current` (then `None`: nothing to do). Blocking.
+    fn check(&self, current: Option<&Checksum>) -> Result<Option<(Box<dyn Remote>, Metadata)>> {
+        let remote: Box<dyn Remote> = match &self.source {
+            SiteSource::Upstream(url) => Box::new(HttpRemote::new(url, self.limit.clone())?),
+            SiteSource::Bundle(dir) => {
+                // Cheap check first: the whole bundle is verified only when
+                // it names another summary.
+                if let Some(m) = bundle::read_manifest(&dir.join(bundle::MANIFEST))? {
+                    if current.is_some_and(|c| c.to_hex() == m.summary_sha256) {
+                        return Ok(None);
+                    }
+                }
+                Box::new(BundleRemote::open(dir, self.limit.clone())?)
+            }
+        };
+        let meta = sync::read_metadata(remote.as_ref(), &self.opts)?;
+        if current == Some(&meta.summary_digest()) {
+            return Ok(None);
+        }
+        Ok(Some((remote, meta)))
+    }
+
+    /// One refresh (blocking): `Ok(None)` if the source still publishes the
+    /// summary `current` serves; else the new generation, not yet visible.
+    pub fn refresh(&self, current: Option<&Checksum>) -> Result<Option<(Generation, Refreshed)>> {
+        let Some((remote, meta)) = self.check(current)? else {
+            return Ok(None);
+        };
+        sync::verify_commits(remote.as_ref(), &meta, &self.opts)?;
+        let dest = Destination::begin(&self.repo(), &self.dir.join(OBJECTS_MANIFEST))?;
+        dest.start_update()?;
+        let snap = sync::sync_with(remote.as_ref(), &dest.store, &self.opts, meta)
+            .with_context(|| format!("mirroring {}", self.source))?;
+        dest.write_commitmeta(&snap)?;
+        let generation = self.build_generation(&snap.meta)?;
+        let mut history = dest.history(&snap);
+        let pruned = match self.keep {
+            Some(k) => Some(dest.prune(&mut history, &snap, k)?),
+            None => None,
+        };
+        dest.commit(&self.source.to_string(), &snap.meta, history)?;
+        let refreshed = Refreshed {
+            summary: snap.meta.summary_digest(),
+            refs: generation.derived_refs.clone(),
+            fetched: snap.fetched,
+            fetched_bytes: snap.fetched_bytes,
+            objects: snap.objects,
+            object_bytes: snap.object_bytes,
+            verified_commits: snap.verified_commits.len(),
+            summary_verified: snap.meta.verified_summary.is_some(),
+            pruned,
+        };
+        Ok(Some((generation, refreshed)))
+    }
+
+    /// A generation serving the store with `meta`'s refs, config, summary
+    /// and signature in a fresh overlay.
+    fn build_generation(&self, meta: &Metadata) -> Result<Generation> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let gens = self.dir.join(GENERATIONS);
+        let dir = gens.join(id.to_string());
+        let tmp = gens.join(format!("{id}.tmp"));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let result = (|| -> Result<Vec<(String, Checksum)>> {
+            write_overlay(&tmp, meta)?;
+            // The same checks as any publication: the summary it will
+            // serve is the one mirrored, and every ref's commit loads.
+            let probe = Generation::new(0, vec![self.repo()], tmp.clone(), Vec::new());
+            let served = probe.resolve(&oscontent::format::RepoPath::Summary)?;
+            anyhow::ensure!(
+                matches!(served, crate::served::Resolved::File { .. }),
+                "internal: the mirrored summary is not what the generation serves"
+            );
+            let mut refs = Vec::new();
+            for r in probe.refs()? {
+                probe.commit(&r.commit)?;
+                let name = match r.namespace {
+                    RefNamespace::Heads => r.name,
+                    RefNamespace::Mirrors => format!("(mirror) {}", r.name),
+                };
+                refs.push((name, r.commit));
+            }
+            anyhow::ensure!(!refs.is_empty(), "nothing to publish: no refs");
+            std::fs::rename(&tmp, &dir)
+                .with_context(|| format!("renaming {} into place", tmp.display()))?;
+            Ok(refs)
+        })();
+        match result {
+            Ok(refs) => {
+                let mut g = Generation::new(id, vec![self.repo()], dir.clone(), refs);
+                g.keepalive.push(Box::new(OverlayGuard(dir)));
+                Ok(g)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The remote's own files, verbatim, into a generation overlay.
+fn write_overlay(dir: &Path, meta: &Metadata) -> Result<()> {
+    let write = |rel: &str, bytes: &[u8]| -> Result<()> {
+        let p = dir.join(rel);
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::write(&p, bytes).with_context(|| format!("writing {}", p.display()))
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    write("config", &meta.config)?;
+    for r in &meta.refs {
+        write(&r.path(), format!("{}\n", r.commit).as_bytes())?;
+    }
+    write(PINNED_SUMMARY, &meta.summary)?;
+    if let Some(sig) = &meta.summary_sig {
+        write("summary.sig", sig)?;
+    }
+    Ok(())
+}
+
+/// Keeps a site server's generation up to date with its source: the first
+/// refresh (retried with capped exponential backoff while `/readyz` says
+/// 503), then one at every `--refresh-interval` and SIGHUP. A failure keeps
+/// the generation being served.
+#[derive(Debug)]
+pub struct SitePublisher {
+    pub mirror: Arc<SiteMirror>,
+    pub app: crate::http::AppState,
+    pub max_backoff: std::time::Duration,
+    pub refresh_interval: Option<std::time::Duration>,
+    pub refresh_now: Arc<tokio::sync::Notify>,
+}
+
+/// Logs what a refresh did.
+pub fn announce(generation: &Generation, r: &Refreshed, source: &SiteSource) {
+    for (name, commit) in &generation.derived_refs {
+        tracing::info!(r#ref = name, %commit, generation = generation.id, "published");
+    }
+    tracing::info!(
+        %source,
+        summary_sha256 = %r.summary,
+        summary_verified = r.summary_verified,
+        commits_verified = r.verified_commits,
+        objects = r.objects,
+        object_bytes = r.object_bytes,
+        fetched = r.fetched,
+        fetched_bytes = r.fetched_bytes,
+        "mirrored and verified"
+    );
+    if let Some(p) = &r.pruned {
+        tracing::info!(
+            releases = p.releases.len(),
+            objects = p.objects,
+            deltas = p.deltas,
+            bytes = p.bytes,
+            "pruned"
+        );
+    }
+}
+
+impl SitePublisher {
+    /// One refresh on the blocking pool, published if it made a generation.
+    /// `Ok(true)`: published; `Ok(false)`: the source is unchanged.
+    pub async fn refresh_once(&self, current: &mut Option<Checksum>) -> Result<bool> {
+        let (m, cur) = (self.mirror.clone(), *current);
+        let r = tokio::task::spawn_blocking(move || m.refresh(cur.as_ref()))
+            .await
+            .context("refresh task")??;
+        match r {
+            None => Ok(false),
+            Some((generation, refreshed)) => {
+                announce(&generation, &refreshed, &self.mirror.source);
+                *current = Some(refreshed.summary);
+                self.app.publish(generation);
+                Ok(true)
+            }
+        }
+    }
+
+    /// Runs until aborted (at shutdown). `current` is what is served now,
+    /// if the caller published already.
+    pub async fn run(self, mut current: Option<Checksum>) {
+        let mut backoff = crate::images::INITIAL_BACKOFF;
+        let mut retry_in: Option<std::time::Duration> = None;
+        loop {
+            if current.is_some() || retry_in.is_some() {
+                self.wait(retry_in).await;
+            }
+            match self.refresh_once(&mut current).await {
+                Ok(published) => {
+                    self.count(if published { "published" } else { "unchanged" });
+                    retry_in = None;
+                    backoff = crate::images::INITIAL_BACKOFF;
+                }
+                Err(e) => {
+                    self.count("failed");
+                    let serving = if current.is_some() {
+                        "still serving the previous generation"
+                    } else {
+                        "nothing published yet"
+                    };
+                    tracing::error!(retry_in = ?backoff, "{e:#} ({serving})");
+                    retry_in = Some(backoff);
+                    backoff = (backoff * 2).min(self.max_backoff);
+                }
+            }
+        }
+    }
+
+    fn count(&self, result: &str) {
+        self.app
+            .metrics
+            .source_checks
+            .with_label_values(&[result])
+            .inc();
+    }
+
+    async fn wait(&self, retry_in: Option<std::time::Duration>) {
+        let wait = match (retry_in, self.refresh_interval) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        match wait {
+            Some(d) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(d) => {}
+                    _ = self.refresh_now.notified() => tracing::info!("SIGHUP: checking the source now"),
+                }
+            }
+            None => {
+                self.refresh_now.notified().await;
+                tracing::info!("SIGHUP: checking the source now");
+            }
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! Offline mirrors and chained servers, end to end, in network namespaces
+//! the suite creates (root required: it fails, saying so, without it).
+//!
+//! - `airgap`: a hub (registry + oscontent server) and a disconnected site
+//!   (no route to the hub's registry) that gets bundles through a shared
+//!   directory, serves them, and a node in the site that updates with stock
+//!   `ostree pull` verifying the original signer's signatures; plus a
+//!   chained site server fed by the hub over the link.
+//! - `layout`: image → OCI layout copies (digests, incremental, resume).
+
+mod airgap;
+mod layout;
+mod netns;
+mod support;
