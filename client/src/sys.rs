@@ -43,11 +43,21 @@ pub const SYNC_WAIT: libc::c_uint = libc::SYNC_FILE_RANGE_WAIT_BEFORE
     | libc::SYNC_FILE_RANGE_WRITE
     | libc::SYNC_FILE_RANGE_WAIT_AFTER;
 
-/// `sync_file_range(fd, 0, 0, flags)`: the whole file.
-pub fn sync_file_range(fd: BorrowedFd<'_>, flags: libc::c_uint) -> io::Result<()> {
+/// `sync_file_range(fd, offset, len, flags)`; `len` 0 means "to the end
+/// of the file".
+pub fn sync_file_range(
+    fd: BorrowedFd<'_>,
+    offset: u64,
+    len: u64,
+    flags: libc::c_uint,
+) -> io::Result<()> {
+    let offset = libc::off64_t::try_from(offset)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "offset out of range"))?;
+    let len = libc::off64_t::try_from(len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "length out of range"))?;
     // SAFETY: `fd` is borrowed, so it stays open for the call; offsets and
     // flags are plain integers.
-    let r = unsafe { libc::sync_file_range(fd.as_raw_fd(), 0, 0, flags) };
+    let r = unsafe { libc::sync_file_range(fd.as_raw_fd(), offset, len, flags) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }

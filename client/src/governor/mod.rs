@@ -8,24 +8,26 @@
 //!   `--per-object-fsync`).
 //! - `writeback`: start writeback of each object as soon as it is written
 //!   (`sync_file_range(WRITE)`), and wait for it in fixed 4 MiB batches.
-//! - `paced` (default): `writeback`, plus the idle I/O class for everything
-//!   we submit, plus a feedback loop ([`aimd`]) that measures how long each
-//!   batch takes to reach the device and adapts the batch size and a write
-//!   rate limit toward `--io-latency-target`.
+//! - `paced` (default): a background [`flusher`] in the idle I/O class
+//!   writes back what the writers hand it in small chunks, one chunk in
+//!   flight at a time, at a rate the feedback loop ([`aimd`]) steers by the
+//!   chunks' own latency toward `--io-latency-target`.
 //!
 //! All modes end with one `syncfs` barrier before any ref moves.
 //!
-//! Why `sync_file_range(WRITE)` per object: `ionice` only applies to I/O
-//! the process submits itself, and stock ostree leaves all of its data to
-//! background writeback (submitted by kworkers, at normal priority, in
-//! large bursts when the dirty limits trip). Submitting writeback from our
-//! own thread, right after each object is written, makes the idle class
-//! apply and keeps dirty data from piling up.
+//! Why submit writeback ourselves: `ionice` only applies to I/O the process
+//! submits itself, and stock ostree leaves all of its data to background
+//! writeback (submitted by kworkers, at normal priority, in large bursts
+//! when the dirty limits trip). Why one small chunk at a time: the
+//! neighbour's fdatasync waits for whatever is queued on the device ahead
+//! of it, so what we have in flight is what its latency grows by.
 
 pub mod aimd;
+pub mod flusher;
 
 use crate::sys;
 use aimd::{Aimd, AimdConfig};
+use flusher::Flusher;
 use serde::Serialize;
 use std::fs::File;
 use std::io;
@@ -43,8 +45,8 @@ pub enum IoMode {
     PerObjectFsync,
     /// Incremental writeback in fixed batches, normal priority, no pacing.
     Writeback,
-    /// Idle I/O priority, incremental writeback, AIMD pacing toward the
-    /// latency target (default).
+    /// Idle I/O priority, writeback in small chunks one at a time, AIMD
+    /// pacing toward the latency target (default).
     Paced,
 }
 
@@ -64,12 +66,45 @@ const FIXED_BATCH: u64 = 4 << 20;
 /// A waited flush also happens after this many files, whatever their size,
 /// which bounds the descriptors held open.
 const MAX_PENDING_FILES: usize = 512;
-/// Writes may run this far ahead of the paced schedule before sleeping, so
-/// that pacing does not turn every small object into a sleep.
-const PACE_SLACK: Duration = Duration::from_millis(20);
+/// The `paced` mode's CPU nice value: below the neighbour's (0) in the
+/// scheduler's eyes, without starving the pull on a busy node as
+/// `SCHED_IDLE` could.
+pub const PACED_NICE: i32 = 10;
 /// Flush latencies kept for percentiles (older ones beyond are dropped
 /// from the percentile, not from count and max).
 const MAX_SAMPLES: usize = 1 << 16;
+
+/// Flush latencies, bounded in memory.
+#[derive(Debug, Clone, Default)]
+pub struct Samples {
+    ms: Vec<f64>,
+    max_ms: f64,
+}
+
+impl Samples {
+    pub fn push(&mut self, d: Duration) {
+        let ms = d.as_secs_f64() * 1e3;
+        self.max_ms = self.max_ms.max(ms);
+        if self.ms.len() < MAX_SAMPLES {
+            self.ms.push(ms);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.ms.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ms.is_empty()
+    }
+
+    /// (p50, p99, max) in milliseconds.
+    fn summary(&self) -> (f64, f64, f64) {
+        let mut v = self.ms.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        (percentile(&v, 0.50), percentile(&v, 0.99), self.max_ms)
+    }
+}
 
 /// What the governor did, for `--json` and the benchmark.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -79,73 +114,86 @@ pub struct GovernorStats {
     pub objects: u64,
     /// Bytes of those objects on disk (apparent size).
     pub bytes: u64,
-    /// Waited flushes (batches, or fsyncs in per-object-fsync mode).
+    /// Waited flushes (chunks, batches, or fsyncs in per-object-fsync mode).
     pub flushes: u64,
     pub flush_p50_ms: f64,
     pub flush_p99_ms: f64,
     pub flush_max_ms: f64,
     /// Flushes slower than the latency target.
     pub flushes_over_target: u64,
-    /// Time writers slept to respect the paced rate.
+    /// Time the flusher slept to respect the paced rate.
     pub throttle_ms: f64,
+    /// Time writers waited for the paced flusher to catch up.
+    pub backpressure_ms: f64,
     /// Final rate limit (paced), MiB/s.
     pub final_rate_mib_s: f64,
-    /// Final batch size (paced, writeback), KiB.
+    /// Final chunk (paced) or batch (writeback) size, KiB.
     pub final_batch_kib: u64,
     /// Whether the idle I/O class was set (paced).
     pub idle_priority: bool,
+    /// The CPU nice value set for the pull's threads (paced).
+    pub nice: i32,
     /// Duration of the final syncfs.
     pub barrier_ms: f64,
 }
 
-#[derive(Debug)]
-struct State {
-    aimd: Aimd,
+/// The inline modes' state (`writeback` batches, `per-object-fsync`).
+#[derive(Debug, Default)]
+struct Inline {
     pending: Vec<File>,
     pending_bytes: u64,
-    /// When the paced schedule allows the next write.
-    next_slot: Option<Instant>,
-    samples: Vec<f64>,
-    stats: GovernorStats,
+    samples: Samples,
+    flushes: u64,
+    over_target: u64,
 }
 
 #[derive(Debug)]
 pub struct Governor {
     mode: IoMode,
-    state: Mutex<State>,
-    /// Held by the thread waiting for a batch, so that writers crossing the
-    /// next threshold wait too instead of piling up more dirty data.
+    target: Duration,
+    /// `paced` only.
+    flusher: Option<Flusher>,
+    inline: Mutex<Inline>,
+    /// Held by the thread waiting for a `writeback` batch, so that writers
+    /// crossing the next threshold wait too instead of piling up more dirty
+    /// data.
     flushing: Mutex<()>,
+    counts: Mutex<GovernorStats>,
 }
 
 impl Governor {
-    /// Creates the governor. In `paced` mode this puts the calling thread in
-    /// the idle I/O class: call it before spawning any thread, so that they
-    /// all inherit it.
-    pub fn new(mode: IoMode, target: Duration) -> Self {
+    /// Creates the governor. In `paced` mode this starts the flusher and
+    /// puts the calling thread in the idle I/O class and at nice
+    /// [`PACED_NICE`]: call it before spawning any thread, so that they all
+    /// inherit both.
+    pub fn new(mode: IoMode, target: Duration) -> io::Result<Self> {
         let mut stats = GovernorStats {
             io_mode: mode.as_str().to_owned(),
             ..Default::default()
         };
+        let mut flusher = None;
         if mode == IoMode::Paced {
             match sys::set_idle_io_priority() {
                 Ok(()) => stats.idle_priority = true,
                 Err(e) => tracing::warn!("cannot set the idle I/O priority: {e}"),
             }
+            // The neighbour's fdatasync only completes for it once it gets a
+            // CPU back; inflating and hashing objects on every core would
+            // add run-queue delay to its latency that no I/O policy removes.
+            match rustix::process::setpriority_process(None, PACED_NICE) {
+                Ok(()) => stats.nice = PACED_NICE,
+                Err(e) => tracing::warn!("cannot lower the CPU priority: {e}"),
+            }
+            flusher = Some(Flusher::start(AimdConfig::new(target))?);
         }
-        let aimd = Aimd::new(AimdConfig::new(target));
-        Self {
+        Ok(Self {
             mode,
-            state: Mutex::new(State {
-                aimd,
-                pending: Vec::new(),
-                pending_bytes: 0,
-                next_slot: None,
-                samples: Vec::new(),
-                stats,
-            }),
+            target,
+            flusher,
+            inline: Mutex::new(Inline::default()),
             flushing: Mutex::new(()),
-        }
+            counts: Mutex::new(stats),
+        })
     }
 
     pub fn mode(&self) -> IoMode {
@@ -155,57 +203,53 @@ impl Governor {
     /// Called by a writer thread right after an object file was written
     /// (and linked into place). `file` is that object, opened read-only;
     /// `None` for objects that have no data of their own (symlinks in bare
-    /// repos).
+    /// repos). In `paced` mode this may wait for the flusher to catch up.
     pub fn after_write(&self, file: Option<File>) -> io::Result<()> {
         let Some(file) = file else {
             return Ok(());
         };
-        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let len = file.metadata()?.len();
         {
-            let mut st = self.state.lock().expect("governor state");
-            st.stats.objects += 1;
-            st.stats.bytes += len;
+            let mut c = self.counts.lock().expect("governor counts");
+            c.objects += 1;
+            c.bytes += len;
         }
         match self.mode {
             IoMode::StockLike => Ok(()),
             IoMode::PerObjectFsync => {
                 let t = Instant::now();
                 rustix::fs::fsync(file.as_fd())?;
-                self.record_flush(t.elapsed());
+                self.record_inline(t.elapsed());
                 Ok(())
             }
-            IoMode::Writeback | IoMode::Paced => {
-                sys::sync_file_range(file.as_fd(), sys::SYNC_START)?;
+            IoMode::Paced => self
+                .flusher
+                .as_ref()
+                .expect("paced mode has a flusher")
+                .submit(file, len),
+            IoMode::Writeback => {
+                sys::sync_file_range(file.as_fd(), 0, 0, sys::SYNC_START)?;
                 let batch = {
-                    let mut st = self.state.lock().expect("governor state");
+                    let mut st = self.inline.lock().expect("governor state");
                     st.pending.push(file);
                     st.pending_bytes += len;
-                    let limit = if self.mode == IoMode::Paced {
-                        st.aimd.batch
-                    } else {
-                        FIXED_BATCH
-                    };
-                    (st.pending_bytes >= limit || st.pending.len() >= MAX_PENDING_FILES)
-                        .then(|| Self::take_batch(&mut st))
+                    (st.pending_bytes >= FIXED_BATCH || st.pending.len() >= MAX_PENDING_FILES).then(
+                        || {
+                            st.pending_bytes = 0;
+                            std::mem::take(&mut st.pending)
+                        },
+                    )
                 };
-                if let Some(batch) = batch {
-                    self.flush_batch(batch)?;
+                match batch {
+                    Some(batch) => self.flush_batch(batch),
+                    None => Ok(()),
                 }
-                if self.mode == IoMode::Paced {
-                    self.pace(len);
-                }
-                Ok(())
             }
         }
     }
 
-    fn take_batch(st: &mut State) -> Vec<File> {
-        st.pending_bytes = 0;
-        std::mem::take(&mut st.pending)
-    }
-
-    /// Waits until a batch of files is on the device, measuring how long
-    /// that takes, and feeds the controller.
+    /// Waits until a `writeback` batch is on the device, measuring how long
+    /// that takes.
     fn flush_batch(&self, batch: Vec<File>) -> io::Result<()> {
         if batch.is_empty() {
             return Ok(());
@@ -213,52 +257,31 @@ impl Governor {
         let _serialised = self.flushing.lock().expect("governor flush lock");
         let t = Instant::now();
         for f in &batch {
-            sys::sync_file_range(f.as_fd(), sys::SYNC_WAIT)?;
+            sys::sync_file_range(f.as_fd(), 0, 0, sys::SYNC_WAIT)?;
         }
-        self.record_flush(t.elapsed());
+        self.record_inline(t.elapsed());
         Ok(())
     }
 
-    fn record_flush(&self, latency: Duration) {
-        let mut st = self.state.lock().expect("governor state");
-        let ms = latency.as_secs_f64() * 1e3;
-        st.stats.flushes += 1;
-        st.stats.flush_max_ms = st.stats.flush_max_ms.max(ms);
-        if st.samples.len() < MAX_SAMPLES {
-            st.samples.push(ms);
-        }
-        if self.mode == IoMode::Paced {
-            if st.aimd.on_flush(latency) {
-                st.stats.flushes_over_target += 1;
-            }
-        } else if latency > st.aimd.config.target {
-            st.stats.flushes_over_target += 1;
-        }
-    }
-
-    /// Sleeps as long as the paced schedule says writing `bytes` takes.
-    fn pace(&self, bytes: u64) {
-        let sleep = {
-            let mut st = self.state.lock().expect("governor state");
-            let now = Instant::now();
-            let slot = st.next_slot.map_or(now, |s| s.max(now));
-            let next = slot + st.aimd.pace(bytes);
-            st.next_slot = Some(next);
-            next.checked_duration_since(now + PACE_SLACK)
-        };
-        if let Some(d) = sleep {
-            std::thread::sleep(d);
-            let mut st = self.state.lock().expect("governor state");
-            st.stats.throttle_ms += d.as_secs_f64() * 1e3;
+    fn record_inline(&self, latency: Duration) {
+        let mut st = self.inline.lock().expect("governor state");
+        st.flushes += 1;
+        st.samples.push(latency);
+        if latency > self.target {
+            st.over_target += 1;
         }
     }
 
     /// Waits for whatever is still pending (end of the pull, before the
     /// barrier).
     pub fn drain(&self) -> io::Result<()> {
+        if let Some(f) = &self.flusher {
+            return f.drain();
+        }
         let batch = {
-            let mut st = self.state.lock().expect("governor state");
-            Self::take_batch(&mut st)
+            let mut st = self.inline.lock().expect("governor state");
+            st.pending_bytes = 0;
+            std::mem::take(&mut st.pending)
         };
         self.flush_batch(batch)
     }
@@ -270,27 +293,34 @@ impl Governor {
         let t = Instant::now();
         rustix::fs::syncfs(fs)?;
         let d = t.elapsed();
-        self.state.lock().expect("governor state").stats.barrier_ms = d.as_secs_f64() * 1e3;
+        self.counts.lock().expect("governor counts").barrier_ms = d.as_secs_f64() * 1e3;
         Ok(d)
     }
 
     pub fn stats(&self) -> GovernorStats {
-        let st = self.state.lock().expect("governor state");
-        let mut s = st.stats.clone();
-        let mut v = st.samples.clone();
-        v.sort_by(|a, b| a.total_cmp(b));
-        s.flush_p50_ms = percentile(&v, 0.50);
-        s.flush_p99_ms = percentile(&v, 0.99);
-        if matches!(self.mode, IoMode::Paced | IoMode::Writeback) {
-            s.final_batch_kib = if self.mode == IoMode::Paced {
-                st.aimd.batch >> 10
-            } else {
-                FIXED_BATCH >> 10
-            };
-        }
-        if self.mode == IoMode::Paced {
-            s.final_rate_mib_s = st.aimd.rate / (1024.0 * 1024.0);
-        }
+        let mut s = self.counts.lock().expect("governor counts").clone();
+        let samples = match &self.flusher {
+            Some(f) => {
+                let (fs, aimd): (flusher::FlusherStats, Aimd) = f.stats();
+                s.flushes = fs.flushes;
+                s.flushes_over_target = fs.flushes_over_target;
+                s.throttle_ms = fs.throttle.as_secs_f64() * 1e3;
+                s.backpressure_ms = fs.backpressure.as_secs_f64() * 1e3;
+                s.final_rate_mib_s = aimd.rate / (1024.0 * 1024.0);
+                s.final_batch_kib = aimd.batch >> 10;
+                fs.samples
+            }
+            None => {
+                let st = self.inline.lock().expect("governor state");
+                s.flushes = st.flushes;
+                s.flushes_over_target = st.over_target;
+                if self.mode == IoMode::Writeback {
+                    s.final_batch_kib = FIXED_BATCH >> 10;
+                }
+                st.samples.clone()
+            }
+        };
+        (s.flush_p50_ms, s.flush_p99_ms, s.flush_max_ms) = samples.summary();
         s
     }
 }
@@ -325,7 +355,7 @@ mod tests {
     #[test]
     fn writeback_mode_flushes_in_batches() {
         let dir = tempfile::tempdir().unwrap();
-        let g = Governor::new(IoMode::Writeback, Duration::from_millis(10));
+        let g = Governor::new(IoMode::Writeback, Duration::from_millis(10)).unwrap();
         for i in 0..10 {
             let p = dir.path().join(format!("f{i}"));
             std::fs::write(&p, vec![7u8; 1 << 20]).unwrap();

@@ -144,9 +144,29 @@ pub async fn try_delta(
     }
     let dir = tmp.path().to_path_buf();
     let store2 = store.clone();
-    let applied = tokio::task::spawn_blocking(move || store2.apply_delta(&dir))
-        .await
-        .map_err(|e| PullError::LocalRepo(anyhow!("delta task: {e}")))?;
+    let governor = ctx.governor.clone();
+    let objects: Vec<(u8, Checksum)> = sb
+        .parts
+        .iter()
+        .flat_map(|p| p.objects.iter().copied())
+        .collect();
+    let applied = tokio::task::spawn_blocking(move || {
+        store2.apply_delta(&dir)?;
+        // libostree wrote the delta's objects with our fsync disabled and
+        // without telling us: hand them to the governor now, while they
+        // are still dirty in the page cache, so they reach the disk paced
+        // rather than in one burst from the kernel's flusher or the barrier.
+        for (t, c) in objects {
+            let Some(kind) = kind_of(t) else { continue };
+            let file = store2.open_object(kind, &c).map_err(ConsumeError::Local)?;
+            governor
+                .after_write(file)
+                .map_err(|e| ConsumeError::Local(anyhow!("writing back delta object {c}: {e}")))?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| PullError::LocalRepo(anyhow!("delta task: {e}")))?;
     match applied {
         Ok(()) => Ok(true),
         Err(ConsumeError::Corrupt(e)) => Err(PullError::Verification(e)),

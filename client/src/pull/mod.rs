@@ -111,7 +111,11 @@ pub fn pull(opts: &PullOptions, reporter: Arc<Reporter>) -> PullResult<()> {
         )));
     }
     // Before any thread exists, so that all of them inherit the I/O class.
-    let governor = Arc::new(Governor::new(opts.io_mode, opts.io_latency_target));
+    let governor = Arc::new(
+        Governor::new(opts.io_mode, opts.io_latency_target)
+            .context("starting the I/O governor")
+            .local()?,
+    );
     let store = Store::open(&opts.repo).local()?;
     let (url, remote, trust) = resolve_source(opts, &store)?;
     let rt = runtime(opts.concurrency)?;

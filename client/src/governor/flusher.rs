@@ -1,0 +1,403 @@
+//! The `paced` mode's background flusher.
+//!
+//! Writer threads hand over each object they wrote ([`Flusher::submit`]);
+//! one flusher thread, in the idle I/O class, writes them back in small
+//! chunks, one chunk in flight at a time, and sleeps between chunks as the
+//! [`Aimd`] controller's rate says. What the neighbour can find queued
+//! ahead of its own write is therefore at most one chunk of ours, never a
+//! pile of dirty pages released by the kernel's flusher or a batch of
+//! whole objects.
+//!
+//! Writers are held back only when the backlog (written, not yet flushed)
+//! passes a few seconds' worth at the current rate, so the CPU-heavy work
+//! (download, inflate, checksum) overlaps the paced I/O instead of waiting
+//! for it, and dirty data never ages into the kernel's own writeback.
+
+use super::aimd::{Aimd, AimdConfig};
+use super::Samples;
+use crate::sys;
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A chunk also closes after this many files: each small file is its own
+/// write request, and many of them in flight at once queue the neighbour
+/// as surely as one big one.
+pub const CHUNK_MAX_FILES: usize = 32;
+/// Chunk ranges are cut at multiples of this (the page size of every
+/// architecture a node runs).
+const PAGE: u64 = 4096;
+/// Descriptors held for the backlog; writers wait beyond it.
+pub const MAX_QUEUED_FILES: usize = 512;
+/// The backlog writers may build, in seconds of writing at the current
+/// rate...
+pub const BACKLOG_SECS: f64 = 2.0;
+/// ...but at least this much, so that a slow rate does not serialise the
+/// writers on every object...
+pub const MIN_BACKLOG: u64 = 8 << 20;
+/// ...and at most this much: well under the kernel's dirty thresholds on a
+/// small node, and flushed long before `dirty_expire` (30 s) would hand it
+/// to the kernel's flusher at normal priority.
+pub const MAX_BACKLOG: u64 = 64 << 20;
+/// The schedule may run this far behind real time before the flusher
+/// sleeps, so pacing does not turn every chunk into a tiny sleep.
+const PACE_SLACK: Duration = Duration::from_millis(5);
+
+/// What the flusher did, merged into the governor's stats.
+#[derive(Debug, Default, Clone)]
+pub struct FlusherStats {
+    pub flushes: u64,
+    pub flushes_over_target: u64,
+    pub throttle: Duration,
+    /// Time writers spent waiting for backlog room.
+    pub backpressure: Duration,
+    pub samples: Samples,
+}
+
+#[derive(Debug)]
+struct Item {
+    file: File,
+    /// The part of the file still to flush.
+    offset: u64,
+    len: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    queue: VecDeque<Item>,
+    /// Bytes queued plus the chunk in flight.
+    backlog: u64,
+    in_flight: bool,
+    closed: bool,
+    /// The first error the flusher hit; every later call reports it.
+    error: Option<(io::ErrorKind, String)>,
+    aimd: Aimd,
+    next_slot: Option<Instant>,
+    stats: FlusherStats,
+}
+
+impl State {
+    fn backlog_limit(&self) -> u64 {
+        ((self.aimd.rate * BACKLOG_SECS) as u64).clamp(MIN_BACKLOG, MAX_BACKLOG)
+    }
+
+    fn check(&self) -> io::Result<()> {
+        match &self.error {
+            Some((kind, msg)) => Err(io::Error::new(*kind, msg.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Takes the next chunk off the queue: whole small files, or a
+    /// chunk-sized range of a big one (the rest stays at the front).
+    fn take_chunk(&mut self) -> Vec<Item> {
+        let limit = self.aimd.batch;
+        let mut chunk = Vec::new();
+        let mut bytes = 0;
+        while let Some(front) = self.queue.front_mut() {
+            if bytes >= limit || chunk.len() >= CHUNK_MAX_FILES {
+                break;
+            }
+            let room = limit - bytes;
+            if front.len > room {
+                // Page-aligned, so no page is written back twice.
+                let take = room & !(PAGE - 1);
+                if take == 0 {
+                    break;
+                }
+                let part = Item {
+                    file: match front.file.try_clone() {
+                        Ok(f) => f,
+                        // Out of descriptors: flush the whole file instead.
+                        Err(_) => break,
+                    },
+                    offset: front.offset,
+                    len: take,
+                };
+                front.offset += take;
+                front.len -= take;
+                chunk.push(part);
+                break;
+            }
+            let item = self.queue.pop_front().expect("front exists");
+            bytes += item.len;
+            chunk.push(item);
+        }
+        if chunk.is_empty() {
+            // Descriptor exhaustion above: flush the front file whole.
+            if let Some(item) = self.queue.pop_front() {
+                chunk.push(item);
+            }
+        }
+        chunk
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// The flusher waits here for work.
+    work: Condvar,
+    /// Writers wait here for backlog room, and `drain` for an empty queue.
+    room: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("flusher state")
+    }
+}
+
+#[derive(Debug)]
+pub struct Flusher {
+    shared: Arc<Shared>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Flusher {
+    pub fn start(config: AimdConfig) -> io::Result<Self> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                backlog: 0,
+                in_flight: false,
+                closed: false,
+                error: None,
+                aimd: Aimd::new(config),
+                next_slot: None,
+                stats: FlusherStats::default(),
+            }),
+            work: Condvar::new(),
+            room: Condvar::new(),
+        });
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("oscontent-flusher".into())
+            .spawn(move || run(&s))?;
+        Ok(Self {
+            shared,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Queues a written object for writeback; waits while the backlog is
+    /// over its limit.
+    pub fn submit(&self, file: File, len: u64) -> io::Result<()> {
+        let mut st = self.shared.lock();
+        st.check()?;
+        if len > 0 {
+            st.queue.push_back(Item {
+                file,
+                offset: 0,
+                len,
+            });
+            st.backlog += len;
+            self.shared.work.notify_one();
+        }
+        let t = Instant::now();
+        let mut waited = false;
+        while st.error.is_none()
+            && (st.backlog > st.backlog_limit() || st.queue.len() > MAX_QUEUED_FILES)
+        {
+            waited = true;
+            st = self.shared.room.wait(st).expect("flusher state");
+        }
+        if waited {
+            st.stats.backpressure += t.elapsed();
+        }
+        st.check()
+    }
+
+    /// Waits until everything submitted is on the device.
+    pub fn drain(&self) -> io::Result<()> {
+        let mut st = self.shared.lock();
+        while st.error.is_none() && (!st.queue.is_empty() || st.in_flight) {
+            st = self.shared.room.wait(st).expect("flusher state");
+        }
+        st.check()
+    }
+
+    pub fn stats(&self) -> (FlusherStats, Aimd) {
+        let st = self.shared.lock();
+        (st.stats.clone(), st.aimd.clone())
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        self.shared.lock().closed = true;
+        self.shared.work.notify_all();
+        if let Some(t) = self.thread.lock().expect("flusher thread").take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(shared: &Shared) {
+    // The flusher submits all of the paced mode's writeback, so it is the
+    // thread whose class matters; the caller reports whether setting it
+    // worked on its own thread.
+    let _ = sys::set_idle_io_priority();
+    loop {
+        let chunk = {
+            let mut st = shared.lock();
+            while st.queue.is_empty() && !st.closed {
+                st = shared.work.wait(st).expect("flusher state");
+            }
+            if st.queue.is_empty() {
+                return;
+            }
+            st.in_flight = true;
+            st.take_chunk()
+        };
+        let bytes: u64 = chunk.iter().map(|i| i.len).sum();
+        let t = Instant::now();
+        let r = flush_chunk(&chunk);
+        let latency = t.elapsed();
+        drop(chunk);
+        let sleep = {
+            let mut st = shared.lock();
+            st.in_flight = false;
+            st.backlog = st.backlog.saturating_sub(bytes);
+            match r {
+                Err(e) => {
+                    st.error.get_or_insert((e.kind(), e.to_string()));
+                    st.queue.clear();
+                    st.backlog = 0;
+                    None
+                }
+                Ok(()) => {
+                    st.stats.flushes += 1;
+                    st.stats.samples.push(latency);
+                    if st.aimd.on_flush(latency, bytes) {
+                        st.stats.flushes_over_target += 1;
+                    }
+                    let now = Instant::now();
+                    let slot = st.next_slot.map_or(now, |s| s.max(now));
+                    let next = slot + st.aimd.pace(bytes, latency);
+                    st.next_slot = Some(next);
+                    next.checked_duration_since(now + PACE_SLACK)
+                }
+            }
+        };
+        shared.room.notify_all();
+        if let Some(d) = sleep {
+            std::thread::sleep(d);
+            shared.lock().stats.throttle += d;
+        }
+    }
+}
+
+/// Starts writeback of every range of the chunk, then waits for all of
+/// them: one chunk in flight, its requests submitted together so the
+/// device can merge them.
+fn flush_chunk(chunk: &[Item]) -> io::Result<()> {
+    for i in chunk {
+        sys::sync_file_range(i.file.as_fd(), i.offset, i.len, sys::SYNC_START)?;
+    }
+    for i in chunk {
+        sys::sync_file_range(i.file.as_fd(), i.offset, i.len, sys::SYNC_WAIT)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_of(dir: &std::path::Path, name: &str, len: usize) -> File {
+        let p = dir.join(name);
+        std::fs::write(&p, vec![1u8; len]).unwrap();
+        File::open(&p).unwrap()
+    }
+
+    fn state(batch: u64, items: &[u64], dir: &std::path::Path) -> State {
+        let mut cfg = AimdConfig::new(Duration::from_millis(10));
+        cfg.initial_batch = batch;
+        let mut st = State {
+            queue: VecDeque::new(),
+            backlog: 0,
+            in_flight: false,
+            closed: false,
+            error: None,
+            aimd: Aimd::new(cfg),
+            next_slot: None,
+            stats: FlusherStats::default(),
+        };
+        for (n, &len) in items.iter().enumerate() {
+            st.queue.push_back(Item {
+                file: file_of(dir, &n.to_string(), len as usize),
+                offset: 0,
+                len,
+            });
+        }
+        st
+    }
+
+    #[test]
+    fn chunks_split_big_files_and_group_small_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        const K: u64 = 1024;
+        // (chunk size, queued file sizes, expected chunks as (offset, len) lists)
+        type Case = (u64, &'static [u64], &'static [&'static [(u64, u64)]]);
+        let cases: &[Case] = &[
+            (
+                256 * K,
+                &[100 * K, 100 * K, 100 * K],
+                &[
+                    &[(0, 100 * K), (0, 100 * K), (0, 56 * K)],
+                    &[(56 * K, 44 * K)],
+                ],
+            ),
+            (
+                256 * K,
+                &[600 * K],
+                &[&[(0, 256 * K)], &[(256 * K, 256 * K)], &[(512 * K, 88 * K)]],
+            ),
+            (
+                256 * K,
+                &[10 * K, 600 * K],
+                &[
+                    &[(0, 10 * K), (0, 244 * K)],
+                    &[(244 * K, 256 * K)],
+                    &[(500 * K, 100 * K)],
+                ],
+            ),
+            (
+                256 * K,
+                &[1; 40],
+                &[&[(0, 1); CHUNK_MAX_FILES], &[(0, 1); 8]],
+            ),
+        ];
+        for (batch, items, want) in cases {
+            let mut st = state(*batch, items, dir.path());
+            let mut got = Vec::new();
+            while !st.queue.is_empty() {
+                let c = st.take_chunk();
+                got.push(c.iter().map(|i| (i.offset, i.len)).collect::<Vec<_>>());
+            }
+            let want: Vec<Vec<_>> = want.iter().map(|c| c.to_vec()).collect();
+            assert_eq!(got, want, "chunk {batch}, items {items:?}");
+        }
+    }
+
+    #[test]
+    fn flushes_everything_submitted() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = Flusher::start(AimdConfig::new(Duration::from_millis(10))).unwrap();
+        for i in 0..20 {
+            f.submit(file_of(dir.path(), &i.to_string(), 300 << 10), 300 << 10)
+                .unwrap();
+        }
+        f.drain().unwrap();
+        let (s, _) = f.stats();
+        // 6000 KiB in chunks of at most the 1 MiB ceiling.
+        assert!(s.flushes >= 6000 / 1024, "{} flushes", s.flushes);
+        assert_eq!(f.shared.lock().backlog, 0);
+        assert_eq!(s.samples.len() as u64, s.flushes);
+    }
+}
