@@ -323,7 +323,7 @@ async fn resolve_target(
 /// The target commit's bytes, from the repo if present, else fetched, and
 /// checked to hash to their name.
 async fn commit_bytes(ctx: &Ctx, c: &Checksum) -> PullResult<(Vec<u8>, bool)> {
-    if ctx.has(ObjectKind::Commit, c)? {
+    if ctx.present(ObjectKind::Commit, c).await? {
         return Ok((ctx.store().load(ObjectKind::Commit, c).local()?, true));
     }
     let b = walk::fetch_metadata(ctx, ObjectKind::Commit, c, MAX_COMMIT_SIZE).await?;
@@ -375,12 +375,26 @@ async fn pull_async(
         None => None,
     };
     let progress = Arc::new(Progress::default());
+    let suspect_since = store.oldest_partial_marker().local()?;
+    if let Some(t) = suspect_since {
+        let unix = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let ago = t.elapsed().unwrap_or_default();
+        reporter.event(
+            "resume",
+            json!({"interrupted_since_unix": unix.as_secs()}),
+            Some(format!(
+                "an earlier pull was interrupted ({}s ago): objects written since are checked before they are trusted",
+                ago.as_secs()
+            )),
+        );
+    }
     let ctx = Arc::new(Ctx::new(
         fetcher.clone(),
         store.clone(),
         governor.clone(),
         progress.clone(),
         opts.concurrency,
+        suspect_since,
     ));
 
     // Verify before writing anything.
@@ -449,7 +463,7 @@ async fn pull_async(
     let complete = have_commit && !store.is_partial(&target).local()?;
     let mut delta_used = false;
     if !complete {
-        store.mark_partial(&target, true).local()?;
+        store.begin_partial(&target).local()?;
         if !have_commit {
             walk::write_metadata(
                 &ctx,
@@ -541,6 +555,8 @@ async fn pull_async(
             "metadata_written": progress.metadata_written.load(Ordering::Relaxed),
             "content_written": progress.content_written.load(Ordering::Relaxed),
             "objects_present": progress.present.load(Ordering::Relaxed),
+            "objects_rechecked": progress.rechecked.load(Ordering::Relaxed),
+            "objects_repaired": progress.repaired.load(Ordering::Relaxed),
             "bytes_downloaded": c.bytes.load(Ordering::Relaxed),
             "requests": c.requests.load(Ordering::Relaxed),
             "retries": c.retries.load(Ordering::Relaxed),

@@ -32,6 +32,10 @@ pub struct Progress {
     pub present: AtomicU64,
     pub metadata_written: AtomicU64,
     pub content_written: AtomicU64,
+    /// Present objects checked because an interrupted pull may have left
+    /// them torn, and those of them found damaged (fetched again).
+    pub rechecked: AtomicU64,
+    pub repaired: AtomicU64,
 }
 
 #[derive(Debug)]

@@ -16,7 +16,9 @@ use ostree::glib::{self, Variant, VariantTy};
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::AsFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[derive(Debug, Clone)]
 pub struct Store {
@@ -38,6 +40,12 @@ fn objtype(kind: ObjectKind) -> ostree::ObjectType {
         ObjectKind::CommitMeta => ostree::ObjectType::CommitMeta,
     }
 }
+
+/// libostree's marker of a commit whose objects may be incomplete.
+const PARTIAL_SUFFIX: &str = ".commitpartial";
+/// Filesystems with coarse timestamps (1 s on some) could date an object
+/// written just after a marker before it.
+const TIMESTAMP_MARGIN: Duration = Duration::from_secs(2);
 
 /// libostree reports a checksum mismatch on write with this prefix.
 const CORRUPTED: &str = "Corrupted";
@@ -180,6 +188,91 @@ impl Store {
             .load_commit(&c.to_hex())
             .with_context(|| format!("loading commit {c}"))?;
         Ok(state.contains(ostree::RepoCommitState::PARTIAL))
+    }
+
+    /// When the oldest pull that is still marked partial in this repo
+    /// began (the mtime of the oldest `state/*.commitpartial`), if any.
+    /// Objects are written without fsync and linked into `objects/` at
+    /// once, so after a power cut during such a pull, files created since
+    /// then may be torn (empty or short) while their names say they exist.
+    pub fn oldest_partial_marker(&self) -> Result<Option<SystemTime>> {
+        let dir = self.path.join("state");
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+        };
+        let mut oldest: Option<SystemTime> = None;
+        for entry in entries {
+            let entry = entry.with_context(|| format!("reading {}", dir.display()))?;
+            if !entry
+                .file_name()
+                .to_string_lossy()
+                .ends_with(PARTIAL_SUFFIX)
+            {
+                continue;
+            }
+            let m = entry
+                .metadata()
+                .with_context(|| format!("stat {}", entry.path().display()))?;
+            let t = m
+                .modified()
+                .with_context(|| format!("mtime of {}", entry.path().display()))?;
+            oldest = Some(oldest.map_or(t, |o| o.min(t)));
+        }
+        Ok(oldest)
+    }
+
+    /// Whether the object's file changed (ctime) at or after `since`, less
+    /// a margin for coarse timestamps.
+    pub fn changed_since(&self, kind: ObjectKind, c: &Checksum, since: SystemTime) -> Result<bool> {
+        let path = self.path.join(self.object_relpath(kind, c));
+        let m =
+            std::fs::symlink_metadata(&path).with_context(|| format!("stat {}", path.display()))?;
+        let ctime = UNIX_EPOCH
+            + Duration::new(
+                u64::try_from(m.ctime()).unwrap_or(0),
+                u32::try_from(m.ctime_nsec()).unwrap_or(0),
+            );
+        Ok(ctime + TIMESTAMP_MARGIN >= since)
+    }
+
+    /// Checks a present object against its checksum (libostree's fsck of
+    /// one object). One that fails is deleted so that it is fetched again;
+    /// returns whether it was intact.
+    pub fn recheck(&self, kind: ObjectKind, c: &Checksum) -> Result<bool> {
+        let hex = c.to_hex();
+        match self.repo.fsck_object(objtype(kind), &hex, no_cancel()) {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                tracing::warn!(
+                    "{} is damaged ({e}); fetching it again",
+                    self.object_relpath(kind, c)
+                );
+                self.repo
+                    .delete_object(objtype(kind), &hex, no_cancel())
+                    .with_context(|| {
+                        format!("deleting damaged {}", self.object_relpath(kind, c))
+                    })?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Marks the commit partial, durably, before any of its objects is
+    /// written: a marker lost in a power cut would let the next run take
+    /// the commit for complete. An existing marker is left alone, so its
+    /// mtime still dates the first interrupted attempt.
+    pub fn begin_partial(&self, c: &Checksum) -> Result<()> {
+        let marker = self
+            .path
+            .join("state")
+            .join(format!("{}{PARTIAL_SUFFIX}", c.to_hex()));
+        if marker.exists() {
+            return Ok(());
+        }
+        self.mark_partial(c, true)?;
+        self.sync_state_dir()
     }
 
     pub fn mark_partial(&self, c: &Checksum, partial: bool) -> Result<()> {

@@ -21,6 +21,7 @@ use anyhow::anyhow;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
@@ -37,6 +38,9 @@ pub struct Ctx {
     pub governor: Arc<Governor>,
     pub progress: Arc<Progress>,
     pub concurrency: usize,
+    /// Present objects changed since then are checked before they are
+    /// trusted (None: no pull was interrupted).
+    pub suspect_since: Option<SystemTime>,
 }
 
 impl Ctx {
@@ -46,6 +50,7 @@ impl Ctx {
         governor: Arc<Governor>,
         progress: Arc<Progress>,
         concurrency: usize,
+        suspect_since: Option<SystemTime>,
     ) -> Self {
         Self {
             fetcher,
@@ -53,6 +58,7 @@ impl Ctx {
             governor,
             progress,
             concurrency: concurrency.max(1),
+            suspect_since,
         }
     }
 
@@ -64,6 +70,36 @@ impl Ctx {
 
     pub fn has(&self, kind: ObjectKind, c: &Checksum) -> PullResult<bool> {
         self.store().has(kind, c).local()
+    }
+
+    /// Whether the object is present and can be trusted. After an
+    /// interrupted pull (see [`Store::oldest_partial_marker`]), a present
+    /// object created since it began is checked first, and fetched again
+    /// if it is damaged.
+    pub async fn present(&self, kind: ObjectKind, c: &Checksum) -> PullResult<bool> {
+        if !self.has(kind, c)? {
+            return Ok(false);
+        }
+        let Some(since) = self.suspect_since else {
+            return Ok(true);
+        };
+        let store = self.store();
+        let progress = self.progress.clone();
+        let c = *c;
+        tokio::task::spawn_blocking(move || -> anyhow::Result<bool> {
+            if !store.changed_since(kind, &c, since)? {
+                return Ok(true);
+            }
+            progress.rechecked.fetch_add(1, Ordering::Relaxed);
+            let intact = store.recheck(kind, &c)?;
+            if !intact {
+                progress.repaired.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(intact)
+        })
+        .await
+        .map_err(join_err)?
+        .local()
     }
 }
 
@@ -127,7 +163,7 @@ pub async fn write_metadata(
 }
 
 async fn ensure_dirmeta(ctx: &Ctx, m: Checksum) -> PullResult<()> {
-    if ctx.has(ObjectKind::DirMeta, &m)? {
+    if ctx.present(ObjectKind::DirMeta, &m).await? {
         ctx.progress.present.fetch_add(1, Ordering::Relaxed);
         return Ok(());
     }
@@ -145,7 +181,7 @@ async fn ensure_dirmeta(ctx: &Ctx, m: Checksum) -> PullResult<()> {
 }
 
 async fn dirtree(ctx: &Ctx, t: Checksum) -> PullResult<DirTree> {
-    let bytes = if ctx.has(ObjectKind::DirTree, &t)? {
+    let bytes = if ctx.present(ObjectKind::DirTree, &t).await? {
         ctx.progress.present.fetch_add(1, Ordering::Relaxed);
         let store = ctx.store();
         tokio::task::spawn_blocking(move || store.load(ObjectKind::DirTree, &t))
@@ -280,7 +316,7 @@ async fn metadata_stage(
             if !seen_content.insert(c) {
                 continue;
             }
-            if ctx.has(ObjectKind::File, &c)? {
+            if ctx.present(ObjectKind::File, &c).await? {
                 ctx.progress.present.fetch_add(1, Ordering::Relaxed);
             } else {
                 ctx.progress.needed.fetch_add(1, Ordering::Relaxed);
