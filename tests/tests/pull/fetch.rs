@@ -6,6 +6,22 @@ use super::support::*;
 use oscontent_tests::*;
 use std::collections::BTreeSet;
 
+/// 200 responses for dirtree, dirmeta and content objects, from the
+/// server's `/metrics`.
+fn object_responses(server: &Server) -> f64 {
+    let m = server.metrics().unwrap();
+    ["filez", "dirtree", "dirmeta"]
+        .iter()
+        .map(|k| {
+            m.get(
+                "oscontent_http_requests_total",
+                &[("kind", k), ("status", "200")],
+            )
+            .unwrap_or(0.0)
+        })
+        .sum()
+}
+
 #[test]
 fn update_fetches_only_new_objects_like_stock_ostree() {
     let (v1, v2) = (v1(), v2());
@@ -57,6 +73,7 @@ fn update_fetches_only_new_objects_like_stock_ostree() {
     stock.pull(&["os", fixture_ref()]).unwrap();
     let stock_v2 = fetched_objects(&server2.access_log().unwrap()[s0..]);
     let o0 = server2.access_log().unwrap().len();
+    let m0 = object_responses(&server2);
     let out = run_client(&pull_args(
         &ours.repo,
         &server2.url,
@@ -64,6 +81,7 @@ fn update_fetches_only_new_objects_like_stock_ostree() {
         &["--io-mode", "per-object-fsync"],
     ));
     let evs = expect_ok(&out, "pull v2");
+    let served = object_responses(&server2) - m0;
     let ours_v2 = fetched_objects(&server2.access_log().unwrap()[o0..]);
     assert!(!ours_v2.is_empty());
     assert_eq!(
@@ -84,6 +102,9 @@ fn update_fetches_only_new_objects_like_stock_ostree() {
         ours_v2, new_objects,
         "the update fetched objects it already had"
     );
+    // The server's own counters agree: one 200 per new object, no more.
+    let new_loose = new_objects.iter().filter(|(k, _)| k != "commit").count();
+    assert_eq!(served, new_loose as f64, "object 200s in /metrics");
     let done = event(&evs, "done");
     // One fsync per object written.
     assert_eq!(done["governor"]["flushes"], done["objects_written"]);
