@@ -159,6 +159,9 @@ pub struct Flusher {
 }
 
 impl Flusher {
+    /// Starts the flusher thread. It inherits the caller's I/O class and
+    /// nice value, which is what makes them apply to the writeback it
+    /// submits: [`super::Governor::new`] sets both before calling this.
     pub fn start(config: AimdConfig) -> io::Result<Self> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -238,10 +241,6 @@ impl Drop for Flusher {
 }
 
 fn run(shared: &Shared) {
-    // The flusher submits all of the paced mode's writeback, so it is the
-    // thread whose class matters; the caller reports whether setting it
-    // worked on its own thread.
-    let _ = sys::set_idle_io_priority();
     loop {
         let chunk = {
             let mut st = shared.lock();

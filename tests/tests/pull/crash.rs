@@ -207,23 +207,19 @@ fn torn_objects_left_by_a_power_cut_are_fetched_again() {
         .find(|(k, _)| k == CONTENT)
         .expect("a content object was written before the kill")
         .clone();
-    let file_path = object_path(&repo.repo, &file.1, "file");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&file_path)
-        .unwrap()
-        .set_len(0)
-        .unwrap();
+    let truncate = |p: &std::path::Path, len: u64| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+    };
+    truncate(&object_path(&repo.repo, &file.1, "file"), 0);
     let mut torn = vec![file];
     if let Some(tree) = new.iter().find(|(k, _)| k == "dirtree") {
         let p = object_path(&repo.repo, &tree.1, "dirtree");
-        let len = std::fs::metadata(&p).unwrap().len();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&p)
-            .unwrap()
-            .set_len(len / 2)
-            .unwrap();
+        truncate(&p, std::fs::metadata(&p).unwrap().len() / 2);
         torn.push(tree.clone());
     }
     // `ostree fsck` skips commits no ref points to, so the damage would
