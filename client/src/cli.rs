@@ -1,13 +1,13 @@
 //! The `oscontent` command line: `pull`, `verify`, `ls-remote`. Thin: the
 //! work is in [`crate::pull`].
 
-use crate::format::{parse_summary, Checksum, Summary};
 use crate::governor::IoMode;
 use crate::pull::error::{exit, PullError};
 use crate::pull::report::{Output, Reporter};
 use crate::pull::{self, PullOptions, Source, VerifyOptions};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use oscontent_format::{parse_summary, Checksum, Summary};
 use serde_json::json;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,14 +1,12 @@
-//! oscontent: the node-side client, and the ostree protocol model that the
-//! server shares (object names, the archive URL grammar, commits, summaries).
+//! oscontent: the node-side client. It pulls only the objects a host lacks,
+//! verifies them before anything becomes visible, and paces its writes.
 //!
-//! Everything under [`format`] is pure: bytes in, values out, no I/O, so it
-//! can be tested table-driven and reused by the server, the signer and the
-//! client alike.
+//! The protocol model it shares with the server (object names, the archive
+//! URL grammar, commits, summaries, signatures) is the `oscontent-format`
+//! crate.
 
 pub mod cli;
-pub mod format;
 pub mod governor;
-pub mod openpgp;
 pub mod pull;
 mod sys;
 

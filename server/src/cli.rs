@@ -7,7 +7,7 @@ use crate::signing::{self, SignatureOptions, SignatureWatch};
 use crate::source::{self, FetchOptions, ImageRef, Platform};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use oscontent::format::Checksum;
+use oscontent_format::Checksum;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -79,7 +79,7 @@ pub enum Cipher {
     Rsa4096,
 }
 
-impl From<Cipher> for oscontent::openpgp::KeyAlgo {
+impl From<Cipher> for oscontent_format::openpgp::KeyAlgo {
     fn from(c: Cipher) -> Self {
         match c {
             Cipher::Ed25519 => Self::Ed25519,
@@ -184,7 +184,7 @@ impl SignatureArgs {
 }
 
 impl SecretKeyArgs {
-    fn load(&self) -> Result<oscontent::openpgp::Cert> {
+    fn load(&self) -> Result<oscontent_format::openpgp::Cert> {
         match (&self.key, &self.key_env) {
             (Some(p), _) => signing::load_secret_key_file(p),
             (None, Some(v)) => signing::load_secret_key_env(v),

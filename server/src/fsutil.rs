@@ -5,7 +5,7 @@
 //! image, or by a tool writing the repo) is never followed, and `..`/`.`/empty
 //! components are refused before any syscall. This is portable to kernels
 //! and seccomp profiles without `openat2`, and the URL grammar in
-//! `oscontent::format::RepoPath` already refuses such names; this layer is
+//! `oscontent_format::RepoPath` already refuses such names; this layer is
 //! the second lock on the same door.
 
 use rustix::fs::{openat, Mode, OFlags, CWD};

@@ -16,7 +16,7 @@ use axum::routing::get;
 use axum::Router;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
-use oscontent::format::{Checksum, ObjectName, RepoPath};
+use oscontent_format::{Checksum, ObjectName, RepoPath};
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -24,7 +24,7 @@ use crate::served::Generation;
 use crate::signing::{self, SignatureOptions, SignatureWatch};
 use crate::source::{self, FetchOptions, ImageRef, StagedImage};
 use anyhow::{Context, Result};
-use oscontent::format::Checksum;
+use oscontent_format::Checksum;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;

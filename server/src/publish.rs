@@ -15,7 +15,7 @@ use crate::fsutil;
 use crate::served::Generation;
 use crate::signing::{self, SignatureOptions};
 use anyhow::{bail, Context, Result};
-use oscontent::format::{self, Checksum, Commit, ObjectKind, ObjectName};
+use oscontent_format::{self as format, Checksum, Commit, ObjectKind, ObjectName};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -9,9 +9,9 @@
 
 use crate::fsutil;
 use anyhow::{Context, Result};
-use oscontent::format::{
-    self, build_summary, Checksum, Commit, DeltaName, ObjectKind, ObjectName, RefNamespace,
-    RepoPath, Summary, SummaryDelta, SummaryRef,
+use oscontent_format::{
+    self as format, build_summary, Checksum, Commit, DeltaName, ObjectKind, ObjectName,
+    RefNamespace, RepoPath, Summary, SummaryDelta, SummaryRef,
 };
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;

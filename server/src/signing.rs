@@ -25,10 +25,10 @@
 use crate::fsutil;
 use crate::served::{summary_sig_path, Generation, MAX_METADATA_FILE};
 use anyhow::{bail, Context, Result};
-use oscontent::format::{
-    self, build_gpgsigs, merge_gpgsigs, parse_gpgsigs, Checksum, ObjectKind, ObjectName,
+use oscontent_format::openpgp::{self, Cert, VerifiedSig};
+use oscontent_format::{
+    self as format, build_gpgsigs, merge_gpgsigs, parse_gpgsigs, Checksum, ObjectKind, ObjectName,
 };
-use oscontent::openpgp::{self, Cert, VerifiedSig};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;

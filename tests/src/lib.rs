@@ -1211,8 +1211,8 @@ impl Server {
     }
 
     /// The served summary, parsed.
-    pub fn summary(&self) -> Result<oscontent::format::Summary> {
-        Ok(oscontent::format::parse_summary(&self.summary_bytes()?)?)
+    pub fn summary(&self) -> Result<oscontent_format::Summary> {
+        Ok(oscontent_format::parse_summary(&self.summary_bytes()?)?)
     }
 }
 

@@ -26,17 +26,17 @@ pub mod store;
 pub mod verify;
 pub mod walk;
 
-use crate::format::commit::MAX_COMMIT_SIZE;
-use crate::format::gpgsigs::MAX_DETACHED_METADATA_SIZE;
-use crate::format::summary::MAX_SUMMARY_SIZE;
-use crate::format::{
-    parse_summary, validate_ref, Checksum, Commit, ObjectKind, ObjectName, Summary, ARCHIVE_MODE,
-    COMMIT_GVARIANT_TYPE,
-};
 use crate::governor::{Governor, IoMode};
 use anyhow::{anyhow, Context};
 use error::{PullError, PullResult, Tag};
 use fetch::{FetchError, Fetcher};
+use oscontent_format::commit::MAX_COMMIT_SIZE;
+use oscontent_format::gpgsigs::MAX_DETACHED_METADATA_SIZE;
+use oscontent_format::summary::MAX_SUMMARY_SIZE;
+use oscontent_format::{
+    parse_summary, validate_ref, Checksum, Commit, ObjectKind, ObjectName, Summary, ARCHIVE_MODE,
+    COMMIT_GVARIANT_TYPE,
+};
 use report::{Progress, Reporter};
 use serde_json::json;
 use std::path::PathBuf;

@@ -8,9 +8,9 @@
 
 use super::fetch::{BodyReader, ConsumeError};
 use super::walk::MAX_CONTENT_SIZE;
-use crate::format::content::{header_len, ArchiveHeader, HEADER_PREFIX_LEN};
-use crate::format::{Checksum, ObjectKind};
 use anyhow::{anyhow, Context, Result};
+use oscontent_format::content::{header_len, ArchiveHeader, HEADER_PREFIX_LEN};
+use oscontent_format::{Checksum, ObjectKind};
 use ostree::gio;
 use ostree::glib::{self, Variant, VariantTy};
 use std::fs::File;

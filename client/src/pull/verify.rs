@@ -3,9 +3,9 @@
 //! bytes), and the ref binding. Pure apart from reading the keyring file.
 
 use super::error::{PullError, PullResult, Tag};
-use crate::format::{parse_gpgsigs, Commit};
-use crate::openpgp::{self, Cert, VerifiedSig};
 use anyhow::{anyhow, Context};
+use oscontent_format::openpgp::{self, Cert, VerifiedSig};
+use oscontent_format::{parse_gpgsigs, Commit};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;

@@ -14,10 +14,10 @@ use super::error::{PullError, PullResult, Tag};
 use super::fetch::{ConsumeError, FetchError, Fetcher};
 use super::report::Progress;
 use super::store::Store;
-use crate::format::tree::{MAX_DIRMETA_SIZE, MAX_DIRTREE_SIZE};
-use crate::format::{check_dirmeta, parse_dirtree, Checksum, DirTree, ObjectKind, ObjectName};
 use crate::governor::Governor;
 use anyhow::anyhow;
+use oscontent_format::tree::{MAX_DIRMETA_SIZE, MAX_DIRTREE_SIZE};
+use oscontent_format::{check_dirmeta, parse_dirtree, Checksum, DirTree, ObjectKind, ObjectName};
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -175,7 +175,7 @@ async fn ensure_dirmeta(ctx: &Ctx, m: Checksum) -> PullResult<()> {
         ObjectKind::DirMeta,
         m,
         bytes,
-        crate::format::tree::DIRMETA_GVARIANT_TYPE,
+        oscontent_format::tree::DIRMETA_GVARIANT_TYPE,
     )
     .await
 }
@@ -199,7 +199,7 @@ async fn dirtree(ctx: &Ctx, t: Checksum) -> PullResult<DirTree> {
             ObjectKind::DirTree,
             t,
             bytes,
-            crate::format::tree::DIRTREE_GVARIANT_TYPE,
+            oscontent_format::tree::DIRTREE_GVARIANT_TYPE,
         )
         .await?;
         return Ok(tree);

@@ -23,7 +23,7 @@ use super::remote::{copy_bounded, DirRemote, RateLimit, Remote};
 use super::store::{hash_file, FileEntry, Store};
 use super::sync::{Metadata, PublishedRef, Snapshot};
 use anyhow::{bail, Context, Result};
-use oscontent::format::{Checksum, Commit, ObjectKind, ObjectName, RepoPath};
+use oscontent_format::{Checksum, Commit, ObjectKind, ObjectName, RepoPath};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};

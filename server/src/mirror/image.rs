@@ -12,7 +12,7 @@ use super::Signatures;
 use crate::publish::{self, Release, StateDir};
 use crate::source::{self, FetchOptions, ImageRef};
 use anyhow::{Context, Result};
-use oscontent::format::Checksum;
+use oscontent_format::Checksum;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

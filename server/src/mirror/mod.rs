@@ -33,7 +33,7 @@ use crate::served::Generation;
 use crate::source::{FetchOptions, ImageRef};
 use anyhow::{bail, Context, Result};
 use bundle::{Destination, Pruned, ReleaseEntry};
-use oscontent::openpgp::Cert;
+use oscontent_format::openpgp::Cert;
 use remote::{HttpRemote, RateLimit};
 use serde::Serialize;
 use std::path::PathBuf;

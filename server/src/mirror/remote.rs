@@ -7,7 +7,7 @@
 use crate::fsutil;
 use crate::served::{Generation, Resolved};
 use anyhow::{bail, Context, Result};
-use oscontent::format::RepoPath;
+use oscontent_format::RepoPath;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -17,7 +17,7 @@
 
 use super::remote::Remote;
 use anyhow::{bail, Context, Result};
-use oscontent::format::{check_dirmeta, Checksum, ObjectKind, ObjectName};
+use oscontent_format::{check_dirmeta, Checksum, ObjectKind, ObjectName};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
@@ -30,13 +30,13 @@ use std::sync::Mutex;
 /// use by a hostile upstream, not memory).
 pub const MAX_CONTENT_SIZE: u64 = 32 << 30;
 /// Largest dirtree (a directory of 100,000 entries is ~5 MiB).
-pub const MAX_DIRTREE_SIZE: u64 = oscontent::format::tree::MAX_DIRTREE_SIZE as u64;
+pub const MAX_DIRTREE_SIZE: u64 = oscontent_format::tree::MAX_DIRTREE_SIZE as u64;
 /// Largest dirmeta.
-pub const MAX_DIRMETA_SIZE: u64 = oscontent::format::tree::MAX_DIRMETA_SIZE as u64;
+pub const MAX_DIRMETA_SIZE: u64 = oscontent_format::tree::MAX_DIRMETA_SIZE as u64;
 /// Largest commit object.
-pub const MAX_COMMIT_SIZE: u64 = oscontent::format::commit::MAX_COMMIT_SIZE as u64;
+pub const MAX_COMMIT_SIZE: u64 = oscontent_format::commit::MAX_COMMIT_SIZE as u64;
 /// Largest detached metadata (signatures).
-pub const MAX_COMMITMETA_SIZE: u64 = oscontent::format::gpgsigs::MAX_DETACHED_METADATA_SIZE as u64;
+pub const MAX_COMMITMETA_SIZE: u64 = oscontent_format::gpgsigs::MAX_DETACHED_METADATA_SIZE as u64;
 /// Attempts at fetching one object whose transfer failed (not one that
 /// arrived and failed verification: that is an attack or a broken upstream).
 const FETCH_ATTEMPTS: u32 = 3;
@@ -105,10 +105,10 @@ impl<W: Write> Write for HashingWriter<W> {
 /// length prefix, the file header `(uuuusa(ayay))` (uid, gid, mode, rdev,
 /// symlink target, xattrs) and the inflated content. The archive header
 /// (which adds the content size) is parsed and bounded by
-/// `oscontent::format::content`; the content must inflate to exactly the
+/// `oscontent_format::content`; the content must inflate to exactly the
 /// size it declares, with nothing after the deflate stream.
 pub fn content_checksum(path: &Path) -> Result<Checksum> {
-    use oscontent::format::content::{header_len, ArchiveHeader, HEADER_PREFIX_LEN};
+    use oscontent_format::content::{header_len, ArchiveHeader, HEADER_PREFIX_LEN};
     use std::io::BufRead;
     let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut r = std::io::BufReader::new(f);
@@ -567,8 +567,8 @@ mod tests {
                     d.file_name().to_str().unwrap(),
                     f.unwrap().file_name().to_str().unwrap()
                 );
-                if let Some(oscontent::format::RepoPath::Object(o)) =
-                    oscontent::format::RepoPath::parse(&rel)
+                if let Some(oscontent_format::RepoPath::Object(o)) =
+                    oscontent_format::RepoPath::parse(&rel)
                 {
                     out.push(o);
                 }

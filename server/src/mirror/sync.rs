@@ -21,12 +21,12 @@
 use super::remote::Remote;
 use super::store::{Store, MAX_COMMITMETA_SIZE, MAX_DIRTREE_SIZE};
 use anyhow::{bail, Context, Result};
-use oscontent::format::delta::MAX_SUPERBLOCK_SIZE;
-use oscontent::format::{
+use oscontent_format::delta::MAX_SUPERBLOCK_SIZE;
+use oscontent_format::openpgp::{self, Cert, VerifiedSig};
+use oscontent_format::{
     parse_dirtree, parse_gpgsigs, parse_summary, Checksum, Commit, DeltaName, ObjectKind,
     ObjectName, RefNamespace, Summary, Superblock,
 };
-use oscontent::openpgp::{self, Cert, VerifiedSig};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -35,7 +35,7 @@ use std::time::SystemTime;
 /// A repo `config` is a few lines.
 pub const MAX_CONFIG_SIZE: u64 = 1 << 20;
 /// Largest summary.
-pub const MAX_SUMMARY_SIZE: u64 = oscontent::format::summary::MAX_SUMMARY_SIZE as u64;
+pub const MAX_SUMMARY_SIZE: u64 = oscontent_format::summary::MAX_SUMMARY_SIZE as u64;
 /// Most commits one summary may name (refs of all collections).
 pub const MAX_COMMITS: usize = 4096;
 /// Most objects one walk may reach (a full OS image has ~100,000).

@@ -24,7 +24,7 @@ use super::remote::{HttpRemote, RateLimit, Remote};
 use super::sync::{self, Metadata, SyncOptions};
 use crate::served::{Generation, PINNED_SUMMARY};
 use anyhow::{Context, Result};
-use oscontent::format::{Checksum, RefNamespace};
+use oscontent_format::{Checksum, RefNamespace};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -205,7 +205,7 @@ impl SiteMirror {
             // The same checks as any publication: the summary it will
             // serve is the one mirrored, and every ref's commit loads.
             let probe = Generation::new(0, vec![self.repo()], tmp.clone(), Vec::new());
-            let served = probe.resolve(&oscontent::format::RepoPath::Summary)?;
+            let served = probe.resolve(&oscontent_format::RepoPath::Summary)?;
             anyhow::ensure!(
                 matches!(served, crate::served::Resolved::File { .. }),
                 "internal: the mirrored summary is not what the generation serves"

@@ -10,7 +10,7 @@
 //! repo, and the suite must stay cheap in CI. What is attacked (summary,
 //! signatures, commit, dirtrees, content) is the same as with the fixtures.
 
-use oscontent::format::Commit;
+use oscontent_format::Commit;
 use oscontent_tests::signing::*;
 use oscontent_tests::*;
 use std::path::{Path, PathBuf};

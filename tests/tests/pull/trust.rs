@@ -4,8 +4,8 @@
 //! an older release with exit 4, and in every refusal the ref stays put.
 
 use super::support::*;
-use oscontent::format::build_gpgsigs;
-use oscontent::openpgp::{self, KeyAlgo};
+use oscontent_format::build_gpgsigs;
+use oscontent_format::openpgp::{self, KeyAlgo};
 use oscontent_tests::*;
 use std::path::{Path, PathBuf};
 

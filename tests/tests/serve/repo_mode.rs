@@ -213,9 +213,9 @@ fn static_deltas_in_the_repo_are_listed_and_used() {
 
     let server = Server::repo(&copy).start().unwrap();
     let summary = server.summary().unwrap();
-    let from = oscontent::format::Checksum::from_hex(&v1.commit).unwrap();
-    let to = oscontent::format::Checksum::from_hex(&v2.commit).unwrap();
-    let name = oscontent::format::DeltaName {
+    let from = oscontent_format::Checksum::from_hex(&v1.commit).unwrap();
+    let to = oscontent_format::Checksum::from_hex(&v2.commit).unwrap();
+    let name = oscontent_format::DeltaName {
         from: Some(from),
         to,
     };
@@ -233,14 +233,14 @@ fn static_deltas_in_the_repo_are_listed_and_used() {
     let superblock = std::fs::read(copy.join(name.dir()).join("superblock")).unwrap();
     assert_eq!(
         listed.superblock,
-        oscontent::format::Checksum::digest(&superblock),
+        oscontent_format::Checksum::digest(&superblock),
         "the summary's superblock checksum"
     );
     // The repo config asks for delta indexes, so ostree writes one and the
     // summary must say to use it.
     assert_eq!(
         summary.indexed_deltas,
-        copy.join(oscontent::format::DeltaName::index_path(&to))
+        copy.join(oscontent_format::DeltaName::index_path(&to))
             .exists()
     );
 

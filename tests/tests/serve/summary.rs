@@ -1,7 +1,7 @@
 //! The published summary: its refs as stock ostree and our parser read
 //! them, and its determinism.
 
-use oscontent::format::{parse_summary, Commit};
+use oscontent_format::{parse_summary, Commit};
 use oscontent_tests::*;
 use std::collections::BTreeSet;
 use std::process::Command;

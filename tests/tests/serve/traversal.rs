@@ -2,7 +2,7 @@
 //! client normalises them), and symlinks planted inside a served repo copy.
 //! Every one gets a 404 with an empty body and never leaks a byte.
 
-use oscontent::format::{Checksum, Commit};
+use oscontent_format::{Checksum, Commit};
 use oscontent_tests::*;
 use std::os::unix::fs::symlink;
 use std::path::Path;
@@ -220,7 +220,7 @@ fn symlinks_planted_in_the_repo_are_never_followed() {
     // Nothing behind a link makes it into the summary.
     let sum_raw = server.summary_bytes().unwrap();
     assert!(!leaks_secret(&sum_raw));
-    let sum = oscontent::format::parse_summary(&sum_raw).unwrap();
+    let sum = oscontent_format::parse_summary(&sum_raw).unwrap();
     let names: Vec<&str> = sum.refs.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(names, [fixture_ref()], "symlinked refs are not published");
     assert!(

@@ -67,7 +67,7 @@ pub fn readyz(server: &Server) -> u16 {
 
 /// Number of OpenPGP signatures in served detached metadata or summary.sig.
 pub fn sig_count(bytes: &[u8]) -> usize {
-    oscontent::format::parse_gpgsigs(bytes).unwrap().len()
+    oscontent_format::parse_gpgsigs(bytes).unwrap().len()
 }
 
 /// A bundle laid out as kubelet lays out a ConfigMap volume: files in a

@@ -1,4 +1,9 @@
-//! The ostree repository format, as far as a remote speaks it.
+//! oscontent-format: the ostree repository format, as far as a remote speaks
+//! it, and the OpenPGP signatures it carries. Shared by the server, the signer
+//! and the node client, so all of them parse and build the same bytes.
+//!
+//! Everything here is pure: bytes in, values out, no I/O (the OpenPGP tests
+//! cross-check against GnuPG and stock ostree).
 //!
 //! References: ostree `docs/formats.md` and `docs/repo.md`; the byte layouts
 //! were checked against libostree 2022.7 (`ostree summary --view --raw`).
@@ -8,6 +13,7 @@ pub mod commit;
 pub mod content;
 pub mod delta;
 pub mod gpgsigs;
+pub mod openpgp;
 mod path;
 mod refname;
 pub mod summary;

@@ -5,7 +5,7 @@
 //! missing: a green run must mean interop was actually checked.
 
 use super::*;
-use crate::format::{build_gpgsigs, parse_gpgsigs};
+use crate::{build_gpgsigs, parse_gpgsigs};
 use sq::packet::key::{SecretParts, UnspecifiedRole};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -310,7 +310,7 @@ mod tests {
             }],
             indexed_deltas: true,
             last_modified: Some(1_706_745_600),
-            mode: Some(super::super::ARCHIVE_MODE.into()),
+            mode: Some(crate::ARCHIVE_MODE.into()),
             ..Default::default()
         }
     }
