@@ -6,5 +6,9 @@ pub mod bench;
 pub mod demo;
 pub mod deploy;
 pub mod deps;
-pub mod fixtures;
 pub mod testrun;
+
+/// The deterministic oscontainer fixtures live in the testkit, which the
+/// end-to-end suites share; xtask builds them for `fixtures`, the demo and
+/// the benchmarks.
+pub use oscontent_testkit::fixtures;

@@ -21,7 +21,7 @@
 #[path = "../image/support.rs"]
 mod support;
 
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;

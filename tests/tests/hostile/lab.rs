@@ -11,8 +11,8 @@
 //! signatures, commit, dirtrees, content) is the same as with the fixtures.
 
 use oscontent_format::Commit;
-use oscontent_tests::signing::*;
-use oscontent_tests::*;
+use oscontent_testkit::signing::*;
+use oscontent_testkit::*;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 

@@ -15,8 +15,8 @@ mod lab;
 mod proxy;
 
 use lab::{lab, Base, Lab, REF};
-use oscontent_tests::signing::*;
-use oscontent_tests::*;
+use oscontent_testkit::signing::*;
+use oscontent_testkit::*;
 use proxy::{Action, Proxy, Rule};
 use std::collections::BTreeMap;
 use std::sync::Arc;

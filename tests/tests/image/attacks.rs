@@ -4,7 +4,7 @@
 //! then repaired while the server retries, and it becomes ready.
 
 use crate::support::*;
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::io::Write;
 use std::path::Path;
 use std::time::Duration;

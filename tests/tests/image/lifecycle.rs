@@ -3,7 +3,7 @@
 //! transfer is stalled.
 
 use crate::support::*;
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::path::Path;
 use std::time::{Duration, Instant};
 

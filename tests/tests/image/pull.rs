@@ -2,7 +2,7 @@
 //! and an OCI archive, then pulled with stock ostree.
 
 use crate::support::*;
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::collections::BTreeSet;
 
 #[test]

@@ -3,7 +3,7 @@
 //! a bad new image never displaces the verified one being served.
 
 use crate::support::*;
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;

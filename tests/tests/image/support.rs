@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -10,8 +10,8 @@
 
 use crate::netns::{link, NetNs, Proc};
 use crate::support::*;
-use oscontent_tests::signing::keygen;
-use oscontent_tests::*;
+use oscontent_testkit::signing::keygen;
+use oscontent_testkit::*;
 use std::time::Duration;
 
 const HUB_IP: &str = "10.77.0.1";
@@ -398,7 +398,8 @@ fn release_crosses_the_air_gap_verified_end_to_end() {
     let web = StaticServer::start(&killed);
     let (_m, mirror_dir) = dir();
     let copy = Ostree::init(&mirror_dir, "archive").unwrap();
-    oscontent_tests::signing::add_signed_remote(&copy, "web", &web.url, &key.public, true).unwrap();
+    oscontent_testkit::signing::add_signed_remote(&copy, "web", &web.url, &key.public, true)
+        .unwrap();
     // (The bound ref: the `version/` refs of an image publication need
     // --disable-verify-bindings with stock ostree, see README.)
     copy.pull(&["--mirror", "web", r]).unwrap();

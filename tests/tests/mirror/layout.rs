@@ -3,7 +3,7 @@
 
 use crate::netns::NetNs;
 use crate::support::*;
-use oscontent_tests::*;
+use oscontent_testkit::*;
 
 #[test]
 fn image_into_an_oci_layout_keeps_digests_and_copies_only_new_blobs() {

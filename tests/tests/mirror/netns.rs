@@ -4,7 +4,7 @@
 //! removed the next time (their names carry the creating process's pid).
 
 use anyhow::{bail, Context, Result};
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};

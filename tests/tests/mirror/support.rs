@@ -3,7 +3,7 @@
 
 use crate::netns::{NetNs, Proc};
 use anyhow::{bail, Context, Result};
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -206,7 +206,7 @@ pub fn manifest(bundle: &Path) -> serde_json::Value {
 /// `public` (stock ostree, gpgme).
 pub fn node_repo(dir: &Path, url: &str, public: &Path) -> Ostree {
     let repo = Ostree::init(dir, "bare-user").unwrap();
-    oscontent_tests::signing::add_signed_remote(&repo, "site", url, public, true).unwrap();
+    oscontent_testkit::signing::add_signed_remote(&repo, "site", url, public, true).unwrap();
     repo
 }
 

@@ -4,8 +4,8 @@
 //! still lacks. A final run completes.
 
 use super::support::*;
-use oscontent_tests::proxy::{FaultProxy, Faults};
-use oscontent_tests::*;
+use oscontent_testkit::proxy::{FaultProxy, Faults};
+use oscontent_testkit::*;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};

@@ -2,8 +2,8 @@
 //! proxy that speaks only HTTP/1.1 (so the HTTP/2 attempt falls back).
 
 use super::support::*;
-use oscontent_tests::proxy::{FaultProxy, Faults};
-use oscontent_tests::*;
+use oscontent_testkit::proxy::{FaultProxy, Faults};
+use oscontent_testkit::*;
 use std::sync::atomic::Ordering;
 
 #[test]

@@ -3,7 +3,7 @@
 //! HTTP/2 and HTTP/1.1; `--json` events; static deltas.
 
 use super::support::*;
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::collections::BTreeSet;
 
 /// 200 responses for dirtree, dirmeta and content objects, from the

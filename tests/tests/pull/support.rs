@@ -1,7 +1,7 @@
 //! Helpers shared by the pull suites.
 
 use anyhow::{ensure, Context, Result};
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use serde_json::Value;
 use sha2::Digest;
 use std::collections::{BTreeMap, BTreeSet};

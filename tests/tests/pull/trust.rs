@@ -6,7 +6,7 @@
 use super::support::*;
 use oscontent_format::build_gpgsigs;
 use oscontent_format::openpgp::{self, KeyAlgo};
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::path::{Path, PathBuf};
 
 const REF: &str = "tiny/stable";

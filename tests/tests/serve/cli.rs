@@ -1,7 +1,7 @@
 //! `oscontent-server serve` refuses bad input with a clear error and a
 //! non-zero exit, before it listens, and without touching the repo.
 
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::path::Path;
 
 const TINY_REF: &str = "tiny/x86_64/stable";

@@ -1,7 +1,7 @@
 //! The HTTP surface with plain clients: caching and conditionals, ranges,
 //! error bodies, methods, HTTP/2 and the operational endpoints.
 
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use reqwest::Method;
 use std::time::{Duration, SystemTime};
 

@@ -1,7 +1,7 @@
 //! Stock `ostree pull` against the server: by ref, by checksum, mirror,
 //! updates that fetch only what is missing, HTTP/2 on and off.
 
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 

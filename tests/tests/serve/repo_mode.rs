@@ -1,7 +1,7 @@
 //! `--repo DIR`: served as it stands on disk at each request, so changes
 //! made by the `ostree` CLI show up without a restart; and never written.
 
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::collections::BTreeSet;
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! SIGTERM: requests in flight finish, then the process exits 0; idle
 //! connections do not hold it up; `--shutdown-timeout` bounds a stalled one.
 
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use socket2::{Domain, Protocol, Socket, Type};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

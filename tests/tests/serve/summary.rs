@@ -2,7 +2,7 @@
 //! them, and its determinism.
 
 use oscontent_format::{parse_summary, Commit};
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;

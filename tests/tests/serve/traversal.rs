@@ -3,7 +3,7 @@
 //! Every one gets a 404 with an empty body and never leaks a byte.
 
 use oscontent_format::{Checksum, Commit};
-use oscontent_tests::*;
+use oscontent_testkit::*;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 

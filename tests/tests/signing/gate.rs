@@ -3,8 +3,8 @@
 //! update) are picked up, verified first, and never written to.
 
 use crate::support::*;
-use oscontent_tests::signing::*;
-use oscontent_tests::*;
+use oscontent_testkit::signing::*;
+use oscontent_testkit::*;
 use std::path::Path;
 
 #[test]

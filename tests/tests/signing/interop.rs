@@ -4,8 +4,8 @@
 //! metadata (oscontainer and image).
 
 use crate::support::*;
-use oscontent_tests::signing::*;
-use oscontent_tests::*;
+use oscontent_testkit::signing::*;
+use oscontent_testkit::*;
 use std::path::Path;
 
 /// Pulls `TINY_REF` from `url` trusting only `key`; returns the repo and

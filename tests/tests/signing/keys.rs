@@ -2,8 +2,8 @@
 //! of the keys, file modes, refusals.
 
 use crate::support::*;
-use oscontent_tests::signing::*;
-use oscontent_tests::*;
+use oscontent_testkit::signing::*;
+use oscontent_testkit::*;
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 

@@ -3,8 +3,8 @@
 //! served; and a bundle made for other sources is not.
 
 use crate::support::*;
-use oscontent_tests::signing::*;
-use oscontent_tests::*;
+use oscontent_testkit::signing::*;
+use oscontent_testkit::*;
 
 /// A `--repo` with what makes summaries interesting: two commits, a static
 /// delta between them, a collection ID, and refs chosen by --commit/--ref.

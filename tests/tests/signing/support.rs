@@ -1,7 +1,7 @@
 //! Small signed sources shared by the signing tests.
 
-use oscontent_tests::signing::*;
-use oscontent_tests::*;
+use oscontent_testkit::signing::*;
+use oscontent_testkit::*;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

@@ -309,8 +309,13 @@ pub fn small() -> anyhow::Result<Fixtures> {
 
 /// Workspace root, from where xtask was compiled.
 pub fn workspace_root() -> PathBuf {
+    // This crate is tests/testkit: the workspace is two levels up.
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_path_buf()
+    manifest
+        .ancestors()
+        .nth(2)
+        .unwrap_or(manifest)
+        .to_path_buf()
 }
 
 /// A human-readable summary, for `cargo xtask fixtures`.

@@ -21,7 +21,8 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-pub use xtask::fixtures::{Fixtures, Release};
+pub mod fixtures;
+pub use fixtures::{Fixtures, Release};
 
 pub mod proxy;
 pub mod signing;
@@ -85,7 +86,7 @@ fn warn_if_stale(bin: &Path) {
     let Ok(built) = std::fs::metadata(bin).and_then(|m| m.modified()) else {
         return;
     };
-    let root = xtask::fixtures::workspace_root();
+    let root = crate::fixtures::workspace_root();
     let mut newest: Option<(std::time::SystemTime, PathBuf)> = None;
     for dir in ["server/src", "client/src"] {
         let mut stack = vec![root.join(dir)];
@@ -161,7 +162,7 @@ pub fn fixtures() -> &'static Fixtures {
     static F: OnceLock<Fixtures> = OnceLock::new();
     F.get_or_init(|| {
         require_ostree();
-        let f = xtask::fixtures::small().unwrap_or_else(|e| {
+        let f = crate::fixtures::small().unwrap_or_else(|e| {
             panic!("building the small fixtures (`cargo xtask fixtures`): {e:#}")
         });
         assert_eq!(f.releases.len(), 2, "fixtures must have v1 and v2: {f:?}");
