@@ -1,4 +1,4 @@
-use super::FormatError;
+use crate::error::FormatError;
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 use std::fmt;

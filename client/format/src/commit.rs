@@ -1,6 +1,8 @@
 //! Commit objects: `(a{sv}aya(say)sstayay)`.
 
-use super::{Checksum, FormatError};
+use crate::checksum::Checksum;
+use crate::error::FormatError;
+use crate::variant::{check_size, parse_normal};
 use ostree::glib::{Variant, VariantDict, VariantTy};
 
 pub const COMMIT_GVARIANT_TYPE: &str = "(a{sv}aya(say)sstayay)";
@@ -31,9 +33,11 @@ pub struct Commit {
     pub root_meta: Checksum,
 }
 
+const WHAT: &str = "commit object";
+
 fn err(why: impl Into<String>) -> FormatError {
     FormatError::Variant {
-        what: "commit object",
+        what: WHAT,
         why: why.into(),
     }
 }
@@ -42,20 +46,8 @@ impl Commit {
     /// Parses commit bytes. The bytes must be in GVariant normal form, so
     /// that what we parse is what ostree hashes.
     pub fn parse(bytes: &[u8]) -> Result<Self, FormatError> {
-        if bytes.len() > MAX_COMMIT_SIZE {
-            return Err(err(format!(
-                "{} bytes exceeds the {MAX_COMMIT_SIZE} byte limit",
-                bytes.len()
-            )));
-        }
-        let ty = VariantTy::new(COMMIT_GVARIANT_TYPE).expect("valid type string");
-        // glib keeps pointers into the buffer in child values without tying
-        // them to a borrow, so it must own the bytes.
-        #[allow(clippy::unnecessary_to_owned)]
-        let v = Variant::from_data_with_type(bytes.to_vec(), ty);
-        if !v.is_normal_form() {
-            return Err(err("not in GVariant normal form"));
-        }
+        check_size(bytes, MAX_COMMIT_SIZE, WHAT)?;
+        let v = parse_normal(bytes, COMMIT_GVARIANT_TYPE, WHAT)?;
         let checksum_at = |i: usize, what: &str| -> Result<Checksum, FormatError> {
             let c = v.child_value(i);
             let b = c

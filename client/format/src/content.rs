@@ -9,8 +9,9 @@
 //! streamed into `ostree_repo_write_content` (which hashes what it writes
 //! and refuses a mismatch with the expected checksum).
 
-use super::FormatError;
-use ostree::glib::{Variant, VariantTy};
+use crate::error::FormatError;
+use crate::variant::parse_normal;
+use ostree::glib::Variant;
 
 pub const ARCHIVE_HEADER_GVARIANT_TYPE: &str = "(tuuuusa(ayay))";
 pub const FILE_HEADER_GVARIANT_TYPE: &str = "(uuuusa(ayay))";
@@ -24,9 +25,11 @@ const S_IFMT: u32 = 0o170000;
 const S_IFREG: u32 = 0o100000;
 const S_IFLNK: u32 = 0o120000;
 
+const WHAT: &str = "content object header";
+
 fn err(why: impl Into<String>) -> FormatError {
     FormatError::Variant {
-        what: "content object header",
+        what: WHAT,
         why: why.into(),
     }
 }
@@ -57,12 +60,7 @@ impl ArchiveHeader {
         if bytes.len() > MAX_HEADER_SIZE {
             return Err(err("too large"));
         }
-        let ty = VariantTy::new(ARCHIVE_HEADER_GVARIANT_TYPE).expect("valid type string");
-        #[allow(clippy::unnecessary_to_owned)]
-        let v = Variant::from_data_with_type(bytes.to_vec(), ty);
-        if !v.is_normal_form() {
-            return Err(err("not in GVariant normal form"));
-        }
+        let v = parse_normal(bytes, ARCHIVE_HEADER_GVARIANT_TYPE, WHAT)?;
         let size = u64::from_be(v.child_value(0).get::<u64>().unwrap_or(0));
         let mode = u32::from_be(v.child_value(3).get::<u32>().unwrap_or(0));
         match mode & S_IFMT {
@@ -99,6 +97,7 @@ impl ArchiveHeader {
 mod tests {
     use super::*;
     use ostree::glib::prelude::ToVariant;
+    use ostree::glib::VariantTy;
 
     fn header(size: u64, mode: u32, target: &str) -> Vec<u8> {
         Variant::tuple_from_iter([

@@ -8,7 +8,9 @@
 //! objects, and to check each downloaded part, is read here; applying the
 //! parts is libostree's job.
 
-use super::{Checksum, FormatError};
+use crate::checksum::Checksum;
+use crate::error::FormatError;
+use crate::variant::{check_size, parse_normal};
 use ostree::glib::{Variant, VariantDict, VariantTy};
 
 pub const SUPERBLOCK_GVARIANT_TYPE: &str = "(a{sv}tayay(a{sv}aya(say)sstayay)aya(uayttay)a(yaytt))";
@@ -49,27 +51,19 @@ pub struct Superblock {
     pub fallbacks: Vec<DeltaFallback>,
 }
 
+const WHAT: &str = "delta superblock";
+
 fn err(why: impl Into<String>) -> FormatError {
     FormatError::Variant {
-        what: "delta superblock",
+        what: WHAT,
         why: why.into(),
     }
 }
 
 impl Superblock {
     pub fn parse(bytes: &[u8]) -> Result<Self, FormatError> {
-        if bytes.len() > MAX_SUPERBLOCK_SIZE {
-            return Err(err(format!(
-                "{} bytes exceeds the {MAX_SUPERBLOCK_SIZE} byte limit",
-                bytes.len()
-            )));
-        }
-        let ty = VariantTy::new(SUPERBLOCK_GVARIANT_TYPE).expect("valid type string");
-        #[allow(clippy::unnecessary_to_owned)]
-        let v = Variant::from_data_with_type(bytes.to_vec(), ty);
-        if !v.is_normal_form() {
-            return Err(err("not in GVariant normal form"));
-        }
+        check_size(bytes, MAX_SUPERBLOCK_SIZE, WHAT)?;
+        let v = parse_normal(bytes, SUPERBLOCK_GVARIANT_TYPE, WHAT)?;
         let big_endian = VariantDict::new(Some(&v.child_value(0)))
             .lookup_value(KEY_ENDIANNESS, Some(VariantTy::BYTE))
             .and_then(|e| e.get::<u8>())

@@ -11,9 +11,10 @@
 //! Pure: bytes in, bytes out. Output is deterministic (entries sorted by
 //! key) so the signer and the server produce the same bundle bytes.
 
-use super::FormatError;
+use crate::error::FormatError;
 use crate::openpgp::{MAX_SIGNATURES, MAX_SIGNATURE_SIZE};
-use ostree::glib::{prelude::ToVariant, Variant, VariantTy};
+use crate::variant::{check_size, parse_normal, ty};
+use ostree::glib::{prelude::ToVariant, Variant};
 use std::collections::BTreeMap;
 
 /// The detached-metadata key ostree's gpgme verifier reads.
@@ -25,13 +26,11 @@ pub const MAX_DETACHED_METADATA_SIZE: usize = 16 << 20;
 /// Entries above this count in the `a{sv}` are refused (same reason).
 pub const MAX_DETACHED_METADATA_ENTRIES: usize = 1024;
 
-fn ty(s: &str) -> &VariantTy {
-    VariantTy::new(s).expect("valid GVariant type string")
-}
+const WHAT: &str = "detached metadata";
 
 fn verr(why: impl Into<String>) -> FormatError {
     FormatError::Variant {
-        what: "detached metadata",
+        what: WHAT,
         why: why.into(),
     }
 }
@@ -73,21 +72,8 @@ fn serialize(entries: BTreeMap<String, Variant>) -> Vec<u8> {
 
 /// Parses untrusted `a{sv}` bytes into its entries (values unboxed).
 fn parse_entries(bytes: &[u8]) -> Result<BTreeMap<String, Variant>, FormatError> {
-    if bytes.len() > MAX_DETACHED_METADATA_SIZE {
-        return Err(verr(format!(
-            "{} bytes exceeds the {MAX_DETACHED_METADATA_SIZE} byte limit",
-            bytes.len()
-        )));
-    }
-    // Owned on purpose: glib's `from_data_with_type` does not tie the
-    // Variant to the borrow, and the child values returned below keep
-    // pointing into this buffer after the caller's bytes are gone.
-    #[allow(clippy::unnecessary_to_owned)]
-    let v = Variant::from_data_with_type(bytes.to_vec(), ty("a{sv}"));
-    // Non-normal data would silently read as defaults; glib never writes it.
-    if !v.is_normal_form() {
-        return Err(verr("not in GVariant normal form"));
-    }
+    check_size(bytes, MAX_DETACHED_METADATA_SIZE, WHAT)?;
+    let v = parse_normal(bytes, "a{sv}", WHAT)?;
     if v.n_children() > MAX_DETACHED_METADATA_ENTRIES {
         return Err(verr(format!(
             "more than {MAX_DETACHED_METADATA_ENTRIES} entries"

@@ -5,47 +5,53 @@
 //! Everything here is pure: bytes in, values out, no I/O (the OpenPGP tests
 //! cross-check against GnuPG and stock ostree).
 //!
+//! Modules:
+//! - `checksum`: [`Checksum`] (hex, and ostree's modified base64 for delta
+//!   names).
+//! - `path`: [`RepoPath`], the exact URL grammar of an archive remote.
+//! - `refname`: ostree's ref and collection-ID grammar.
+//! - [`config`]: the repo `config` ([`RepoConfig`], read with glib's
+//!   `GKeyFile`).
+//! - `variant`: [`parse_normal`], the first step of every GVariant parser.
+//! - [`commit`]: commit objects.
+//! - [`tree`]: dirtree and dirmeta objects, with size caps and name checks.
+//! - [`content`]: the archive content header (`.filez`).
+//! - [`summary`]: deterministic summary building and bounded parsing.
+//! - [`delta`]: static delta superblocks.
+//! - [`gpgsigs`]: the `ostree.gpgsigs` container of `.commitmeta` and
+//!   `summary.sig`.
+//! - [`openpgp`]: keys, detached signatures and their verification.
+//! - `retry`: [`RetryPolicy`], how requests to a remote are retried (the
+//!   node client and the mirror share it).
+//! - `error`: [`FormatError`], what every parser returns.
+//!
 //! References: ostree `docs/formats.md` and `docs/repo.md`; the byte layouts
 //! were checked against libostree 2022.7 (`ostree summary --view --raw`).
 
 mod checksum;
 pub mod commit;
+pub mod config;
 pub mod content;
 pub mod delta;
+mod error;
 pub mod gpgsigs;
 pub mod openpgp;
 mod path;
 mod refname;
+mod retry;
 pub mod summary;
 pub mod tree;
+mod variant;
 
 pub use checksum::Checksum;
 pub use commit::{Commit, COMMIT_GVARIANT_TYPE};
+pub use config::{RepoConfig, ARCHIVE_MODE};
 pub use delta::Superblock;
+pub use error::FormatError;
 pub use gpgsigs::{build_gpgsigs, merge_gpgsigs, parse_gpgsigs};
 pub use path::{DeltaFile, DeltaName, ObjectKind, ObjectName, RefNamespace, RepoPath};
 pub use refname::{sanitize_ref_component, validate_collection_id, validate_ref};
+pub use retry::RetryPolicy;
 pub use summary::{build_summary, parse_summary, Summary, SummaryDelta, SummaryRef};
 pub use tree::{check_dirmeta, parse_dirtree, DirTree};
-
-/// Why some bytes or a name are not valid ostree format. Callers branch on
-/// this (404 versus 500 on the server, refuse versus retry on the client).
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum FormatError {
-    #[error("invalid checksum {0:?}: want 64 lowercase hex digits")]
-    Checksum(String),
-    #[error("invalid modified-base64 checksum {0:?}")]
-    Mbase64(String),
-    #[error("invalid ref name {0:?}")]
-    RefName(String),
-    #[error("invalid collection ID {0:?}")]
-    CollectionId(String),
-    #[error("invalid {what}: {why}")]
-    Variant { what: &'static str, why: String },
-    #[error("duplicate ref {0:?} in summary")]
-    DuplicateRef(String),
-}
-
-/// The repository mode string a summary advertises; ostree's archive mode is
-/// still called `archive-z2` on the wire.
-pub const ARCHIVE_MODE: &str = "archive-z2";
+pub use variant::parse_normal;

@@ -3,7 +3,8 @@
 //! is `None`, which is what makes path traversal impossible by construction
 //! (no `..`, no empty or dot components, no percent-decoding surprises).
 
-use super::{refname, Checksum};
+use crate::checksum::Checksum;
+use crate::refname;
 
 /// What kind of object a loose archive object file holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

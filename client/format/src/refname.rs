@@ -1,7 +1,7 @@
 //! ostree's ref and collection-ID grammar (`ostree_validate_rev`,
 //! `ostree_validate_collection_id`), ASCII only.
 
-use super::FormatError;
+use crate::error::FormatError;
 
 /// Longer names are refused: nothing real comes close, and it bounds work.
 pub const MAX_REF_LEN: usize = 1024;

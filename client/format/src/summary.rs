@@ -4,8 +4,11 @@
 //! same bytes (refs, deltas and every dictionary sorted by key, and no clock
 //! read), because a signer elsewhere must reproduce the exact bytes it signs.
 
-use super::{Checksum, DeltaName, FormatError};
-use ostree::glib::{prelude::ToVariant, Variant, VariantDict, VariantTy};
+use crate::checksum::Checksum;
+use crate::error::FormatError;
+use crate::path::DeltaName;
+use crate::variant::{check_size, parse_normal, ty};
+use ostree::glib::{prelude::ToVariant, Variant, VariantDict};
 use std::collections::BTreeMap;
 
 pub const SUMMARY_GVARIANT_TYPE: &str = "(a(s(taya{sv}))a{sv})";
@@ -59,10 +62,6 @@ pub struct Summary {
     pub expires: Option<u64>,
     pub mode: Option<String>,
     pub tombstone_commits: bool,
-}
-
-fn ty(s: &str) -> &VariantTy {
-    VariantTy::new(s).expect("valid GVariant type string")
 }
 
 /// `a{sv}` from sorted entries.
@@ -164,9 +163,11 @@ pub fn build_summary(s: &Summary) -> Result<Vec<u8>, FormatError> {
     Ok(v.data().to_vec())
 }
 
+const WHAT: &str = "summary";
+
 fn verr(why: impl Into<String>) -> FormatError {
     FormatError::Variant {
-        what: "summary",
+        what: WHAT,
         why: why.into(),
     }
 }
@@ -203,26 +204,15 @@ fn parse_ref_list(v: &Variant) -> Result<Vec<SummaryRef>, FormatError> {
         }
     }
     for r in &out {
-        super::validate_ref(&r.name).map_err(|e| verr(e.to_string()))?;
+        crate::refname::validate_ref(&r.name).map_err(|e| verr(e.to_string()))?;
     }
     Ok(out)
 }
 
 /// Parses summary bytes from an untrusted remote.
 pub fn parse_summary(bytes: &[u8]) -> Result<Summary, FormatError> {
-    if bytes.len() > MAX_SUMMARY_SIZE {
-        return Err(verr(format!(
-            "{} bytes exceeds the {MAX_SUMMARY_SIZE} byte limit",
-            bytes.len()
-        )));
-    }
-    // glib keeps pointers into the buffer in child values without tying
-    // them to a borrow, so it must own the bytes.
-    #[allow(clippy::unnecessary_to_owned)]
-    let v = Variant::from_data_with_type(bytes.to_vec(), ty(SUMMARY_GVARIANT_TYPE));
-    if !v.is_normal_form() {
-        return Err(verr("not in GVariant normal form"));
-    }
+    check_size(bytes, MAX_SUMMARY_SIZE, WHAT)?;
+    let v = parse_normal(bytes, SUMMARY_GVARIANT_TYPE, WHAT)?;
     let refs = parse_ref_list(&v.child_value(0))?;
     let meta = VariantDict::new(Some(&v.child_value(1)));
     let get_t = |k| {
@@ -310,7 +300,7 @@ mod tests {
             }],
             indexed_deltas: true,
             last_modified: Some(1_706_745_600),
-            mode: Some(crate::ARCHIVE_MODE.into()),
+            mode: Some(crate::config::ARCHIVE_MODE.into()),
             ..Default::default()
         }
     }

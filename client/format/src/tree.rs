@@ -4,8 +4,10 @@
 //! they come from a remote: sizes are bounded and every name is checked
 //! before it can steer the walk.
 
-use super::{Checksum, FormatError};
-use ostree::glib::{Variant, VariantTy};
+use crate::checksum::Checksum;
+use crate::error::FormatError;
+use crate::variant::{check_size, parse_normal};
+use ostree::glib::Variant;
 
 pub const DIRTREE_GVARIANT_TYPE: &str = "(a(say)a(sayay))";
 pub const DIRMETA_GVARIANT_TYPE: &str = "(uuua(ayay))";
@@ -41,21 +43,14 @@ fn check_name(name: &str) -> Result<(), FormatError> {
     Ok(())
 }
 
-fn owned(bytes: &[u8], ty: &str, what: &'static str, max: usize) -> Result<Variant, FormatError> {
-    if bytes.len() > max {
-        return Err(err(
-            what,
-            format!("{} bytes exceeds the {max} byte limit", bytes.len()),
-        ));
-    }
-    let ty = VariantTy::new(ty).expect("valid type string");
-    // glib keeps pointers into the buffer in child values: it must own it.
-    #[allow(clippy::unnecessary_to_owned)]
-    let v = Variant::from_data_with_type(bytes.to_vec(), ty);
-    if !v.is_normal_form() {
-        return Err(err(what, "not in GVariant normal form"));
-    }
-    Ok(v)
+fn parse_bounded(
+    bytes: &[u8],
+    ty: &str,
+    what: &'static str,
+    max: usize,
+) -> Result<Variant, FormatError> {
+    check_size(bytes, max, what)?;
+    parse_normal(bytes, ty, what)
 }
 
 fn checksum_of(v: &Variant, what: &'static str) -> Result<Checksum, FormatError> {
@@ -68,7 +63,7 @@ fn checksum_of(v: &Variant, what: &'static str) -> Result<Checksum, FormatError>
 /// Parses dirtree bytes. Names must be valid, sorted and unique, as
 /// libostree writes them, so that one tree has exactly one encoding.
 pub fn parse_dirtree(bytes: &[u8]) -> Result<DirTree, FormatError> {
-    let v = owned(bytes, DIRTREE_GVARIANT_TYPE, "dirtree", MAX_DIRTREE_SIZE)?;
+    let v = parse_bounded(bytes, DIRTREE_GVARIANT_TYPE, "dirtree", MAX_DIRTREE_SIZE)?;
     let mut out = DirTree::default();
     for f in v.child_value(0).iter() {
         let name = f.child_value(0).str().unwrap_or_default().to_owned();
@@ -96,7 +91,7 @@ pub fn parse_dirtree(bytes: &[u8]) -> Result<DirTree, FormatError> {
 
 /// Checks dirmeta bytes: the type, the size bound, and a directory mode.
 pub fn check_dirmeta(bytes: &[u8]) -> Result<(), FormatError> {
-    let v = owned(bytes, DIRMETA_GVARIANT_TYPE, "dirmeta", MAX_DIRMETA_SIZE)?;
+    let v = parse_bounded(bytes, DIRMETA_GVARIANT_TYPE, "dirmeta", MAX_DIRMETA_SIZE)?;
     let mode = u32::from_be(v.child_value(2).get::<u32>().unwrap_or(0));
     const S_IFMT: u32 = 0o170000;
     const S_IFDIR: u32 = 0o040000;
@@ -110,6 +105,7 @@ pub fn check_dirmeta(bytes: &[u8]) -> Result<(), FormatError> {
 mod tests {
     use super::*;
     use ostree::glib::prelude::ToVariant;
+    use ostree::glib::VariantTy;
 
     fn c(n: u8) -> Checksum {
         Checksum::from([n; 32])
