@@ -15,7 +15,7 @@ use crate::fsutil;
 use crate::served::Generation;
 use crate::signing::{self, SignatureOptions};
 use anyhow::{bail, Context, Result};
-use oscontent_format::{self as format, Checksum, Commit, ObjectKind, ObjectName};
+use oscontent_format::{self as format, Checksum, Commit, ObjectKind, ObjectName, RepoConfig};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -25,10 +25,8 @@ pub const VERSION_REF_PREFIX: &str = "version/";
 pub const OSCONTAINER_REPO: &str = "srv/repo";
 /// Commits listed when refusing to guess among several.
 const MAX_COMMITS_LISTED: usize = 5;
-/// The `config` served for a repo that has none.
-const GENERATED_CONFIG: &[u8] = b"[core]\nrepo_version=1\nmode=archive-z2\n";
 /// A repo `config` is a few lines.
-const MAX_CONFIG: u64 = 1 << 20;
+const MAX_CONFIG: u64 = format::config::MAX_CONFIG_SIZE as u64;
 
 /// Where the content comes from.
 #[derive(Debug, Clone)]
@@ -111,25 +109,8 @@ impl StateDir {
     }
 }
 
-/// Reads `[core] key=` from a repo config. Tiny on purpose: only the two
-/// keys the server needs, and no dependency for a three-line file.
-pub fn config_value(config: &str, key: &str) -> Option<String> {
-    let mut in_core = false;
-    for line in config.lines().map(str::trim) {
-        if line.starts_with('[') {
-            in_core = line == "[core]";
-        } else if in_core {
-            if let Some((k, v)) = line.split_once('=') {
-                if k.trim() == key {
-                    return Some(v.trim().to_owned());
-                }
-            }
-        }
-    }
-    None
-}
-
-fn check_archive_repo(repo: &Path) -> Result<Option<String>> {
+/// Checks that `repo` is an archive repo; its config, if it has one.
+fn check_archive_repo(repo: &Path) -> Result<Option<RepoConfig>> {
     let meta = std::fs::metadata(repo)
         .with_context(|| format!("source repo {} is not accessible", repo.display()))?;
     anyhow::ensure!(
@@ -147,9 +128,10 @@ fn check_archive_repo(repo: &Path) -> Result<Option<String>> {
     else {
         return Ok(None);
     };
-    let config = String::from_utf8_lossy(&config).into_owned();
-    let mode = config_value(&config, "mode").unwrap_or_else(|| "bare".into());
-    if !matches!(mode.as_str(), "archive" | "archive-z2") {
+    let config =
+        RepoConfig::parse(&config).with_context(|| format!("reading {}/config", repo.display()))?;
+    if !config.is_archive() {
+        let mode = config.mode.as_deref().unwrap_or("bare");
         bail!(
             "{} is a {mode:?} repo; only archive repos can be served over HTTP (build it with `ostree init --mode=archive`)",
             repo.display()
@@ -331,7 +313,7 @@ pub fn publish_signed(
     let result = (|| -> Result<Vec<(String, Checksum)>> {
         std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         if config.is_none() {
-            write_file(&tmp.join("config"), GENERATED_CONFIG)?;
+            write_file(&tmp.join("config"), format::config::ARCHIVE_CONFIG)?;
         }
         if !derive {
             return Ok(Vec::new());
@@ -524,7 +506,7 @@ pub fn publish_releases_signed(
             }
         }
         if !any_config {
-            write_file(&tmp.join("config"), GENERATED_CONFIG)?;
+            write_file(&tmp.join("config"), format::config::ARCHIVE_CONFIG)?;
         }
         for (name, commit) in &claims {
             write_file(
@@ -535,22 +517,4 @@ pub fn publish_releases_signed(
         Ok(claims.into_iter().map(|(n, c)| (n, c.checksum)).collect())
     })();
     finish_generation(result, id, sources, dir, tmp, sigs)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn config_values() {
-        let cfg = "[core]\nrepo_version=1\nmode = archive-z2\n\n[remote \"x\"]\nmode=bare\n";
-        let cases = [
-            ("mode", Some("archive-z2")),
-            ("repo_version", Some("1")),
-            ("collection-id", None),
-        ];
-        for (k, want) in cases {
-            assert_eq!(config_value(cfg, k).as_deref(), want, "{k}");
-        }
-    }
 }

@@ -369,9 +369,11 @@ impl Generation {
     fn collection_id(&self) -> Result<Option<String>> {
         for root in self.all_roots() {
             if let Some((cfg, _)) = fsutil::read_file(root, "config", MAX_METADATA_FILE)? {
-                let cid =
-                    crate::publish::config_value(&String::from_utf8_lossy(&cfg), "collection-id");
-                return Ok(cid.filter(|c| format::validate_collection_id(c).is_ok()));
+                // An unreadable config, like an invalid ID, advertises none.
+                let cid = format::RepoConfig::parse(&cfg).map(|c| c.collection_id);
+                return Ok(cid
+                    .unwrap_or_default()
+                    .filter(|c| format::validate_collection_id(c).is_ok()));
             }
         }
         Ok(None)

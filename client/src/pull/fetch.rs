@@ -5,10 +5,10 @@
 
 use super::error::{PullError, PullResult};
 use super::report::Reporter;
-use super::retry::{backoff, retryable_status, MAX_ATTEMPTS};
 use anyhow::anyhow;
 use bytes::Bytes;
 use futures_util::StreamExt;
+use oscontent_format::RetryPolicy;
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -74,7 +74,7 @@ pub enum FetchError {
 impl FetchError {
     fn retryable(&self) -> bool {
         match self {
-            FetchError::Status { status, .. } => retryable_status(*status),
+            FetchError::Status { status, .. } => RetryPolicy::retryable_status(*status),
             FetchError::Network { .. } => true,
             _ => false,
         }
@@ -200,8 +200,8 @@ impl Fetcher {
         format!("{}/{path}", self.base)
     }
 
-    /// Runs `attempt` up to [`MAX_ATTEMPTS`] times, sleeping between
-    /// retryable failures and reporting each retry.
+    /// Runs `attempt` as often as [`RetryPolicy::DEFAULT`] allows, sleeping
+    /// between retryable failures and reporting each retry.
     async fn with_retries<T, F, Fut>(&self, path: &str, mut attempt: F) -> Result<T, FetchError>
     where
         F: FnMut() -> Fut,
@@ -215,8 +215,8 @@ impl Fetcher {
                 attempt().await
             };
             match r {
-                Err(e) if e.retryable() && n < MAX_ATTEMPTS => {
-                    let delay = backoff(n, rand::random::<f64>());
+                Err(e) if e.retryable() && RetryPolicy::DEFAULT.may_retry(n) => {
+                    let delay = RetryPolicy::DEFAULT.backoff(n, rand::random::<f64>());
                     self.counters.retries.fetch_add(1, Ordering::Relaxed);
                     self.reporter.retry(path, n, &e, delay);
                     tokio::time::sleep(delay).await;

@@ -21,7 +21,6 @@ pub mod error;
 pub mod fetch;
 pub mod policy;
 pub mod report;
-pub mod retry;
 pub mod store;
 pub mod verify;
 pub mod walk;
@@ -34,7 +33,7 @@ use oscontent_format::commit::MAX_COMMIT_SIZE;
 use oscontent_format::gpgsigs::MAX_DETACHED_METADATA_SIZE;
 use oscontent_format::summary::MAX_SUMMARY_SIZE;
 use oscontent_format::{
-    parse_summary, validate_ref, Checksum, Commit, ObjectKind, ObjectName, Summary, ARCHIVE_MODE,
+    parse_summary, validate_ref, Checksum, Commit, ObjectKind, ObjectName, Summary,
     COMMIT_GVARIANT_TYPE,
 };
 use report::{Progress, Reporter};
@@ -220,16 +219,10 @@ fn remote_keyring(store: &Store, name: &str) -> PullResult<Option<Keyring>> {
 }
 
 fn check_config(config: &[u8]) -> PullResult<()> {
-    let text = String::from_utf8_lossy(config);
-    let mode = text
-        .lines()
-        .map(str::trim)
-        .filter_map(|l| l.strip_prefix("mode"))
-        .filter_map(|rest| rest.trim_start().strip_prefix('='))
-        .map(str::trim)
-        .next();
-    match mode {
-        Some(ARCHIVE_MODE) | Some("archive") => Ok(()),
+    let config = oscontent_format::RepoConfig::parse(config)
+        .map_err(|e| PullError::Network(anyhow!("the remote's config: {e}")))?;
+    match config.mode.as_deref() {
+        _ if config.is_archive() => Ok(()),
         Some(m) => Err(PullError::Network(anyhow!(
             "the remote repo has mode {m:?}; only archive repos can be pulled over HTTP"
         ))),

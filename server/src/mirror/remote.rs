@@ -7,7 +7,7 @@
 use crate::fsutil;
 use crate::served::{Generation, Resolved};
 use anyhow::{bail, Context, Result};
-use oscontent_format::RepoPath;
+use oscontent_format::{RepoPath, RetryPolicy};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,10 +18,8 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 /// Longest silence while reading a response (a whole large object may
 /// take longer; a stalled one may not).
 pub const READ_TIMEOUT: Duration = Duration::from_secs(60);
-/// Attempts per request for errors that may go away (connection, 5xx).
-pub const MAX_ATTEMPTS: u32 = 4;
-/// First retry delay; doubles.
-const RETRY_DELAY: Duration = Duration::from_millis(500);
+/// Retries of errors that may go away (connection, 5xx): the node client's.
+const RETRY: RetryPolicy = RetryPolicy::DEFAULT;
 /// Copy buffer.
 const CHUNK: usize = 64 << 10;
 
@@ -159,9 +157,13 @@ impl HttpRemote {
     }
 }
 
-/// Whether an HTTP status may go away by itself.
-fn retryable_status(s: u16) -> bool {
-    s >= 500 || s == 429 || s == 408
+/// A uniform random number in [0, 1) for the backoff's jitter. std's
+/// `RandomState` is keyed afresh for each instance, which is all jitter
+/// needs, without a dependency for it.
+fn jitter() -> f64 {
+    use std::hash::BuildHasher;
+    let h = std::collections::hash_map::RandomState::new().hash_one(std::time::Instant::now());
+    (h >> 11) as f64 / (1u64 << 53) as f64
 }
 
 impl Remote for HttpRemote {
@@ -172,15 +174,13 @@ impl Remote for HttpRemote {
     fn copy_to(&self, rel: &str, out: &mut dyn Write, max: u64) -> Result<Option<u64>> {
         check_rel(rel)?;
         let url = self.url(rel);
-        let mut delay = RETRY_DELAY;
-        for attempt in 1..=MAX_ATTEMPTS {
-            let last = attempt == MAX_ATTEMPTS;
+        for attempt in 1..=RETRY.max_attempts {
+            let last = !RETRY.may_retry(attempt);
             let resp = match self.client.get(&url).send() {
                 Ok(r) => r,
                 Err(e) if !last => {
                     tracing::warn!(url, attempt, "request failed, retrying: {e}");
-                    std::thread::sleep(delay);
-                    delay *= 2;
+                    std::thread::sleep(RETRY.backoff(attempt, jitter()));
                     continue;
                 }
                 Err(e) => return Err(e).with_context(|| format!("GET {url}")),
@@ -189,10 +189,9 @@ impl Remote for HttpRemote {
             match status {
                 200 => {}
                 404 => return Ok(None),
-                s if retryable_status(s) && !last => {
+                s if RetryPolicy::retryable_status(s) && !last => {
                     tracing::warn!(url, attempt, status = s, "retrying");
-                    std::thread::sleep(delay);
-                    delay *= 2;
+                    std::thread::sleep(RETRY.backoff(attempt, jitter()));
                     continue;
                 }
                 s => bail!("GET {url}: HTTP {s}"),

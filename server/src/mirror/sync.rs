@@ -115,9 +115,9 @@ pub struct Snapshot {
 }
 
 fn archive_mode(config: &[u8]) -> Result<()> {
-    let text = String::from_utf8_lossy(config);
-    match crate::publish::config_value(&text, "mode").as_deref() {
-        Some("archive" | "archive-z2") => Ok(()),
+    let config = oscontent_format::RepoConfig::parse(config)?;
+    match config.mode.as_deref() {
+        _ if config.is_archive() => Ok(()),
         Some(m) => bail!("the remote repo is in {m:?} mode; only archive repos can be mirrored"),
         None => bail!("the remote's config has no core.mode: not an ostree repo"),
     }
