@@ -14,7 +14,7 @@
 //! for it, and dirty data never ages into the kernel's own writeback.
 
 use super::aimd::{Aimd, AimdConfig};
-use super::Samples;
+use super::samples::Samples;
 use crate::sys;
 use std::collections::VecDeque;
 use std::fs::File;

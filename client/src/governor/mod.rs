@@ -24,10 +24,12 @@
 
 pub mod aimd;
 pub mod flusher;
+pub mod samples;
 
 use crate::sys;
 use aimd::{Aimd, AimdConfig};
 use flusher::Flusher;
+use samples::Samples;
 use serde::Serialize;
 use std::fs::File;
 use std::io;
@@ -70,41 +72,6 @@ const MAX_PENDING_FILES: usize = 512;
 /// scheduler's eyes, without starving the pull on a busy node as
 /// `SCHED_IDLE` could.
 pub const PACED_NICE: i32 = 10;
-/// Flush latencies kept for percentiles (older ones beyond are dropped
-/// from the percentile, not from count and max).
-const MAX_SAMPLES: usize = 1 << 16;
-
-/// Flush latencies, bounded in memory.
-#[derive(Debug, Clone, Default)]
-pub struct Samples {
-    ms: Vec<f64>,
-    max_ms: f64,
-}
-
-impl Samples {
-    pub fn push(&mut self, d: Duration) {
-        let ms = d.as_secs_f64() * 1e3;
-        self.max_ms = self.max_ms.max(ms);
-        if self.ms.len() < MAX_SAMPLES {
-            self.ms.push(ms);
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.ms.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ms.is_empty()
-    }
-
-    /// (p50, p99, max) in milliseconds.
-    fn summary(&self) -> (f64, f64, f64) {
-        let mut v = self.ms.clone();
-        v.sort_by(|a, b| a.total_cmp(b));
-        (percentile(&v, 0.50), percentile(&v, 0.99), self.max_ms)
-    }
-}
 
 /// What the governor did, for `--json` and the benchmark.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -325,32 +292,9 @@ impl Governor {
     }
 }
 
-/// Nearest-rank percentile of sorted samples (0 when empty).
-pub fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentiles() {
-        let cases: &[(&[f64], f64, f64)] = &[
-            (&[], 0.5, 0.0),
-            (&[3.0], 0.5, 3.0),
-            (&[1.0, 2.0, 3.0, 4.0], 0.5, 2.0),
-            (&[1.0, 2.0, 3.0, 4.0], 0.99, 4.0),
-            (&[1.0, 2.0, 3.0, 4.0], 0.0, 1.0),
-        ];
-        for (v, q, want) in cases {
-            assert_eq!(percentile(v, *q), *want, "{v:?} q={q}");
-        }
-    }
 
     #[test]
     fn writeback_mode_flushes_in_batches() {

@@ -7,15 +7,17 @@
 //! (fallbacks), so a delta that fails to apply costs time, not correctness.
 
 use super::error::{PullError, PullResult, Tag};
-use super::fetch::{ConsumeError, FetchError};
+use super::fetch::{BodyReader, ConsumeError, FetchError};
 use super::report::Reporter;
 use super::walk::Ctx;
 use anyhow::{anyhow, Context};
+use bytes::Bytes;
 use oscontent_format::delta::{delta_is_smaller, MAX_SUPERBLOCK_SIZE};
 use oscontent_format::{Checksum, DeltaName, ObjectKind, Summary, Superblock};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
+use std::path::Path;
 use std::sync::Arc;
 
 fn kind_of(objtype: u8) -> Option<ObjectKind> {
@@ -29,7 +31,9 @@ fn kind_of(objtype: u8) -> Option<ObjectKind> {
     }
 }
 
-/// Tries the delta `from` → `to`. Returns whether it was applied.
+/// Tries the delta `from` → `to`: if the summary lists it, its superblock
+/// checks out, and it is smaller than the loose objects still missing, its
+/// parts are downloaded and applied. Returns whether it was applied.
 pub async fn try_delta(
     ctx: &Arc<Ctx>,
     reporter: &Reporter,
@@ -44,6 +48,27 @@ pub async fn try_delta(
     let Some(listed) = summary.deltas.iter().find(|d| d.name == name) else {
         return Ok(false);
     };
+    let Some((sb_bytes, sb)) = fetch_superblock(ctx, reporter, &name, listed.superblock).await?
+    else {
+        return Ok(false);
+    };
+    if !worth_it(ctx, reporter, &name, &sb) {
+        return Ok(false);
+    }
+    let tmp = download(ctx, &name, &sb_bytes, &sb).await?;
+    apply(ctx, tmp.path(), &sb).await?;
+    Ok(true)
+}
+
+/// The delta's superblock, checked against the checksum the summary lists
+/// (`listed`) and against the delta it should describe; `None`, reported
+/// as `delta-skipped`, when the remote does not have it.
+async fn fetch_superblock(
+    ctx: &Ctx,
+    reporter: &Reporter,
+    name: &DeltaName,
+    listed: Checksum,
+) -> PullResult<Option<(Bytes, Superblock)>> {
     let sb_path = format!("{}/superblock", name.dir());
     let Some(sb_bytes) = ctx
         .fetcher
@@ -56,24 +81,31 @@ pub async fn try_delta(
             json!({"reason": "superblock not found"}),
             None,
         );
-        return Ok(false);
+        return Ok(None);
     };
-    if Checksum::digest(&sb_bytes) != listed.superblock {
+    if Checksum::digest(&sb_bytes) != listed {
         return Err(PullError::Verification(anyhow!(
             "{}: does not match the checksum the summary lists",
             ctx.fetcher.url(&sb_path)
         )));
     }
     let sb = Superblock::parse(&sb_bytes).verification()?;
-    if sb.to != to || sb.from != Some(from) || Checksum::digest(&sb.commit) != to {
+    if sb.to != name.to || sb.from != name.from || Checksum::digest(&sb.commit) != name.to {
         return Err(PullError::Verification(anyhow!(
             "{}: describes another delta than {}",
             ctx.fetcher.url(&sb_path),
             name.summary_name()
         )));
     }
+    Ok(Some((sb_bytes, sb)))
+}
+
+/// Whether the delta costs fewer bytes than the loose objects it would
+/// replace that the repo still lacks. Reports `delta` (used) or
+/// `delta-skipped`.
+fn worth_it(ctx: &Ctx, reporter: &Reporter, name: &DeltaName, sb: &Superblock) -> bool {
     let store = ctx.store();
-    let smaller = delta_is_smaller(&sb, |t, c| {
+    let smaller = delta_is_smaller(sb, |t, c| {
         kind_of(t).is_none_or(|k| !store.has(k, c).unwrap_or(false))
     });
     if !smaller {
@@ -82,11 +114,12 @@ pub async fn try_delta(
             json!({"reason": "loose objects are smaller", "delta_bytes": sb.total_size()}),
             None,
         );
-        return Ok(false);
+        return false;
     }
+    let (from, to) = (name.from.map(|c| c.to_hex()), name.to.to_hex());
     reporter.event(
         "delta",
-        json!({"from": from.to_hex(), "to": to.to_hex(), "parts": sb.parts.len(), "bytes": sb.total_size()}),
+        json!({"from": from, "to": to, "parts": sb.parts.len(), "bytes": sb.total_size()}),
         Some(format!(
             "using static delta {} ({} parts, {})",
             name.summary_name(),
@@ -94,12 +127,24 @@ pub async fn try_delta(
             indicatif::HumanBytes(sb.total_size())
         )),
     );
+    true
+}
+
+/// Downloads the superblock and every part, each hashed as it streams,
+/// into a fresh directory under the repo's `tmp/` (removed when the
+/// returned handle is dropped).
+async fn download(
+    ctx: &Ctx,
+    name: &DeltaName,
+    sb_bytes: &[u8],
+    sb: &Superblock,
+) -> PullResult<tempfile::TempDir> {
     let tmp = tempfile::Builder::new()
         .prefix("oscontent-delta-")
-        .tempdir_in(store.path.join("tmp"))
+        .tempdir_in(ctx.store().path.join("tmp"))
         .context("creating a delta directory in the repo's tmp/")
         .local()?;
-    std::fs::write(tmp.path().join("superblock"), &sb_bytes)
+    std::fs::write(tmp.path().join("superblock"), sb_bytes)
         .context("writing the superblock")
         .local()?;
     for (i, part) in sb.parts.iter().enumerate() {
@@ -108,30 +153,8 @@ pub async fn try_delta(
         let want = part.checksum;
         let got = ctx
             .fetcher
-            .get_streamed(&path, part.size, move |mut body, _len| {
-                let mut f = std::fs::File::create(&dest).map_err(|e| {
-                    ConsumeError::Local(anyhow!("creating {}: {e}", dest.display()))
-                })?;
-                let mut h = Sha256::new();
-                let mut buf = vec![0u8; 64 << 10];
-                loop {
-                    let n = body
-                        .read(&mut buf)
-                        .map_err(|e| ConsumeError::Corrupt(e.into()))?;
-                    if n == 0 {
-                        break;
-                    }
-                    h.update(&buf[..n]);
-                    f.write_all(&buf[..n])
-                        .map_err(|e| ConsumeError::Local(e.into()))?;
-                }
-                let got = Checksum::from(<[u8; 32]>::from(h.finalize()));
-                if got != want {
-                    return Err(ConsumeError::Corrupt(anyhow!(
-                        "delta part {i} hashes to {got}, the superblock says {want}"
-                    )));
-                }
-                Ok(())
+            .get_streamed(&path, part.size, move |body, _len| {
+                write_part(body, &dest, i, want)
             })
             .await
             .map_err(FetchError::into_pull)?;
@@ -142,8 +165,46 @@ pub async fn try_delta(
             )));
         }
     }
-    let dir = tmp.path().to_path_buf();
-    let store2 = store.clone();
+    Ok(tmp)
+}
+
+/// Streams part `i` into `dest` (blocking), checking that it hashes to
+/// `want`, the checksum the superblock gives.
+fn write_part(
+    mut body: BodyReader,
+    dest: &Path,
+    i: usize,
+    want: Checksum,
+) -> Result<(), ConsumeError> {
+    let mut f = std::fs::File::create(dest)
+        .map_err(|e| ConsumeError::Local(anyhow!("creating {}: {e}", dest.display())))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = body
+            .read(&mut buf)
+            .map_err(|e| ConsumeError::Corrupt(e.into()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        f.write_all(&buf[..n])
+            .map_err(|e| ConsumeError::Local(e.into()))?;
+    }
+    let got = Checksum::from(<[u8; 32]>::from(h.finalize()));
+    if got != want {
+        return Err(ConsumeError::Corrupt(anyhow!(
+            "delta part {i} hashes to {got}, the superblock says {want}"
+        )));
+    }
+    Ok(())
+}
+
+/// Has libostree apply the downloaded delta in `dir`, then hands the
+/// objects it wrote to the governor.
+async fn apply(ctx: &Ctx, dir: &Path, sb: &Superblock) -> PullResult<()> {
+    let dir = dir.to_path_buf();
+    let store = ctx.store();
     let governor = ctx.governor.clone();
     let objects: Vec<(u8, Checksum)> = sb
         .parts
@@ -151,14 +212,14 @@ pub async fn try_delta(
         .flat_map(|p| p.objects.iter().copied())
         .collect();
     let applied = tokio::task::spawn_blocking(move || {
-        store2.apply_delta(&dir)?;
+        store.apply_delta(&dir)?;
         // libostree wrote the delta's objects with our fsync disabled and
         // without telling us: hand them to the governor now, while they
         // are still dirty in the page cache, so they reach the disk paced
         // rather than in one burst from the kernel's flusher or the barrier.
         for (t, c) in objects {
             let Some(kind) = kind_of(t) else { continue };
-            let file = store2.open_object(kind, &c).map_err(ConsumeError::Local)?;
+            let file = store.open_object(kind, &c).map_err(ConsumeError::Local)?;
             governor
                 .after_write(file)
                 .map_err(|e| ConsumeError::Local(anyhow!("writing back delta object {c}: {e}")))?;
@@ -168,7 +229,7 @@ pub async fn try_delta(
     .await
     .map_err(|e| PullError::LocalRepo(anyhow!("delta task: {e}")))?;
     match applied {
-        Ok(()) => Ok(true),
+        Ok(()) => Ok(()),
         Err(ConsumeError::Corrupt(e)) => Err(PullError::Verification(e)),
         Err(ConsumeError::Local(e)) => Err(PullError::LocalRepo(e)),
     }

@@ -7,7 +7,6 @@
 //! is the governor's job and the final barrier's (see ARCHITECTURE.md).
 
 use super::fetch::{BodyReader, ConsumeError};
-use super::walk::MAX_CONTENT_SIZE;
 use anyhow::{anyhow, Context, Result};
 use oscontent_format::content::{header_len, ArchiveHeader, HEADER_PREFIX_LEN};
 use oscontent_format::{Checksum, ObjectKind};
@@ -49,6 +48,11 @@ const TIMESTAMP_MARGIN: Duration = Duration::from_secs(2);
 
 /// libostree reports a checksum mismatch on write with this prefix.
 const CORRUPTED: &str = "Corrupted";
+/// Content objects above this size are refused (here, from the header,
+/// and by the walk as a cap on the download). Content is streamed, so this
+/// bounds disk use by a hostile server rather than memory; the largest
+/// files of an OS image are a few hundred MiB.
+pub const MAX_CONTENT_SIZE: u64 = 32 << 30;
 
 impl Store {
     pub fn open(path: &Path) -> Result<Self> {

@@ -13,7 +13,7 @@
 use super::error::{PullError, PullResult, Tag};
 use super::fetch::{ConsumeError, FetchError, Fetcher};
 use super::report::Progress;
-use super::store::Store;
+use super::store::{Store, MAX_CONTENT_SIZE};
 use crate::governor::Governor;
 use anyhow::anyhow;
 use oscontent_format::tree::{MAX_DIRMETA_SIZE, MAX_DIRTREE_SIZE};
@@ -27,10 +27,6 @@ use tokio::task::JoinSet;
 
 /// Content checksums queued between the stages.
 const CONTENT_QUEUE: usize = 256;
-/// Content objects above this size are refused. Content is streamed, so
-/// this bounds disk use by a hostile server rather than memory; the largest
-/// files of an OS image are a few hundred MiB.
-pub const MAX_CONTENT_SIZE: u64 = 32 << 30;
 
 pub struct Ctx {
     pub fetcher: Arc<Fetcher>,
