@@ -301,6 +301,7 @@ impl<'a> Applier<'a> {
                 .and_then(|()| rustix::fs::symlinkat(*target, dir, name))
                 .map_err(|e| blame.writing(e.into())),
             Kind::Hardlink { target, to } => hardlink(self.fs, dir, &entry.at, target, to, blame),
+            // `apply` honours whiteouts without coming here.
             Kind::Opaque | Kind::Whiteout { .. } => Ok(()),
         }
     }

@@ -29,12 +29,11 @@
 //! NAME from lower layers; `.wh..wh..opq` hides everything the lower layers
 //! put in its directory. Neither touches what the same layer created (in
 //! whatever order the entries come). Other `.wh..wh.*` names are ignored.
-
 //!
-//! The work is split in two: [`decode`] turns the tar stream into validated
-//! entries (extension headers, paths, kinds, the refusals above), and
-//! [`apply`] writes them through directory fds. [`limits`] bounds the
-//! stream itself (decompressed size, ratio, entry count).
+//! [`decode`] turns the tar stream into validated entries (extension
+//! headers, paths, kinds, the refusals above), [`apply`] writes them
+//! through directory fds, and [`limits`] bounds the stream itself
+//! (decompressed size, ratio, entry count).
 
 mod apply;
 mod decode;
