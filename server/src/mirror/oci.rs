@@ -23,6 +23,7 @@ use crate::source::pipeline::{self, Document, REF_NAME_ANNOTATION};
 use crate::source::verify::{Stop, VerifyingReader};
 use crate::source::{self, FetchOptions, ImageRef, Reference, SourceError, Subject};
 use anyhow::{Context, Result};
+use oci_spec::image::ImageManifest;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
@@ -115,50 +116,11 @@ pub fn copy_image(
     limit: Option<Arc<RateLimit>>,
 ) -> Result<OciReport> {
     if let Some(t) = &tag {
-        anyhow::ensure!(
-            !t.is_empty()
-                && t.len() <= 128
-                && t.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)),
-            "tag {t:?}: want 1 to 128 of [A-Za-z0-9._-]"
-        );
+        check_tag(t)?;
     }
-    super::bundle::refuse_foreign_dir(dir, &["oci-layout", WORK_DIR])?;
-    std::fs::create_dir_all(dir.join("blobs/sha256"))
-        .with_context(|| format!("creating {}/blobs/sha256", dir.display()))?;
-    let work = dir.join(WORK_DIR);
-    let tmp = work.join("tmp");
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
-    }
-    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(work.join("lock"))
-        .with_context(|| format!("opening {}/lock", work.display()))?;
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
-        |e| anyhow::anyhow!("{} is being written by another mirror ({e})", dir.display()),
-    )?;
-    let layout = dir.join("oci-layout");
-    match std::fs::read(&layout) {
-        Ok(b) => {
-            let v: serde_json::Value = serde_json::from_slice(&b)
-                .with_context(|| format!("{}: not JSON", layout.display()))?;
-            anyhow::ensure!(
-                v["imageLayoutVersion"] == "1.0.0",
-                "{} is not an OCI image layout 1.0.0",
-                layout.display()
-            );
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => write_atomic(&layout, OCI_LAYOUT)?,
-        Err(e) => return Err(e).with_context(|| format!("reading {}", layout.display())),
-    }
-
-    let cancel = Arc::new(AtomicBool::new(false));
+    let layout = Layout::open(dir)?;
     let stop = Stop {
-        cancel,
+        cancel: Arc::new(AtomicBool::new(false)),
         deadline: fetch
             .total_timeout
             .map(|t| (std::time::Instant::now() + t, t)),
@@ -166,7 +128,6 @@ pub fn copy_image(
     let mut report = None;
     source::with_store(image, fetch, &mut |store, label| {
         let resolved = pipeline::resolve(store, label, fetch)?;
-        let m = &resolved.manifest;
         let mut r = OciReport {
             dest: dir.display().to_string(),
             tag: tag.clone(),
@@ -177,113 +138,203 @@ pub fn copy_image(
             blobs_copied: 0,
             bytes_copied: 0,
         };
-        let blobs: Vec<(String, u64, String)> = std::iter::once(m.config())
-            .chain(m.layers().iter())
-            .enumerate()
-            .map(|(i, d)| {
-                let what = if i == 0 {
-                    format!("config {}", d.digest())
-                } else {
-                    format!("layer {i}/{} {}", m.layers().len(), d.digest())
-                };
-                (d.digest().to_string(), d.size(), what)
-            })
-            .collect();
-        for (digest, size, what) in &blobs {
-            let s = Subject::new(label, what.clone());
-            pipeline::check_digest(digest, &s)?;
-            let io =
-                |p: &Path, e: std::io::Error| SourceError::from_io(&s, p.display().to_string(), e);
-            r.blobs += 1;
-            r.image_bytes += size;
-            let have = have_blob(dir, digest, *size).map_err(|e| {
-                io(
-                    &blob_path(dir, digest),
-                    std::io::Error::other(format!("{e:#}")),
-                )
-            })?;
-            if have {
-                continue;
-            }
-            let (body, origin) = store.blob(digest, &s)?;
-            let mut vr =
-                VerifyingReader::new(body, s.clone(), origin, digest, *size, Some(stop.clone()));
-            let mut f = tempfile::Builder::new()
-                .prefix("blob-")
-                .tempfile_in(&tmp)
-                .map_err(|e| io(&tmp, e))?;
-            let mut buf = vec![0u8; 64 << 10];
-            loop {
-                let n = match vr.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) => {
-                        return Err(vr.failure.take().unwrap_or_else(|| io(f.path(), e)));
-                    }
-                };
-                if let Some(l) = &limit {
-                    l.take(n as u64);
-                }
-                f.write_all(&buf[..n]).map_err(|e| io(f.path(), e))?;
-            }
-            vr.finish()?;
-            let dest = blob_path(dir, digest);
-            std::fs::set_permissions(
-                f.path(),
-                std::os::unix::fs::PermissionsExt::from_mode(0o644),
-            )
-            .map_err(|e| io(f.path(), e))?;
-            f.persist(&dest).map_err(|e| io(&dest, e.error))?;
-            r.blobs_copied += 1;
-            r.bytes_copied += size;
-            tracing::info!(blob = digest, bytes = size, "blob copied and verified");
+        for (digest, size, what) in blobs_of(&resolved.manifest) {
+            let s = Subject::new(label, what);
+            layout.copy_blob(store, &digest, size, &s, &stop, limit.as_deref(), &mut r)?;
         }
-        // The documents were verified when read: store them as read.
         for doc in &resolved.documents {
-            let size = doc.bytes.len() as u64;
-            r.blobs += 1;
-            r.image_bytes += size;
-            let s = Subject::new(label, format!("manifest {}", doc.digest));
-            let dest = blob_path(dir, &doc.digest);
-            let have = have_blob(dir, &doc.digest, size).map_err(|e| {
-                SourceError::from_io(
-                    &s,
-                    dest.display().to_string(),
-                    std::io::Error::other(format!("{e:#}")),
-                )
-            })?;
-            if !have {
-                write_atomic(&dest, &doc.bytes).map_err(|e| {
-                    SourceError::from_io(
-                        &s,
-                        dest.display().to_string(),
-                        std::io::Error::other(format!("{e:#}")),
-                    )
-                })?;
-                r.blobs_copied += 1;
-                r.bytes_copied += size;
-            }
+            layout.store_document(doc, label, &mut r)?;
         }
-        // Every blob durable before index.json names the image.
-        let d = std::fs::File::open(dir).map_err(|e| {
-            SourceError::from_io(&Subject::new(label, ""), dir.display().to_string(), e)
-        })?;
-        rustix::fs::syncfs(&d).map_err(|e| {
-            SourceError::from_io(
-                &Subject::new(label, ""),
-                dir.display().to_string(),
-                e.into(),
-            )
-        })?;
+        layout.sync(label)?;
         let top = &resolved.documents[0];
         report = Some((r, media_type_of(top), top.bytes.len() as u64));
         Ok(())
     })
     .with_context(|| format!("copying {image} into {}", dir.display()))?;
-    let (r, media_type, size) = report.expect("set on success");
+    let (r, media_type, size) = report.context("the copy reported nothing")?;
     update_index(dir, &r.digest, &media_type, size, tag.as_deref())?;
-    let _ = std::fs::remove_dir_all(&tmp);
+    let _ = std::fs::remove_dir_all(&layout.tmp);
     Ok(r)
+}
+
+/// A tag as OCI layouts (and registries) spell them.
+fn check_tag(t: &str) -> Result<()> {
+    anyhow::ensure!(
+        !t.is_empty()
+            && t.len() <= 128
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)),
+        "tag {t:?}: want 1 to 128 of [A-Za-z0-9._-]"
+    );
+    Ok(())
+}
+
+/// The config and the layers, in order: digest, size, and what to call
+/// each in messages.
+fn blobs_of(m: &ImageManifest) -> Vec<(String, u64, String)> {
+    std::iter::once(m.config())
+        .chain(m.layers().iter())
+        .enumerate()
+        .map(|(i, d)| {
+            let what = if i == 0 {
+                format!("config {}", d.digest())
+            } else {
+                format!("layer {i}/{} {}", m.layers().len(), d.digest())
+            };
+            (d.digest().to_string(), d.size(), what)
+        })
+        .collect()
+}
+
+/// The OCI layout being written, locked against another copy into it.
+struct Layout {
+    dir: PathBuf,
+    /// Temporary blobs, renamed into `blobs/sha256/` once verified.
+    tmp: PathBuf,
+    _lock: std::fs::File,
+}
+
+impl Layout {
+    /// Refuses a foreign directory, takes the lock, starts with an empty
+    /// temporary directory, and writes (or checks) `oci-layout`.
+    fn open(dir: &Path) -> Result<Self> {
+        super::bundle::refuse_foreign_dir(dir, &["oci-layout", WORK_DIR])?;
+        std::fs::create_dir_all(dir.join("blobs/sha256"))
+            .with_context(|| format!("creating {}/blobs/sha256", dir.display()))?;
+        let work = dir.join(WORK_DIR);
+        let tmp = work.join("tmp");
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).with_context(|| format!("removing {}", tmp.display()))?;
+        }
+        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(work.join("lock"))
+            .with_context(|| format!("opening {}/lock", work.display()))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+            |e| anyhow::anyhow!("{} is being written by another mirror ({e})", dir.display()),
+        )?;
+        check_layout_file(&dir.join("oci-layout"))?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            tmp,
+            _lock: lock,
+        })
+    }
+
+    /// Copies one blob (config or layer) unless the layout holds it intact:
+    /// streamed into a temporary file, verified by digest and size, then
+    /// renamed into place.
+    #[allow(clippy::too_many_arguments)]
+    fn copy_blob(
+        &self,
+        store: &mut dyn pipeline::Store,
+        digest: &str,
+        size: u64,
+        s: &Subject,
+        stop: &Stop,
+        limit: Option<&RateLimit>,
+        r: &mut OciReport,
+    ) -> Result<(), SourceError> {
+        pipeline::check_digest(digest, s)?;
+        let io = |p: &Path, e: std::io::Error| SourceError::from_io(s, p.display().to_string(), e);
+        r.blobs += 1;
+        r.image_bytes += size;
+        let dest = blob_path(&self.dir, digest);
+        let have = have_blob(&self.dir, digest, size)
+            .map_err(|e| io(&dest, std::io::Error::other(format!("{e:#}"))))?;
+        if have {
+            return Ok(());
+        }
+        let (body, origin) = store.blob(digest, s)?;
+        let mut vr =
+            VerifyingReader::new(body, s.clone(), origin, digest, size, Some(stop.clone()));
+        let mut f = tempfile::Builder::new()
+            .prefix("blob-")
+            .tempfile_in(&self.tmp)
+            .map_err(|e| io(&self.tmp, e))?;
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let n = match vr.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) => {
+                    return Err(vr.failure.take().unwrap_or_else(|| io(f.path(), e)));
+                }
+            };
+            if let Some(l) = limit {
+                l.take(n as u64);
+            }
+            f.write_all(&buf[..n]).map_err(|e| io(f.path(), e))?;
+        }
+        vr.finish()?;
+        std::fs::set_permissions(
+            f.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o644),
+        )
+        .map_err(|e| io(f.path(), e))?;
+        f.persist(&dest).map_err(|e| io(&dest, e.error))?;
+        r.blobs_copied += 1;
+        r.bytes_copied += size;
+        tracing::info!(blob = digest, bytes = size, "blob copied and verified");
+        Ok(())
+    }
+
+    /// Stores a manifest or index as it was read (and verified then).
+    fn store_document(
+        &self,
+        doc: &Document,
+        label: &str,
+        r: &mut OciReport,
+    ) -> Result<(), SourceError> {
+        let size = doc.bytes.len() as u64;
+        r.blobs += 1;
+        r.image_bytes += size;
+        let s = Subject::new(label, format!("manifest {}", doc.digest));
+        let dest = blob_path(&self.dir, &doc.digest);
+        let io = |e: anyhow::Error| {
+            SourceError::from_io(
+                &s,
+                dest.display().to_string(),
+                std::io::Error::other(format!("{e:#}")),
+            )
+        };
+        if !have_blob(&self.dir, &doc.digest, size).map_err(io)? {
+            write_atomic(&dest, &doc.bytes).map_err(io)?;
+            r.blobs_copied += 1;
+            r.bytes_copied += size;
+        }
+        Ok(())
+    }
+
+    /// Every blob durable before `index.json` names the image.
+    fn sync(&self, label: &str) -> Result<(), SourceError> {
+        let io = |e: std::io::Error| {
+            SourceError::from_io(&Subject::new(label, ""), self.dir.display().to_string(), e)
+        };
+        let d = std::fs::File::open(&self.dir).map_err(io)?;
+        rustix::fs::syncfs(&d).map_err(|e| io(e.into()))
+    }
+}
+
+/// Writes `oci-layout` if missing; else it must say version 1.0.0.
+fn check_layout_file(layout: &Path) -> Result<()> {
+    match std::fs::read(layout) {
+        Ok(b) => {
+            let v: serde_json::Value = serde_json::from_slice(&b)
+                .with_context(|| format!("{}: not JSON", layout.display()))?;
+            anyhow::ensure!(
+                v["imageLayoutVersion"] == "1.0.0",
+                "{} is not an OCI image layout 1.0.0",
+                layout.display()
+            );
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => write_atomic(layout, OCI_LAYOUT),
+        Err(e) => Err(e).with_context(|| format!("reading {}", layout.display())),
+    }
 }
 
 /// Names `digest` in `index.json` (under `tag`, replacing what the tag

@@ -184,11 +184,7 @@ pub fn verify_commits(remote: &dyn Remote, meta: &Metadata, opts: &SyncOptions) 
     };
     let src = remote.describe();
     let commits: BTreeSet<Checksum> = meta.refs.iter().map(|r| r.commit).collect();
-    anyhow::ensure!(
-        commits.len() <= MAX_COMMITS,
-        "{src}: the summary names {} commits, over the limit of {MAX_COMMITS}",
-        commits.len()
-    );
+    check_commit_count(&src, commits.len())?;
     for c in commits {
         let rel = ObjectName::new(c, ObjectKind::Commit).path();
         let bytes = remote
@@ -200,16 +196,28 @@ pub fn verify_commits(remote: &dyn Remote, meta: &Metadata, opts: &SyncOptions) 
             Checksum::digest(&bytes)
         );
         let meta_rel = ObjectName::new(c, ObjectKind::CommitMeta).path();
-        let sigs = match remote.get(&meta_rel, MAX_COMMITMETA_SIZE)? {
-            Some(b) => {
-                parse_gpgsigs(&b).with_context(|| format!("detached metadata of commit {c}"))?
-            }
-            None => Vec::new(),
-        };
+        let sigs = detached_sigs(c, remote.get(&meta_rel, MAX_COMMITMETA_SIZE)?.as_deref())?;
         openpgp::verify_detached(trusted, &bytes, &sigs, SystemTime::now())
             .map_err(|e| anyhow::anyhow!("{src}: commit {c}: signature: {e}"))?;
     }
     Ok(())
+}
+
+/// A summary may name at most [`MAX_COMMITS`] commits.
+fn check_commit_count(src: &str, n: usize) -> Result<()> {
+    anyhow::ensure!(
+        n <= MAX_COMMITS,
+        "{src}: the summary names {n} commits, over the limit of {MAX_COMMITS}"
+    );
+    Ok(())
+}
+
+/// The signatures in a commit's detached metadata (none if it has none).
+fn detached_sigs(c: Checksum, detached: Option<&[u8]>) -> Result<Vec<Vec<u8>>> {
+    match detached {
+        Some(b) => parse_gpgsigs(b).with_context(|| format!("detached metadata of commit {c}")),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// Runs `f` over `items` on `jobs` threads; the first error stops the rest
@@ -294,7 +302,6 @@ pub fn sync_with(
     opts: &SyncOptions,
     meta: Metadata,
 ) -> Result<Snapshot> {
-    let src = remote.describe();
     let walk = Walk {
         remote,
         store,
@@ -302,35 +309,57 @@ pub fn sync_with(
         fetched_bytes: AtomicU64::new(0),
         next_progress: AtomicU64::new(PROGRESS_EVERY),
     };
+    let commits = sync_commits(&walk, &meta, opts)?;
+    let reached = sync_trees(&walk, &commits.commits, opts)?;
+    sync_content(&walk, &reached.files, opts)?;
+    let delta_files = sync_deltas(&walk, &meta)?;
+    let (objects, object_bytes) = stored_size(store, &commits.commits, &reached);
+    Ok(Snapshot {
+        objects,
+        object_bytes,
+        fetched: walk.fetched.load(Ordering::Relaxed),
+        fetched_bytes: walk.fetched_bytes.load(Ordering::Relaxed),
+        meta,
+        commits: commits.commits,
+        commitmeta: commits.commitmeta,
+        verified_commits: commits.verified,
+        delta_files,
+    })
+}
 
-    // Commits and their signatures.
+/// The published commits, as synced.
+struct Commits {
+    commits: BTreeMap<Checksum, Commit>,
+    commitmeta: BTreeMap<Checksum, Vec<u8>>,
+    verified: BTreeMap<Checksum, VerifiedSig>,
+}
+
+/// Each commit the summary names: its object (hashing to its name), and
+/// its detached metadata, whose signature must verify with trusted keys.
+fn sync_commits(walk: &Walk<'_>, meta: &Metadata, opts: &SyncOptions) -> Result<Commits> {
+    let src = walk.remote.describe();
     let mut by_commit: BTreeMap<Checksum, Vec<&str>> = BTreeMap::new();
     for r in &meta.refs {
         by_commit.entry(r.commit).or_default().push(&r.name);
     }
-    anyhow::ensure!(
-        by_commit.len() <= MAX_COMMITS,
-        "{src}: the summary names {} commits, over the limit of {MAX_COMMITS}",
-        by_commit.len()
-    );
-    let mut commits = BTreeMap::new();
-    let mut commitmeta = BTreeMap::new();
-    let mut verified_commits = BTreeMap::new();
+    check_commit_count(&src, by_commit.len())?;
+    let mut out = Commits {
+        commits: BTreeMap::new(),
+        commitmeta: BTreeMap::new(),
+        verified: BTreeMap::new(),
+    };
     for (c, names) in &by_commit {
         let obj = ObjectName::new(*c, ObjectKind::Commit);
         walk.ensure(&obj)
             .with_context(|| format!("commit {c} (ref {})", names.join(", ")))?;
-        let bytes = store.read(&obj.path(), super::store::MAX_COMMIT_SIZE)?;
+        let bytes = walk
+            .store
+            .read(&obj.path(), super::store::MAX_COMMIT_SIZE)?;
         let commit = Commit::parse(&bytes).with_context(|| format!("parsing commit {c}"))?;
         let meta_rel = ObjectName::new(*c, ObjectKind::CommitMeta).path();
-        let detached = remote.get(&meta_rel, MAX_COMMITMETA_SIZE)?;
+        let detached = walk.remote.get(&meta_rel, MAX_COMMITMETA_SIZE)?;
         if let Some(trusted) = &opts.trusted {
-            let sigs = match &detached {
-                Some(b) => {
-                    parse_gpgsigs(b).with_context(|| format!("detached metadata of commit {c}"))?
-                }
-                None => Vec::new(),
-            };
+            let sigs = detached_sigs(*c, detached.as_deref())?;
             let v = openpgp::verify_detached(trusted, &bytes, &sigs, SystemTime::now()).map_err(
                 |e| {
                     anyhow::anyhow!(
@@ -339,25 +368,47 @@ pub fn sync_with(
                     )
                 },
             )?;
-            verified_commits.insert(*c, v);
+            out.verified.insert(*c, v);
         }
         if let Some(d) = detached {
-            commitmeta.insert(*c, d);
+            out.commitmeta.insert(*c, d);
         }
-        commits.insert(*c, commit);
+        out.commits.insert(*c, commit);
     }
+    Ok(out)
+}
 
-    // Trees, level by level; content at the end.
-    let mut seen_trees = HashSet::new();
-    let mut seen_metas = HashSet::new();
-    let mut files: BTreeSet<Checksum> = BTreeSet::new();
+/// What the commits' trees reach.
+#[derive(Default)]
+struct Reached {
+    trees: HashSet<Checksum>,
+    metas: HashSet<Checksum>,
+    files: BTreeSet<Checksum>,
+}
+
+impl Reached {
+    fn count(&self) -> usize {
+        self.trees.len() + self.metas.len() + self.files.len()
+    }
+}
+
+/// The trees, level by level: each level's dirtree and dirmeta objects
+/// fetched in parallel (each must hash to its name), then parsed for the
+/// next level. Content objects are only collected.
+fn sync_trees(
+    walk: &Walk<'_>,
+    commits: &BTreeMap<Checksum, Commit>,
+    opts: &SyncOptions,
+) -> Result<Reached> {
+    let src = walk.remote.describe();
+    let mut reached = Reached::default();
     let mut level: Vec<Checksum> = Vec::new();
     let mut metas: Vec<Checksum> = Vec::new();
     for commit in commits.values() {
-        if seen_trees.insert(commit.root_tree) {
+        if reached.trees.insert(commit.root_tree) {
             level.push(commit.root_tree);
         }
-        if seen_metas.insert(commit.root_meta) {
+        if reached.metas.insert(commit.root_meta) {
             metas.push(commit.root_meta);
         }
     }
@@ -381,30 +432,48 @@ pub fn sync_with(
             walk.ensure(&o)
                 .with_context(|| format!("{} {}", o.kind.extension(), o.checksum))
         })?;
-        let mut next = Vec::new();
         metas.clear();
-        for t in &level {
-            let rel = ObjectName::new(*t, ObjectKind::DirTree).path();
-            let tree = parse_dirtree(&store.read(&rel, MAX_DIRTREE_SIZE)?)
-                .with_context(|| format!("dirtree {t}"))?;
-            for (_, f) in tree.files {
-                files.insert(f);
-            }
-            for (_, sub, m) in tree.dirs {
-                if seen_trees.insert(sub) {
-                    next.push(sub);
-                }
-                if seen_metas.insert(m) {
-                    metas.push(m);
-                }
-            }
-            anyhow::ensure!(
-                seen_trees.len() + seen_metas.len() + files.len() <= MAX_OBJECTS,
-                "{src}: the commits reach more than {MAX_OBJECTS} objects"
-            );
-        }
-        level = next;
+        level = next_level(walk, &src, &level, &mut reached, &mut metas)?;
     }
+    Ok(reached)
+}
+
+/// Parses the (fetched) dirtrees of one level: records their files, and
+/// returns the subtrees not seen yet (their dirmetas go to `metas`).
+fn next_level(
+    walk: &Walk<'_>,
+    src: &str,
+    level: &[Checksum],
+    reached: &mut Reached,
+    metas: &mut Vec<Checksum>,
+) -> Result<Vec<Checksum>> {
+    let mut next = Vec::new();
+    for t in level {
+        let rel = ObjectName::new(*t, ObjectKind::DirTree).path();
+        let tree = parse_dirtree(&walk.store.read(&rel, MAX_DIRTREE_SIZE)?)
+            .with_context(|| format!("dirtree {t}"))?;
+        for (_, f) in tree.files {
+            reached.files.insert(f);
+        }
+        for (_, sub, m) in tree.dirs {
+            if reached.trees.insert(sub) {
+                next.push(sub);
+            }
+            if reached.metas.insert(m) {
+                metas.push(m);
+            }
+        }
+        anyhow::ensure!(
+            reached.count() <= MAX_OBJECTS,
+            "{src}: the commits reach more than {MAX_OBJECTS} objects"
+        );
+    }
+    Ok(next)
+}
+
+/// Every content object, in parallel; libostree's content checksum must be
+/// its name.
+fn sync_content(walk: &Walk<'_>, files: &BTreeSet<Checksum>, opts: &SyncOptions) -> Result<()> {
     let content: Vec<ObjectName> = files
         .iter()
         .map(|f| ObjectName::new(*f, ObjectKind::File))
@@ -412,34 +481,46 @@ pub fn sync_with(
     parallel(content, opts.jobs, |o| {
         walk.ensure(&o)
             .with_context(|| format!("content {}", o.checksum))
-    })?;
+    })
+}
 
-    // Static deltas.
+/// The static deltas the summary lists; returns their files.
+fn sync_deltas(walk: &Walk<'_>, meta: &Metadata) -> Result<BTreeSet<String>> {
     let mut delta_files = BTreeSet::new();
     for d in &meta.parsed.deltas {
         delta_files.extend(
-            sync_delta(&walk, &d.name, &d.superblock)
+            sync_delta(walk, &d.name, &d.superblock)
                 .with_context(|| format!("static delta {}", d.name.summary_name()))?,
         );
     }
+    Ok(delta_files)
+}
 
-    // What the published commits reach, as stored.
+/// How many objects the published commits reach, and their bytes as stored.
+fn stored_size(
+    store: &Store,
+    commits: &BTreeMap<Checksum, Commit>,
+    reached: &Reached,
+) -> (u64, u64) {
     let entries = store.entries();
     let reachable: Vec<String> = commits
         .keys()
         .map(|c| ObjectName::new(*c, ObjectKind::Commit).path())
         .chain(
-            seen_trees
+            reached
+                .trees
                 .iter()
                 .map(|t| ObjectName::new(*t, ObjectKind::DirTree).path()),
         )
         .chain(
-            seen_metas
+            reached
+                .metas
                 .iter()
                 .map(|m| ObjectName::new(*m, ObjectKind::DirMeta).path()),
         )
         .chain(
-            files
+            reached
+                .files
                 .iter()
                 .map(|f| ObjectName::new(*f, ObjectKind::File).path()),
         )
@@ -448,17 +529,7 @@ pub fn sync_with(
         .iter()
         .filter_map(|r| entries.get(r).map(|e| e.size))
         .sum();
-    Ok(Snapshot {
-        objects: reachable.len() as u64,
-        object_bytes,
-        fetched: walk.fetched.load(Ordering::Relaxed),
-        fetched_bytes: walk.fetched_bytes.load(Ordering::Relaxed),
-        meta,
-        commits,
-        commitmeta,
-        verified_commits,
-        delta_files,
-    })
+    (reachable.len() as u64, object_bytes)
 }
 
 /// Copies one static delta; returns its files.
@@ -585,131 +656,4 @@ mod tests {
 }
 
 #[cfg(test)]
-mod walk_tests {
-    use super::*;
-    use crate::mirror::remote::DirRemote;
-    use std::path::Path;
-
-    fn ostree(args: &[&str]) -> String {
-        let o = std::process::Command::new("ostree")
-            .args(args)
-            .output()
-            .expect("the ostree CLI must be installed");
-        assert!(o.status.success(), "ostree {args:?}: {o:?}");
-        String::from_utf8(o.stdout).unwrap()
-    }
-
-    /// A two-commit archive repo with a summary and a static delta, made by
-    /// the stock CLI.
-    fn source(dir: &Path) -> (std::path::PathBuf, String, String) {
-        let repo = dir.join("src");
-        let r = format!("--repo={}", repo.display());
-        ostree(&["init", "--mode=archive", &r]);
-        let tree = dir.join("tree");
-        std::fs::create_dir_all(tree.join("usr/lib")).unwrap();
-        for i in 0..50u32 {
-            std::fs::write(
-                tree.join(format!("usr/lib/f{i}")),
-                i.to_le_bytes().repeat(500),
-            )
-            .unwrap();
-        }
-        std::os::unix::fs::symlink("lib", tree.join("usr/lib64")).unwrap();
-        let commit = |subject: &str| {
-            ostree(&[
-                "commit",
-                &r,
-                "-b",
-                "os/stable",
-                "-s",
-                subject,
-                &format!("--tree=dir={}", tree.display()),
-                "--owner-uid=0",
-                "--owner-gid=0",
-            ])
-            .trim()
-            .to_owned()
-        };
-        let c1 = commit("one");
-        std::fs::write(tree.join("usr/lib/f3"), b"changed").unwrap();
-        std::fs::write(tree.join("usr/lib/new"), b"new file").unwrap();
-        let c2 = commit("two");
-        ostree(&["static-delta", "generate", &r, "--from", &c1, "--to", &c2]);
-        ostree(&["summary", "-u", &r]);
-        (repo, c1, c2)
-    }
-
-    #[test]
-    fn walks_verifies_and_copies_deltas_then_prunes() {
-        let t = tempfile::tempdir().unwrap();
-        let (repo, _c1, c2) = source(t.path());
-        let remote = DirRemote::new(&repo, None);
-        let dest = t.path().join("dest");
-        let store = Store::open(&dest, &t.path().join("tmp"), BTreeMap::new()).unwrap();
-        let snap = sync(&remote, &store, &SyncOptions::default()).unwrap();
-        assert_eq!(
-            snap.commits.keys().map(|c| c.to_hex()).collect::<Vec<_>>(),
-            std::slice::from_ref(&c2)
-        );
-        assert_eq!(
-            snap.fetched as usize,
-            snap.objects as usize + snap.delta_files.len()
-        );
-        assert!(
-            snap.delta_files.iter().any(|f| f.ends_with("/superblock"))
-                && snap.delta_files.iter().any(|f| f.ends_with("/0")),
-            "{:?}",
-            snap.delta_files
-        );
-        // A second sync fetches nothing.
-        let again = sync(&remote, &store, &SyncOptions::default()).unwrap();
-        assert_eq!(again.fetched, 0);
-        // Stock ostree agrees the copy is whole: refs and summary as the
-        // source's, every object present and valid.
-        crate::mirror::bundle::write_remote_files(&store, &snap.meta).unwrap();
-        for f in ["summary", "config"] {
-            assert_eq!(
-                std::fs::read(dest.join(f)).unwrap(),
-                std::fs::read(repo.join(f)).unwrap()
-            );
-        }
-        ostree(&["fsck", &format!("--repo={}", dest.display())]);
-        // What c2 reaches excludes the file c1 had and c2 replaced.
-        let kept = reachable(&store, &[Checksum::from_hex(&c2).unwrap()]).unwrap();
-        assert_eq!(
-            kept.iter().filter(|o| o.kind == ObjectKind::Commit).count(),
-            1
-        );
-        assert!(kept.len() < snap.objects as usize + 2);
-    }
-
-    #[test]
-    fn a_corrupted_delta_part_is_refused() {
-        let t = tempfile::tempdir().unwrap();
-        let (repo, _, _) = source(t.path());
-        let part = crate::mirror::bundle::list_files(&repo, "deltas")
-            .unwrap()
-            .into_iter()
-            .find(|f| f.ends_with("/0"))
-            .unwrap();
-        let p = repo.join(&part);
-        let mut b = std::fs::read(&p).unwrap();
-        let i = b.len() / 2;
-        b[i] ^= 1;
-        std::fs::write(&p, b).unwrap();
-        let store = Store::open(
-            &t.path().join("dest"),
-            &t.path().join("tmp"),
-            BTreeMap::new(),
-        )
-        .unwrap();
-        let e = sync(
-            &DirRemote::new(&repo, None),
-            &store,
-            &SyncOptions::default(),
-        )
-        .unwrap_err();
-        assert!(format!("{e:#}").contains("SHA-256 mismatch"), "{e:#}");
-        assert!(!t.path().join("dest").join(&part).exists());
-    }
-}
+mod walk_tests;

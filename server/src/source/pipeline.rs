@@ -353,13 +353,62 @@ pub fn pull_into(
     stop: &Stop,
 ) -> Result<StagedImage, SourceError> {
     let m = &resolved.manifest;
-    let limits = &opts.limits;
+    let config = read_config(store, image, m.config(), opts)?;
+    // Checked before any layer is fetched: no point streaming an image
+    // that will be refused.
+    let commit = commit_label(&config, image)?;
+    check_layer_totals(m.layers(), image, &resolved.manifest_digest, opts)?;
+    let layer_bytes = apply_layers(store, image, m.layers(), tree, stop, opts)?;
+    check_commit_present(root, image, &config, &commit)?;
+    tree.sync().map_err(|e| {
+        SourceError::from_io(
+            &Subject::new(image, "staging"),
+            root.display().to_string(),
+            e,
+        )
+    })?;
+    Ok(StagedImage {
+        root: root.to_path_buf(),
+        version: config.labels.get(VERSION_LABEL).cloned(),
+        labels: config.labels,
+        manifest_digest: resolved.manifest_digest,
+        index_digest: resolved.index_digest,
+        config_digest: config.digest,
+        compressed_bytes: config.size + layer_bytes,
+        written_bytes: tree.written_bytes,
+        commit,
+    })
+}
 
-    // Config: small, verified, parsed.
-    let cd = m.config();
-    let config_digest = cd.digest().to_string();
-    let s = Subject::new(image, format!("config {config_digest}"));
-    check_digest(&config_digest, &s)?;
+/// The image config, as far as we need it.
+struct Config {
+    digest: String,
+    /// Its size in bytes, as read.
+    size: u64,
+    labels: BTreeMap<String, String>,
+}
+
+impl Config {
+    /// A label error, about the config.
+    fn label_err(&self, image: &str, label: &str, reason: String) -> SourceError {
+        SourceError::Label {
+            subject: Subject::new(image, format!("config {}", self.digest)),
+            label: label.into(),
+            reason,
+        }
+    }
+}
+
+/// Reads the config (small, verified) and parses its labels.
+fn read_config(
+    store: &mut dyn Store,
+    image: &str,
+    cd: &Descriptor,
+    opts: &FetchOptions,
+) -> Result<Config, SourceError> {
+    let digest = cd.digest().to_string();
+    let s = Subject::new(image, format!("config {digest}"));
+    check_digest(&digest, &s)?;
     let ct = cd.media_type().to_string();
     if ct != OCI_CONFIG && ct != DOCKER_CONFIG {
         return Err(SourceError::Unsupported {
@@ -367,56 +416,67 @@ pub fn pull_into(
             reason: format!("config media type {ct:?} (not an image)"),
         });
     }
-    let (r, origin) = store.blob(&config_digest, &s)?;
+    let (r, origin) = store.blob(&digest, &s)?;
     let bytes = verify::read_small(
         r,
         &s,
         &origin,
-        &config_digest,
+        &digest,
         cd.size(),
-        limits.max_config_bytes,
+        opts.limits.max_config_bytes,
         "config size",
     )?;
     let config: ImageConfiguration =
         serde_json::from_slice(&bytes).map_err(|e| invalid(&s, format!("image config: {e}")))?;
-    let labels: BTreeMap<String, String> = config
+    let labels = config
         .config()
         .as_ref()
         .and_then(|c| c.labels().clone())
         .map(|l| l.into_iter().collect())
         .unwrap_or_default();
-    let label_err = |label: &str, reason: String| SourceError::Label {
-        subject: Subject::new(image, format!("config {config_digest}")),
-        label: label.into(),
-        reason,
-    };
-    // Checked before any layer is fetched: no point streaming an image
-    // that will be refused.
-    let commit = labels
-        .get(COMMIT_LABEL)
-        .ok_or_else(|| {
-            label_err(
-                COMMIT_LABEL,
-                "missing: not an oscontainer (or built without its commit label)".into(),
-            )
-        })?
-        .clone();
+    Ok(Config {
+        digest,
+        size: bytes.len() as u64,
+        labels,
+    })
+}
+
+/// The commit the config's label names: there, and a checksum.
+fn commit_label(config: &Config, image: &str) -> Result<String, SourceError> {
+    let commit = config.labels.get(COMMIT_LABEL).ok_or_else(|| {
+        config.label_err(
+            image,
+            COMMIT_LABEL,
+            "missing: not an oscontainer (or built without its commit label)".into(),
+        )
+    })?;
     if commit.len() != 64
         || !commit
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     {
-        return Err(label_err(
+        return Err(config.label_err(
+            image,
             COMMIT_LABEL,
             format!("{commit:?} is not an ostree commit checksum (64 lowercase hex)"),
         ));
     }
+    Ok(commit.clone())
+}
 
-    // Layers, in order.
-    let layers = m.layers();
+/// The layer count and their total (compressed) size, from the manifest,
+/// before any is fetched.
+fn check_layer_totals(
+    layers: &[Descriptor],
+    image: &str,
+    manifest_digest: &str,
+    opts: &FetchOptions,
+) -> Result<(), SourceError> {
+    let limits = &opts.limits;
+    let subject = || Subject::new(image, format!("manifest {manifest_digest}"));
     if layers.len() > limits.max_layers {
         return Err(SourceError::LimitExceeded {
-            subject: Subject::new(image, format!("manifest {}", resolved.manifest_digest)),
+            subject: subject(),
             limit: "layer count",
             detail: format!(
                 "{} layers, the limit is {}",
@@ -428,7 +488,7 @@ pub fn pull_into(
     let total: u64 = layers.iter().map(|l| l.size()).fold(0, u64::saturating_add);
     if total > limits.max_compressed_bytes {
         return Err(SourceError::LimitExceeded {
-            subject: Subject::new(image, format!("manifest {}", resolved.manifest_digest)),
+            subject: subject(),
             limit: "compressed size",
             detail: format!(
                 "the layers add up to {total} bytes, the limit is {}",
@@ -436,7 +496,20 @@ pub fn pull_into(
             ),
         });
     }
-    let mut compressed_bytes = bytes.len() as u64;
+    Ok(())
+}
+
+/// Streams every layer, in order, into `tree`, each verified by digest and
+/// size. Returns the compressed bytes read.
+fn apply_layers(
+    store: &mut dyn Store,
+    image: &str,
+    layers: &[Descriptor],
+    tree: &mut Tree,
+    stop: &Stop,
+    opts: &FetchOptions,
+) -> Result<u64, SourceError> {
+    let mut compressed_bytes = 0;
     for (i, l) in layers.iter().enumerate() {
         let digest = l.digest().to_string();
         let s = Subject::new(image, format!("layer {}/{} {digest}", i + 1, layers.len()));
@@ -445,13 +518,21 @@ pub fn pull_into(
         let (r, origin) = store.blob(&digest, &s)?;
         let mut vr =
             VerifyingReader::new(r, s.clone(), origin, &digest, l.size(), Some(stop.clone()));
-        tree.apply_layer(&mut vr, c, &s, limits)?;
+        tree.apply_layer(&mut vr, c, &s, &opts.limits)?;
         vr.finish()?;
         compressed_bytes += vr.count();
         tracing::debug!(image, layer = %digest, bytes = vr.count(), "layer applied");
     }
+    Ok(compressed_bytes)
+}
 
-    // The commit the label names must be in the repo we extracted.
+/// The commit the label names must be in the repo we extracted.
+fn check_commit_present(
+    root: &Path,
+    image: &str,
+    config: &Config,
+    commit: &str,
+) -> Result<(), SourceError> {
     let rel = format!(
         "{}/objects/{}/{}.commit",
         crate::publish::OSCONTAINER_REPO,
@@ -462,29 +543,13 @@ pub fn pull_into(
         .map_err(|e| SourceError::from_io(&Subject::new(image, ""), rel.clone(), e))?
         .is_some();
     if !present {
-        return Err(label_err(
+        return Err(config.label_err(
+            image,
             COMMIT_LABEL,
             format!("the image has no commit object {rel} for {commit}"),
         ));
     }
-    tree.sync().map_err(|e| {
-        SourceError::from_io(
-            &Subject::new(image, "staging"),
-            root.display().to_string(),
-            e,
-        )
-    })?;
-    Ok(StagedImage {
-        root: root.to_path_buf(),
-        version: labels.get(VERSION_LABEL).cloned(),
-        labels,
-        manifest_digest: resolved.manifest_digest,
-        index_digest: resolved.index_digest,
-        config_digest,
-        compressed_bytes,
-        written_bytes: tree.written_bytes,
-        commit,
-    })
+    Ok(())
 }
 
 #[cfg(test)]

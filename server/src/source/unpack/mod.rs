@@ -1,0 +1,192 @@
+//! Applying layers to the staging tree: only `srv/repo/**` (and the
+//! directories leading to it) is written, with OCI whiteouts honoured, and
+//! nothing ever written through a symlink.
+//!
+//! Every path is resolved one component at a time from the staging
+//! directory's fd with `O_NOFOLLOW`; missing parents are created as
+//! directories; a parent that is a symlink or a non-directory is an error.
+//!
+//! Entry rules (anywhere in the layer):
+//! - an absolute path, a `..` component or a NUL byte is an error, even
+//!   outside `srv/repo` (no sane writer produces one);
+//! - GNU sparse entries are an error (unsupported);
+//! - everything outside `srv/repo` is skipped (its data is still
+//!   decompressed, and counted against the limits).
+//!
+//! Inside `srv/repo` (and for `srv`, `srv/repo` themselves):
+//! - `srv` and `srv/repo` must be directories;
+//! - regular files are written 0644 with the entry's mtime (so every
+//!   replica serves the same Last-Modified); directories are 0755; owners,
+//!   setuid bits and xattrs are dropped;
+//! - a symlink must be relative and have no `..` component, so that
+//!   however it is resolved it stays inside `srv/repo` (stricter than
+//!   "does not escape", and enough: ostree repos have no symlinks);
+//! - a hardlink must name an already extracted regular file inside
+//!   `srv/repo`;
+//! - device nodes and FIFOs are an error.
+//!
+//! Whiteouts (OCI image spec, "Representing Changes"): `.wh.NAME` removes
+//! NAME from lower layers; `.wh..wh..opq` hides everything the lower layers
+//! put in its directory. Neither touches what the same layer created (in
+//! whatever order the entries come). Other `.wh..wh.*` names are ignored.
+//!
+//! [`decode`] turns the tar stream into validated entries (extension
+//! headers, paths, kinds, the refusals above), [`apply`] writes them
+//! through directory fds, and [`limits`] bounds the stream itself
+//! (decompressed size, ratio, entry count).
+
+mod apply;
+mod decode;
+mod limits;
+
+use super::error::{SourceError, Subject};
+use super::verify::VerifyingReader;
+use super::Limits;
+use apply::{Applier, Fs};
+use decode::Decoder;
+use limits::Counted;
+use std::io::{self, Read};
+use std::path::Path;
+
+/// How a layer's bytes are compressed (from its media type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+/// The staging tree being built: a directory fd, never a path walked by
+/// the kernel.
+pub struct Tree {
+    fs: Fs,
+    /// Bytes written into files.
+    pub written_bytes: u64,
+    /// Tar entries seen, all layers.
+    pub entries: u64,
+    /// Decompressed bytes, all layers.
+    pub decompressed: u64,
+}
+
+impl Tree {
+    /// Opens the (new, empty) staging directory.
+    pub fn open(dir: &Path) -> io::Result<Self> {
+        Ok(Self {
+            fs: Fs::open(dir)?,
+            written_bytes: 0,
+            entries: 0,
+            decompressed: 0,
+        })
+    }
+
+    /// Flushes everything written to stable storage (the whole filesystem:
+    /// one syscall instead of one fsync per file).
+    pub fn sync(&self) -> io::Result<()> {
+        self.fs.sync()
+    }
+
+    /// Applies one layer, read (compressed) from `blob`. On success the
+    /// layer's tar stream has been fully applied; the caller still has to
+    /// `blob.finish()` to verify the digest.
+    pub fn apply_layer<R: Read>(
+        &mut self,
+        blob: &mut VerifyingReader<R>,
+        compression: Compression,
+        subject: &Subject,
+        limits: &Limits,
+    ) -> Result<(), SourceError> {
+        let count = blob.count_handle();
+        let mut limit_hit = None;
+        let result = {
+            let counted = Counted {
+                inner: decompress(blob, compression, subject)?,
+                compressed: || count.get(),
+                layer: 0,
+                total: &mut self.decompressed,
+                limits,
+                subject,
+                failure: &mut limit_hit,
+            };
+            apply_entries(
+                &self.fs,
+                &mut self.written_bytes,
+                &mut self.entries,
+                tar::Archive::new(counted),
+                subject,
+                limits,
+            )
+        };
+        result.map_err(|e| root_cause(blob, limit_hit, e))
+    }
+}
+
+/// The decompressed stream of a layer.
+fn decompress<'b, R: Read>(
+    blob: &'b mut VerifyingReader<R>,
+    compression: Compression,
+    subject: &Subject,
+) -> Result<Box<dyn Read + 'b>, SourceError> {
+    Ok(match compression {
+        Compression::None => Box::new(blob),
+        Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(blob)),
+        Compression::Zstd => match zstd::stream::read::Decoder::new(blob) {
+            Ok(d) => Box::new(d),
+            Err(e) => {
+                return Err(SourceError::Invalid {
+                    subject: subject.clone(),
+                    reason: format!("zstd: {e}"),
+                })
+            }
+        },
+    })
+}
+
+/// The error to report for a failed layer: the root cause first, a broken
+/// stream (digest, size, truncation, network) or a limit hit while
+/// decompressing, over what the tar reader made of it.
+fn root_cause<R: Read>(
+    blob: &mut VerifyingReader<R>,
+    limit_hit: Option<SourceError>,
+    e: SourceError,
+) -> SourceError {
+    if let Some(f) = blob.failure.take() {
+        return f;
+    }
+    if let Some(f) = limit_hit {
+        return f;
+    }
+    if let SourceError::Invalid { .. } = e {
+        // Corrupt data is often a corrupted transfer: if the blob's
+        // digest does not match, say that.
+        if let Err(f) = blob.finish() {
+            return f;
+        }
+    }
+    e
+}
+
+/// Decodes each entry of a layer's tar stream and applies what is to be
+/// applied.
+fn apply_entries<R: Read>(
+    fs: &Fs,
+    written: &mut u64,
+    entries: &mut u64,
+    mut archive: tar::Archive<R>,
+    subject: &Subject,
+    limits: &Limits,
+) -> Result<(), SourceError> {
+    let invalid = |e| decode::invalid(subject, e);
+    let mut decoder = Decoder::new(subject, limits);
+    let mut applier = Applier::new(fs, subject, written);
+    for entry in archive.entries().map_err(invalid)?.raw(true) {
+        let mut entry = entry.map_err(invalid)?;
+        limits::count_entry(entries, limits, subject)?;
+        let Some(header) = decoder.header(&mut entry)? else {
+            continue;
+        };
+        if let Some(e) = decode::classify(&header, subject, limits)? {
+            applier.apply(&e, &mut entry)?;
+        }
+    }
+    decoder.finish()
+}
