@@ -9,6 +9,7 @@
 
 use crate::fsutil;
 use anyhow::{Context, Result};
+use oscontent_format::openpgp::VerifiedSig;
 use oscontent_format::{
     self as format, build_summary, Checksum, Commit, DeltaName, ObjectKind, ObjectName,
     RefNamespace, RepoPath, Summary, SummaryDelta, SummaryRef,
@@ -81,9 +82,25 @@ pub struct Generation {
     /// Refs the server published into the overlay, with their commits.
     pub derived_refs: Vec<(String, Checksum)>,
     /// What publication did with signatures (bundle, signing, verification).
-    pub signatures: crate::signing::SignatureReport,
+    pub signatures: SignatureReport,
     summary: Mutex<Option<SummaryCache>>,
     commits: Mutex<BTreeMap<Checksum, Commit>>,
+}
+
+/// What publication did with signatures (`crate::signing::apply`), kept
+/// with the generation for logs and for deciding when to publish again.
+#[derive(Debug, Clone, Default)]
+pub struct SignatureReport {
+    /// Bundle identity at load time ([`crate::signing::bundle_identity`]).
+    pub bundle_identity: Option<[u8; 32]>,
+    /// SHA-256 of the summary the generation serves.
+    pub summary_digest: Option<Checksum>,
+    /// Whether a signature over that summary is installed.
+    pub summary_signed: bool,
+    /// With `--trusted-keys`: each ref's verified signature.
+    pub verified_refs: Vec<(String, Checksum, VerifiedSig)>,
+    /// With `--trusted-keys`: the summary's verified signature.
+    pub verified_summary: Option<VerifiedSig>,
 }
 
 /// A ref as found on disk.
