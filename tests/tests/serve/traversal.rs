@@ -192,7 +192,7 @@ fn plant_object_links(
         commit.root_tree.to_hex(),
         commit.root_meta.to_hex(),
     ];
-    let [xx, yy, zz]: [String; 3] = spare_prefixes(&copy, &avoid, 3).try_into().unwrap();
+    let [xx, yy, zz]: [String; 3] = spare_prefixes(copy, &avoid, 3).try_into().unwrap();
     let fake_tail = "e".repeat(62);
 
     // objects/XX -> a directory outside holding a well-named "object".
@@ -212,7 +212,7 @@ fn plant_object_links(
         .find(|n| n.ends_with(".filez"))
         .expect("a content object under the third prefix");
     std::fs::remove_file(zz_dir.join(&real)).unwrap();
-    symlink(&secret, zz_dir.join(&real)).unwrap();
+    symlink(secret, zz_dir.join(&real)).unwrap();
     symlink("/etc/passwd", zz_dir.join(format!("{fake_tail}.filez"))).unwrap();
     vec![
         format!("/objects/{xx}/{fake_tail}.filez"),
@@ -229,7 +229,7 @@ fn plant_ref_links(copy: &Path, outside: &Path, secret: &Path, v1: &Release) -> 
     let heads = copy.join("refs/heads");
     std::fs::create_dir_all(&heads).unwrap();
     symlink("/etc/passwd", heads.join("evil")).unwrap();
-    symlink(&secret, heads.join("evil2")).unwrap();
+    symlink(secret, heads.join("evil2")).unwrap();
     std::fs::write(outside.join("stolen-ref"), format!("{}\n", v1.commit)).unwrap();
     symlink(outside.join("stolen-ref"), heads.join("stolen")).unwrap();
     std::fs::create_dir_all(outside.join("refsdir")).unwrap();
@@ -281,7 +281,7 @@ fn plant_delta_links(
         .to_mbase64();
     let (p3, rest3) = m3.split_at(2);
     std::fs::create_dir_all(deltas.join(p3).join(rest3)).unwrap();
-    symlink(&secret, deltas.join(p3).join(rest3).join("superblock")).unwrap();
+    symlink(secret, deltas.join(p3).join(rest3).join("superblock")).unwrap();
     let indexes = copy.join("delta-indexes");
     std::fs::create_dir_all(&indexes).unwrap();
     plant_secret(&outside.join("indexes").join(format!("{rest}.index"))).unwrap();
