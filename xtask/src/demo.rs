@@ -3,12 +3,12 @@
 //! what the update fetched against what the whole image costs.
 
 use crate::fixtures::{self, FixtureSpec, Fixtures, Scale};
-use crate::{deps, testrun};
+use crate::{cargo, deps};
 use anyhow::{bail, Context, Result};
+use oscontent_testkit::ServerProcess;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// How long the server may take to print its address.
@@ -25,65 +25,35 @@ pub struct DemoOptions {
 
 /// A running `oscontent-server`, stopped (SIGTERM) on drop.
 struct Server {
-    child: Child,
+    proc: ServerProcess,
     url: String,
     access_log: PathBuf,
 }
 
 impl Server {
+    /// Serves `oscontainer`, logging its stderr to `server-NAME.log` in `work`
+    /// for whoever watches the demo.
     fn start(oscontainer: &Path, work: &Path, name: &str) -> Result<Self> {
-        let bin = testrun::bin_dir().join("oscontent-server");
+        let bin = cargo::bin_dir().join("oscontent-server");
         let access_log = work.join(format!("access-{name}.log"));
-        let stderr = std::fs::File::create(work.join(format!("server-{name}.log")))
+        let log_path = work.join(format!("server-{name}.log"));
+        let log = std::fs::File::create(&log_path)
             .with_context(|| format!("creating the {name} server log"))?;
-        let mut child = Command::new(&bin)
-            .arg("serve")
+        let mut cmd = Command::new(&bin);
+        cmd.arg("serve")
             .arg("--oscontainer")
             .arg(oscontainer)
             .arg("--state-dir")
             .arg(work.join(format!("state-{name}")))
             .args(["--listen", "127.0.0.1:0", "--access-log"])
-            .arg(&access_log)
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let stdout = child.stdout.take().context("server stdout")?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
-        let Some(url) = line.trim().strip_prefix("listening on ") else {
-            let _ = child.kill();
-            bail!(
-                "server {name} did not start; see {}",
-                work.join(format!("server-{name}.log")).display()
-            );
-        };
+            .arg(&access_log);
+        let proc = ServerProcess::spawn_with_log(&mut cmd, START_TIMEOUT, Some(log))
+            .with_context(|| format!("server {name} did not start; see {}", log_path.display()))?;
         Ok(Self {
-            url: url.to_owned(),
-            child,
+            url: proc.url.clone(),
+            proc,
             access_log,
         })
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let pid = rustix::process::Pid::from_child(&self.child);
-        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -146,7 +116,7 @@ fn mib(b: u64) -> String {
 
 pub fn demo(opts: &DemoOptions) -> Result<()> {
     deps::ensure()?;
-    testrun::cargo(&["build", "--workspace", "--bins", "--quiet"])?;
+    cargo::cargo(&["build", "--workspace", "--bins", "--quiet"])?;
     let spec = FixtureSpec {
         update_share: opts.share,
         ..FixtureSpec::new(opts.scale)
@@ -157,7 +127,7 @@ pub fn demo(opts: &DemoOptions) -> Result<()> {
     );
     let fx: Fixtures = fixtures::ensure(&spec, &fixtures::default_dir(&spec))?;
     let (v1, v2) = (&fx.releases[0], &fx.releases[1]);
-    let work = testrun::target_dir().join("demo");
+    let work = cargo::target_dir().join("demo");
     if work.exists() {
         std::fs::remove_dir_all(&work).with_context(|| format!("clearing {}", work.display()))?;
     }
@@ -246,7 +216,7 @@ pub fn demo(opts: &DemoOptions) -> Result<()> {
         );
         // Ctrl-C reaches the server too (same process group); it drains and
         // exits, and this wait returns.
-        s2.child.wait().context("waiting for the server")?;
+        s2.proc.wait().context("waiting for the server")?;
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! need without shelling out to cargo.
 
 pub mod bench;
+pub mod cargo;
 pub mod demo;
 pub mod deploy;
 pub mod deps;

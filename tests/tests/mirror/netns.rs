@@ -9,7 +9,7 @@ use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Every namespace this suite creates starts with this.
@@ -158,7 +158,6 @@ pub struct Proc {
     pub what: String,
     child: Option<Child>,
     stderr: Arc<Mutex<Vec<u8>>>,
-    lines: mpsc::Receiver<String>,
 }
 
 impl Proc {
@@ -186,34 +185,22 @@ impl Proc {
                 }
             }
         });
-        let (tx, lines) = mpsc::channel();
         let out = child.stdout.take().expect("piped");
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(|l| l.ok()) {
-                let _ = tx.send(l);
-            }
-        });
+        // Drained so the child never blocks on a full pipe.
+        std::thread::spawn(
+            move || {
+                for _ in BufReader::new(out).lines().map_while(|l| l.ok()) {}
+            },
+        );
         Ok(Proc {
             what,
             child: Some(child),
             stderr,
-            lines,
         })
     }
 
     pub fn stderr(&self) -> String {
         strip_ansi(&String::from_utf8_lossy(&self.stderr.lock().unwrap()))
-    }
-
-    /// The next stdout line, within `timeout`.
-    pub fn line(&self, timeout: Duration) -> Result<String> {
-        self.lines.recv_timeout(timeout).with_context(|| {
-            format!(
-                "{} printed nothing within {timeout:?}; stderr:\n{}",
-                self.what,
-                self.stderr()
-            )
-        })
     }
 
     /// Waits until stderr has a line containing all of `needles`.

@@ -2,7 +2,7 @@
 //! mirror runs and their JSON reports, fixture object sets.
 
 use crate::netns::{NetNs, Proc};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use oscontent_testkit::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -81,7 +81,7 @@ impl NsRegistry {
 
 /// A server inside a namespace, listening where it was told.
 pub struct NsServer {
-    pub proc: Proc,
+    pub proc: ServerProcess,
     pub url: String,
     _state: tempfile::TempDir,
 }
@@ -91,20 +91,16 @@ impl NsServer {
     /// `listening on` line only.
     pub fn spawn(ns: &NetNs, listen: &str, args: &[&str]) -> Result<NsServer> {
         let state = tempdir();
-        let proc = Proc::spawn(
+        let proc = ServerProcess::spawn(
             server(ns)
                 .arg("serve")
                 .args(args)
                 .args(["--listen", listen, "--max-backoff", "2"])
                 .arg("--state-dir")
                 .arg(state.path()),
+            READY_TIMEOUT,
         )?;
-        let line = proc.line(READY_TIMEOUT)?;
-        let url = line
-            .strip_prefix("listening on ")
-            .with_context(|| format!("unexpected first line {line:?}; stderr:\n{}", proc.stderr()))?
-            .trim()
-            .to_owned();
+        let url = proc.url.clone();
         Ok(NsServer {
             proc,
             url,

@@ -48,112 +48,7 @@ fn summary_refs_and_config_answer_conditionals() {
     let server = Server::release(v1);
     let ref_path = format!("/refs/heads/{}", fixture_ref());
     for path in ["/summary", ref_path.as_str(), "/config"] {
-        let full = server.get(path).unwrap();
-        assert_eq!(full.status, 200, "{path}");
-        assert!(!full.body.is_empty(), "{path}");
-        assert_short_lived(&full, path);
-        assert_eq!(
-            full.header("content-length"),
-            Some(full.body.len().to_string().as_str()),
-            "{path}"
-        );
-        let etag = full.header("etag").unwrap().to_owned();
-        let lm_str = full.header("last-modified").unwrap().to_owned();
-        let lm = httpdate::parse_http_date(&lm_str).unwrap();
-
-        // Stable validators.
-        let again = server.get(path).unwrap();
-        assert_eq!(
-            again.header("etag"),
-            Some(etag.as_str()),
-            "{path}: ETag is stable"
-        );
-        assert_eq!(
-            again.header("last-modified"),
-            Some(lm_str.as_str()),
-            "{path}: Last-Modified is stable"
-        );
-        assert_eq!(again.body, full.body);
-
-        let not_modified = |headers: &[(&str, &str)], why: &str| {
-            let r = server.get_with(path, headers).unwrap();
-            assert_eq!(r.status, 304, "{path}: {why}: {headers:?}");
-            assert!(r.body.is_empty(), "{path}: 304 has no body");
-            assert_eq!(
-                r.header("etag"),
-                Some(etag.as_str()),
-                "{path}: 304 repeats the ETag"
-            );
-            assert!(
-                r.header("cache-control").is_some(),
-                "{path}: 304 repeats Cache-Control"
-            );
-        };
-        let modified = |headers: &[(&str, &str)], why: &str| {
-            let r = server.get_with(path, headers).unwrap();
-            assert_eq!(r.status, 200, "{path}: {why}: {headers:?}");
-            assert_eq!(r.body, full.body, "{path}: {why}");
-        };
-        let weak = format!("W/{etag}");
-        let list = format!("\"nope\", {etag}");
-        let past = date(lm - Duration::from_secs(86_400));
-        let now = date(SystemTime::now() + Duration::from_secs(1));
-        let future = date(SystemTime::now() + Duration::from_secs(10 * 86_400));
-
-        not_modified(&[("If-None-Match", &etag)], "matching If-None-Match");
-        not_modified(
-            &[("If-None-Match", &weak)],
-            "If-None-Match uses weak comparison",
-        );
-        not_modified(&[("If-None-Match", &list)], "a list containing the ETag");
-        not_modified(&[("If-None-Match", "*")], "If-None-Match: *");
-        not_modified(
-            &[("If-Modified-Since", &lm_str)],
-            "If-Modified-Since = Last-Modified",
-        );
-        not_modified(
-            &[("If-Modified-Since", &now)],
-            "If-Modified-Since after Last-Modified",
-        );
-        modified(
-            &[("If-Modified-Since", &past)],
-            "If-Modified-Since before Last-Modified",
-        );
-        modified(&[("If-None-Match", "\"nope\"")], "a different ETag");
-        // If-None-Match takes precedence over If-Modified-Since (RFC 9110 13.2.2).
-        modified(
-            &[
-                ("If-None-Match", "\"nope\""),
-                ("If-Modified-Since", &future),
-            ],
-            "mismatching INM wins over IMS",
-        );
-        not_modified(
-            &[("If-None-Match", &etag), ("If-Modified-Since", &past)],
-            "matching INM wins over an old IMS",
-        );
-        // Invalid dates are ignored.
-        modified(&[("If-Modified-Since", "yesterday")], "an invalid date");
-
-        // HEAD: the headers of a GET, no body (checked on the wire).
-        let head = server.raw("HEAD", path, &[]).unwrap();
-        assert_eq!(head.status, 200, "HEAD {path}");
-        assert_eq!(
-            head.header("content-length"),
-            Some(full.body.len().to_string().as_str()),
-            "HEAD {path}"
-        );
-        assert_eq!(head.header("etag"), Some(etag.as_str()), "HEAD {path}");
-        assert!(
-            head.body.is_empty(),
-            "HEAD {path} sent {} body bytes",
-            head.body.len()
-        );
-        let head304 = server
-            .raw("HEAD", path, &[("If-None-Match", &etag)])
-            .unwrap();
-        assert_eq!(head304.status, 304, "conditional HEAD {path}");
-        assert!(head304.body.is_empty());
+        answers_conditionals(&server, path);
     }
     // Byte ranges work on generated metadata too.
     let summary = server.get("/summary").unwrap();
@@ -171,6 +66,134 @@ fn summary_refs_and_config_answer_conditionals() {
     let sig = server.get("/summary.sig").unwrap();
     assert_eq!(sig.status, 404);
     assert!(sig.body.is_empty());
+}
+
+/// One metadata path: short-lived caching, stable validators, conditional
+/// GETs (RFC 9110 section 13) and HEAD.
+fn answers_conditionals(server: &Server, path: &str) {
+    let full = server.get(path).unwrap();
+    assert_eq!(full.status, 200, "{path}");
+    assert!(!full.body.is_empty(), "{path}");
+    assert_short_lived(&full, path);
+    assert_eq!(
+        full.header("content-length"),
+        Some(full.body.len().to_string().as_str()),
+        "{path}"
+    );
+    let etag = full.header("etag").unwrap().to_owned();
+    let lm_str = full.header("last-modified").unwrap().to_owned();
+    let lm = httpdate::parse_http_date(&lm_str).unwrap();
+
+    // Stable validators.
+    let again = server.get(path).unwrap();
+    assert_eq!(
+        again.header("etag"),
+        Some(etag.as_str()),
+        "{path}: ETag is stable"
+    );
+    assert_eq!(
+        again.header("last-modified"),
+        Some(lm_str.as_str()),
+        "{path}: Last-Modified is stable"
+    );
+    assert_eq!(again.body, full.body);
+    conditional_gets(server, path, &full, &etag, &lm_str, lm);
+    head_is_a_get_without_body(server, path, &full, &etag);
+}
+
+/// If-None-Match and If-Modified-Since, alone and together, against the
+/// validators of `full`.
+fn conditional_gets(
+    server: &Server,
+    path: &str,
+    full: &HttpResponse,
+    etag: &str,
+    lm_str: &str,
+    lm: SystemTime,
+) {
+    let (etag, lm_str) = (etag.to_owned(), lm_str.to_owned());
+    let not_modified = |headers: &[(&str, &str)], why: &str| {
+        let r = server.get_with(path, headers).unwrap();
+        assert_eq!(r.status, 304, "{path}: {why}: {headers:?}");
+        assert!(r.body.is_empty(), "{path}: 304 has no body");
+        assert_eq!(
+            r.header("etag"),
+            Some(etag.as_str()),
+            "{path}: 304 repeats the ETag"
+        );
+        assert!(
+            r.header("cache-control").is_some(),
+            "{path}: 304 repeats Cache-Control"
+        );
+    };
+    let modified = |headers: &[(&str, &str)], why: &str| {
+        let r = server.get_with(path, headers).unwrap();
+        assert_eq!(r.status, 200, "{path}: {why}: {headers:?}");
+        assert_eq!(r.body, full.body, "{path}: {why}");
+    };
+    let weak = format!("W/{etag}");
+    let list = format!("\"nope\", {etag}");
+    let past = date(lm - Duration::from_secs(86_400));
+    let now = date(SystemTime::now() + Duration::from_secs(1));
+    let future = date(SystemTime::now() + Duration::from_secs(10 * 86_400));
+
+    not_modified(&[("If-None-Match", &etag)], "matching If-None-Match");
+    not_modified(
+        &[("If-None-Match", &weak)],
+        "If-None-Match uses weak comparison",
+    );
+    not_modified(&[("If-None-Match", &list)], "a list containing the ETag");
+    not_modified(&[("If-None-Match", "*")], "If-None-Match: *");
+    not_modified(
+        &[("If-Modified-Since", &lm_str)],
+        "If-Modified-Since = Last-Modified",
+    );
+    not_modified(
+        &[("If-Modified-Since", &now)],
+        "If-Modified-Since after Last-Modified",
+    );
+    modified(
+        &[("If-Modified-Since", &past)],
+        "If-Modified-Since before Last-Modified",
+    );
+    modified(&[("If-None-Match", "\"nope\"")], "a different ETag");
+    // If-None-Match takes precedence over If-Modified-Since (RFC 9110 13.2.2).
+    modified(
+        &[
+            ("If-None-Match", "\"nope\""),
+            ("If-Modified-Since", &future),
+        ],
+        "mismatching INM wins over IMS",
+    );
+    not_modified(
+        &[("If-None-Match", &etag), ("If-Modified-Since", &past)],
+        "matching INM wins over an old IMS",
+    );
+    // Invalid dates are ignored.
+    modified(&[("If-Modified-Since", "yesterday")], "an invalid date");
+}
+
+/// HEAD: the headers of a GET, no body (checked on the wire).
+fn head_is_a_get_without_body(server: &Server, path: &str, full: &HttpResponse, etag: &str) {
+    let etag = etag.to_owned();
+    let head = server.raw("HEAD", path, &[]).unwrap();
+    assert_eq!(head.status, 200, "HEAD {path}");
+    assert_eq!(
+        head.header("content-length"),
+        Some(full.body.len().to_string().as_str()),
+        "HEAD {path}"
+    );
+    assert_eq!(head.header("etag"), Some(etag.as_str()), "HEAD {path}");
+    assert!(
+        head.body.is_empty(),
+        "HEAD {path} sent {} body bytes",
+        head.body.len()
+    );
+    let head304 = server
+        .raw("HEAD", path, &[("If-None-Match", &etag)])
+        .unwrap();
+    assert_eq!(head304.status, 304, "conditional HEAD {path}");
+    assert!(head304.body.is_empty());
 }
 
 #[test]
@@ -195,88 +218,94 @@ fn objects_are_immutable_with_strong_etags_and_ranges() {
     cases.push((objects.get(CONTENT).into_iter().next().unwrap(), "filez"));
 
     for (checksum, ext) in &cases {
-        let path = object_url_path(checksum, ext);
-        let disk = std::fs::read(object_path(&v1.repo, checksum, ext)).unwrap();
-        let len = disk.len();
-        let r = server.get(&path).unwrap();
-        assert_eq!(r.status, 200, "{path}");
-        assert!(r.body == disk, "{path}: body is the object file");
-        assert_eq!(r.header("cache-control"), Some(IMMUTABLE), "{path}");
+        object_is_immutable(&server, &v1.repo, checksum, ext);
+    }
+}
+
+/// One object: served as on disk, immutable, with a strong ETag, byte
+/// ranges, If-Range, 416 past the end, and HEAD.
+fn object_is_immutable(server: &Server, repo: &std::path::Path, checksum: &str, ext: &str) {
+    let path = object_url_path(checksum, ext);
+    let disk = std::fs::read(object_path(repo, checksum, ext)).unwrap();
+    let len = disk.len();
+    let r = server.get(&path).unwrap();
+    assert_eq!(r.status, 200, "{path}");
+    assert!(r.body == disk, "{path}: body is the object file");
+    assert_eq!(r.header("cache-control"), Some(IMMUTABLE), "{path}");
+    assert_eq!(
+        r.header("content-length"),
+        Some(len.to_string().as_str()),
+        "{path}"
+    );
+    assert_eq!(r.header("accept-ranges"), Some("bytes"), "{path}");
+    let etag = r
+        .header("etag")
+        .unwrap_or_else(|| panic!("{path}: no ETag"))
+        .to_owned();
+    assert!(
+        etag.starts_with('"') && !etag.starts_with("W/"),
+        "{path}: strong ETag, got {etag}"
+    );
+
+    let c = server.get_with(&path, &[("If-None-Match", &etag)]).unwrap();
+    assert_eq!(c.status, 304, "{path}: If-None-Match");
+    assert!(c.body.is_empty());
+
+    let range = |spec: &str, want_start: usize, want_end: usize| {
+        let r = server.get_with(&path, &[("Range", spec)]).unwrap();
+        assert_eq!(r.status, 206, "{path}: Range {spec}");
+        assert_eq!(
+            r.header("content-range"),
+            Some(format!("bytes {want_start}-{want_end}/{len}").as_str()),
+            "{path}: Range {spec}"
+        );
         assert_eq!(
             r.header("content-length"),
-            Some(len.to_string().as_str()),
-            "{path}"
+            Some((want_end - want_start + 1).to_string().as_str())
         );
-        assert_eq!(r.header("accept-ranges"), Some("bytes"), "{path}");
-        let etag = r
-            .header("etag")
-            .unwrap_or_else(|| panic!("{path}: no ETag"))
-            .to_owned();
         assert!(
-            etag.starts_with('"') && !etag.starts_with("W/"),
-            "{path}: strong ETag, got {etag}"
+            r.body == disk[want_start..=want_end],
+            "{path}: Range {spec} returns those bytes"
         );
-
-        let c = server.get_with(&path, &[("If-None-Match", &etag)]).unwrap();
-        assert_eq!(c.status, 304, "{path}: If-None-Match");
-        assert!(c.body.is_empty());
-
-        let range = |spec: &str, want_start: usize, want_end: usize| {
-            let r = server.get_with(&path, &[("Range", spec)]).unwrap();
-            assert_eq!(r.status, 206, "{path}: Range {spec}");
-            assert_eq!(
-                r.header("content-range"),
-                Some(format!("bytes {want_start}-{want_end}/{len}").as_str()),
-                "{path}: Range {spec}"
-            );
-            assert_eq!(
-                r.header("content-length"),
-                Some((want_end - want_start + 1).to_string().as_str())
-            );
-            assert!(
-                r.body == disk[want_start..=want_end],
-                "{path}: Range {spec} returns those bytes"
-            );
-        };
-        if len > 100 {
-            range("bytes=10-99", 10, 99);
-        }
-        range("bytes=0-0", 0, 0);
-        range("bytes=-16", len.saturating_sub(16), len - 1);
-        range(&format!("bytes={}-", len / 2), len / 2, len - 1);
-        range("bytes=0-", 0, len - 1);
-        range(&format!("bytes=1-{}", len * 10), 1.min(len - 1), len - 1);
-
-        // If-Range: a matching ETag honours the range, another gives all.
-        let ir = server
-            .get_with(&path, &[("Range", "bytes=0-0"), ("If-Range", &etag)])
-            .unwrap();
-        assert_eq!(ir.status, 206, "{path}: If-Range with the ETag");
-        let ir = server
-            .get_with(&path, &[("Range", "bytes=0-0"), ("If-Range", "\"other\"")])
-            .unwrap();
-        assert_eq!(ir.status, 200, "{path}: If-Range with another ETag");
-        assert!(ir.body == disk);
-
-        let bad = server
-            .get_with(&path, &[("Range", &format!("bytes={len}-"))])
-            .unwrap();
-        assert_eq!(bad.status, 416, "{path}: unsatisfiable range");
-        assert_eq!(
-            bad.header("content-range"),
-            Some(format!("bytes */{len}").as_str())
-        );
-
-        let head = server.raw("HEAD", &path, &[]).unwrap();
-        assert_eq!(head.status, 200);
-        assert_eq!(
-            head.header("content-length"),
-            Some(len.to_string().as_str()),
-            "HEAD {path}"
-        );
-        assert_eq!(head.header("cache-control"), Some(IMMUTABLE));
-        assert!(head.body.is_empty(), "HEAD {path} sent a body");
+    };
+    if len > 100 {
+        range("bytes=10-99", 10, 99);
     }
+    range("bytes=0-0", 0, 0);
+    range("bytes=-16", len.saturating_sub(16), len - 1);
+    range(&format!("bytes={}-", len / 2), len / 2, len - 1);
+    range("bytes=0-", 0, len - 1);
+    range(&format!("bytes=1-{}", len * 10), 1.min(len - 1), len - 1);
+
+    // If-Range: a matching ETag honours the range, another gives all.
+    let ir = server
+        .get_with(&path, &[("Range", "bytes=0-0"), ("If-Range", &etag)])
+        .unwrap();
+    assert_eq!(ir.status, 206, "{path}: If-Range with the ETag");
+    let ir = server
+        .get_with(&path, &[("Range", "bytes=0-0"), ("If-Range", "\"other\"")])
+        .unwrap();
+    assert_eq!(ir.status, 200, "{path}: If-Range with another ETag");
+    assert!(ir.body == disk);
+
+    let bad = server
+        .get_with(&path, &[("Range", &format!("bytes={len}-"))])
+        .unwrap();
+    assert_eq!(bad.status, 416, "{path}: unsatisfiable range");
+    assert_eq!(
+        bad.header("content-range"),
+        Some(format!("bytes */{len}").as_str())
+    );
+
+    let head = server.raw("HEAD", &path, &[]).unwrap();
+    assert_eq!(head.status, 200);
+    assert_eq!(
+        head.header("content-length"),
+        Some(len.to_string().as_str()),
+        "HEAD {path}"
+    );
+    assert_eq!(head.header("cache-control"), Some(IMMUTABLE));
+    assert!(head.body.is_empty(), "HEAD {path} sent a body");
 }
 
 #[test]
@@ -394,6 +423,13 @@ fn health_ready_and_metrics_endpoints() {
         "content type {ctype}"
     );
     let m = Metrics::parse(&String::from_utf8(resp.body).unwrap()).unwrap();
+    metrics_count_requests_by_kind(&m, summary.body.len());
+    access_log_has_one_line_per_request(&server, &absent, summary.body.len());
+}
+
+/// The counters and the latency histogram after the requests above, with
+/// bounded `kind` labels.
+fn metrics_count_requests_by_kind(m: &Metrics, summary_len: usize) {
     assert_eq!(m.get("oscontent_ready", &[]), Some(1.0));
     assert_eq!(m.get("oscontent_published_refs", &[]), Some(1.0));
     assert_eq!(
@@ -444,7 +480,7 @@ fn health_ready_and_metrics_endpoints() {
         m.get(
             "oscontent_http_response_bytes_total",
             &[("kind", "summary")]
-        ) >= Some(summary.body.len() as f64),
+        ) >= Some(summary_len as f64),
         "bytes sent for the summary"
     );
     let buckets: Vec<_> = m
@@ -461,13 +497,15 @@ fn health_ready_and_metrics_endpoints() {
             "bounded kinds: {s:?}"
         );
     }
+}
 
-    // The access log has one well-formed line per request.
+/// The access log has one well-formed line per request.
+fn access_log_has_one_line_per_request(server: &Server, absent: &str, summary_len: usize) {
     let log = server.access_log().unwrap();
     assert!(log.iter().any(|e| e.path == "/summary"
         && e.status == 200
         && e.kind == "summary"
-        && e.bytes == summary.body.len() as u64
+        && e.bytes == summary_len as u64
         && e.method == "GET"
         && e.version == "HTTP/1.1"));
     assert!(log

@@ -163,9 +163,21 @@ fn update_v1_to_v2_fetches_only_missing_objects() {
         }
     }
 
-    // No object the node already had was requested, whatever its kind.
+    let requested = requested_only_what_was_missing(&log, &local_before, &local_after);
+    let fetched =
+        fetched_exactly_the_missing_content(v2, &log, &requested, &local_before, &local_after);
+    metrics_agree_with_the_access_log(&s2, fetched.len());
+}
+
+/// No object the node already had was requested, whatever its kind, and
+/// every object requested is now present locally; the requests by kind.
+fn requested_only_what_was_missing(
+    log: &[AccessEntry],
+    local_before: &ObjectSet,
+    local_after: &ObjectSet,
+) -> BTreeMap<String, Vec<String>> {
     let mut requested: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for e in &log {
+    for e in log {
         if let Some((c, ext)) = e.object() {
             let kind = object_kind(&ext).to_owned();
             if kind == "commitmeta" {
@@ -188,7 +200,18 @@ fn update_v1_to_v2_fetches_only_missing_objects() {
             );
         }
     }
-    // Exactly the missing content was fetched: v2's content minus v1's.
+    requested
+}
+
+/// Exactly the missing content was fetched (v2's content minus v1's), a
+/// small fraction of the release; returns the fetched content checksums.
+fn fetched_exactly_the_missing_content(
+    v2: &Release,
+    log: &[AccessEntry],
+    requested: &BTreeMap<String, Vec<String>>,
+    local_before: &ObjectSet,
+    local_after: &ObjectSet,
+) -> BTreeSet<String> {
     let v2_objects = list_objects(&v2.repo).unwrap();
     let missing: BTreeSet<String> = v2_objects
         .get(CONTENT)
@@ -244,8 +267,12 @@ fn update_v1_to_v2_fetches_only_missing_objects() {
         Some(1),
         "one commit object: v2's"
     );
+    fetched
+}
 
-    // The server's metrics agree with its access log.
+/// The server's `/metrics` agree with its access log, request by request
+/// and byte by byte.
+fn metrics_agree_with_the_access_log(s2: &Server, fetched_len: usize) {
     let metrics = s2.metrics().unwrap();
     let log = s2.access_log().unwrap();
     let mut by_kind_status: BTreeMap<(String, u16), u64> = BTreeMap::new();
@@ -308,7 +335,7 @@ fn update_v1_to_v2_fetches_only_missing_objects() {
             "oscontent_http_requests_total",
             &[("kind", "filez"), ("status", "200")]
         ),
-        Some(fetched.len() as f64),
+        Some(fetched_len as f64),
         "filez requests counted by /metrics = distinct missing objects"
     );
 }

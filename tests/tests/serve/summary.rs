@@ -18,8 +18,18 @@ fn summary_lists_the_bound_ref_with_the_fixture_commit() {
     let v1 = v1();
     let server = Server::release(v1);
     let (commit_bytes, commit) = commit_object(v1);
+    stock_ostree_sees_the_ref(&server, v1, &commit_bytes);
+    our_parser_sees_the_ref(&server, v1, &commit_bytes, &commit);
+    the_ref_file_names_the_commit(&server, v1);
+    the_client_lists_the_ref(&server, v1);
+    let m = server.metrics().unwrap();
+    assert_eq!(m.get("oscontent_published_refs", &[]), Some(1.0));
+    assert_eq!(m.get("oscontent_ready", &[]), Some(1.0));
+}
 
-    // As stock ostree sees it.
+/// The summary as stock ostree sees it: one ref, the binding, with the
+/// commit, its version, timestamp and size, and the repo metadata.
+fn stock_ostree_sees_the_ref(server: &Server, v1: &Release, commit_bytes: &[u8]) {
     let tmp = tempdir();
     let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
     repo.remote_add("os", &server.url, &[]).unwrap();
@@ -71,8 +81,10 @@ fn summary_lists_the_bound_ref_with_the_fixture_commit() {
             .any(|l| l.starts_with("Last-Modified (ostree.summary.last-modified): ")),
         "{meta:?}"
     );
+}
 
-    // As our parser sees it.
+/// The summary as our parser sees it.
+fn our_parser_sees_the_ref(server: &Server, v1: &Release, commit_bytes: &[u8], commit: &Commit) {
     let s = server.summary().unwrap();
     assert_eq!(s.refs.len(), 1, "{s:?}");
     let r = &s.refs[0];
@@ -92,8 +104,10 @@ fn summary_lists_the_bound_ref_with_the_fixture_commit() {
     );
     assert_eq!(s.mode.as_deref(), Some("archive-z2"));
     assert!(s.collection_map.is_empty() && s.collection_id.is_none());
+}
 
-    // The ref file itself.
+/// `/refs/heads/REF` holds the commit.
+fn the_ref_file_names_the_commit(server: &Server, v1: &Release) {
     let rf = server
         .get(&format!("/refs/heads/{}", fixture_ref()))
         .unwrap();
@@ -102,8 +116,10 @@ fn summary_lists_the_bound_ref_with_the_fixture_commit() {
         String::from_utf8(rf.body).unwrap(),
         format!("{}\n", v1.commit)
     );
+}
 
-    // The client's view.
+/// `oscontent ls-remote --json` lists the ref, commit and version.
+fn the_client_lists_the_ref(server: &Server, v1: &Release) {
     let out = check_output(
         local_only(&mut Command::new(client_bin())).args([
             "ls-remote",
@@ -118,10 +134,6 @@ fn summary_lists_the_bound_ref_with_the_fixture_commit() {
     assert_eq!(j["refs"][0]["ref"], fixture_ref());
     assert_eq!(j["refs"][0]["commit"], v1.commit.as_str());
     assert_eq!(j["refs"][0]["version"], v1.version.as_str());
-
-    let m = server.metrics().unwrap();
-    assert_eq!(m.get("oscontent_published_refs", &[]), Some(1.0));
-    assert_eq!(m.get("oscontent_ready", &[]), Some(1.0));
 }
 
 #[test]

@@ -108,107 +108,18 @@ fn symlinks_planted_in_the_repo_are_never_followed() {
     plant_secret(&secret).unwrap();
     let commit =
         Commit::parse(&std::fs::read(object_path(&copy, &v1.commit, "commit")).unwrap()).unwrap();
-    let avoid = [
-        v1.commit.clone(),
-        commit.root_tree.to_hex(),
-        commit.root_meta.to_hex(),
-    ];
-    let [xx, yy, zz]: [String; 3] = spare_prefixes(&copy, &avoid, 3).try_into().unwrap();
-    let fake_tail = "e".repeat(62);
 
-    // objects/XX -> a directory outside holding a well-named "object".
-    std::fs::rename(copy.join("objects").join(&xx), moved.join(&xx)).unwrap();
-    let objdir = outside.join("objdir");
-    plant_secret(&objdir.join(format!("{fake_tail}.filez"))).unwrap();
-    plant_secret(&objdir.join(format!("{fake_tail}.commit"))).unwrap();
-    symlink(&objdir, copy.join("objects").join(&xx)).unwrap();
-    // objects/YY -> /etc
-    std::fs::rename(copy.join("objects").join(&yy), moved.join(&yy)).unwrap();
-    symlink("/etc", copy.join("objects").join(&yy)).unwrap();
-    // A real object replaced by a symlink, and a new name linking out.
-    let zz_dir = copy.join("objects").join(&zz);
-    let real = std::fs::read_dir(&zz_dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .find(|n| n.ends_with(".filez"))
-        .expect("a content object under the third prefix");
-    std::fs::remove_file(zz_dir.join(&real)).unwrap();
-    symlink(&secret, zz_dir.join(&real)).unwrap();
-    symlink("/etc/passwd", zz_dir.join(format!("{fake_tail}.filez"))).unwrap();
-
-    // Refs: files and directories linking out, one with valid ref content.
-    let heads = copy.join("refs/heads");
-    std::fs::create_dir_all(&heads).unwrap();
-    symlink("/etc/passwd", heads.join("evil")).unwrap();
-    symlink(&secret, heads.join("evil2")).unwrap();
-    std::fs::write(outside.join("stolen-ref"), format!("{}\n", v1.commit)).unwrap();
-    symlink(outside.join("stolen-ref"), heads.join("stolen")).unwrap();
-    std::fs::create_dir_all(outside.join("refsdir")).unwrap();
-    std::fs::write(outside.join("refsdir/x"), format!("{}\n", v1.commit)).unwrap();
-    symlink(outside.join("refsdir"), heads.join("evildir")).unwrap();
-    let mirrors = copy.join("refs/mirrors");
-    std::fs::create_dir_all(&mirrors).unwrap();
-    std::fs::create_dir_all(outside.join("mirror/os")).unwrap();
-    std::fs::write(outside.join("mirror/os/stable"), format!("{}\n", v1.commit)).unwrap();
-    symlink(outside.join("mirror"), mirrors.join("org.example.Evil")).unwrap();
-
-    // Deltas and delta indexes: a linked prefix dir, a linked delta dir and
-    // a linked superblock, all with valid names.
-    let m = Checksum::from_hex(&v1.commit).unwrap().to_mbase64();
-    let (p, rest) = m.split_at(2);
-    let deltas = copy.join("deltas");
-    std::fs::create_dir_all(&deltas).unwrap();
-    plant_secret(&outside.join("deltas").join(rest).join("superblock")).unwrap();
-    plant_secret(&outside.join("deltas").join(rest).join("0")).unwrap();
-    symlink(outside.join("deltas"), deltas.join(p)).unwrap();
-    let m2 = Checksum::from_hex(&commit.root_tree.to_hex())
-        .unwrap()
-        .to_mbase64();
-    let (p2, rest2) = m2.split_at(2);
-    std::fs::create_dir_all(deltas.join(p2)).unwrap();
-    symlink(
-        outside.join("deltas").join(rest),
-        deltas.join(p2).join(rest2),
-    )
-    .unwrap();
-    let m3 = Checksum::from_hex(&commit.root_meta.to_hex())
-        .unwrap()
-        .to_mbase64();
-    let (p3, rest3) = m3.split_at(2);
-    std::fs::create_dir_all(deltas.join(p3).join(rest3)).unwrap();
-    symlink(&secret, deltas.join(p3).join(rest3).join("superblock")).unwrap();
-    let indexes = copy.join("delta-indexes");
-    std::fs::create_dir_all(&indexes).unwrap();
-    plant_secret(&outside.join("indexes").join(format!("{rest}.index"))).unwrap();
-    symlink(outside.join("indexes"), indexes.join(p)).unwrap();
-
+    let mut targets = plant_object_links(&copy, &outside, &moved, &secret, v1, &commit);
+    targets.extend(plant_ref_links(&copy, &outside, &secret, v1));
+    targets.extend(plant_delta_links(&copy, &outside, &secret, v1, &commit));
     // summary.sig and config linking out.
     symlink("/etc/passwd", copy.join("summary.sig")).unwrap();
     std::fs::remove_file(copy.join("config")).unwrap();
     symlink(&secret, copy.join("config")).unwrap();
+    targets.push("/summary.sig".into());
 
     let before = snapshot(&copy).unwrap();
     let server = Server::repo(&copy).start().unwrap();
-
-    let targets = [
-        format!("/objects/{xx}/{fake_tail}.filez"),
-        format!("/objects/{xx}/{fake_tail}.commit"),
-        format!("/objects/{yy}/{fake_tail}.filez"),
-        format!("/objects/{zz}/{real}"),
-        format!("/objects/{zz}/{fake_tail}.filez"),
-        "/refs/heads/evil".into(),
-        "/refs/heads/evil2".into(),
-        "/refs/heads/stolen".into(),
-        "/refs/heads/evildir/x".into(),
-        "/refs/mirrors/org.example.Evil/os/stable".into(),
-        format!("/deltas/{p}/{rest}/superblock"),
-        format!("/deltas/{p}/{rest}/0"),
-        format!("/deltas/{p2}/{rest2}/superblock"),
-        format!("/deltas/{p2}/{rest2}/0"),
-        format!("/deltas/{p3}/{rest3}/superblock"),
-        format!("/delta-indexes/{p}/{rest}.index"),
-        "/summary.sig".into(),
-    ];
     for t in &targets {
         assert_404_no_leak(&server, t);
     }
@@ -264,4 +175,123 @@ fn symlinks_planted_in_the_repo_are_never_followed() {
     assert_eq!(server.summary().unwrap().refs.len(), 1);
     drop(server);
     assert_unchanged(&copy, &before, "serving a repo with planted symlinks");
+}
+
+/// Object prefixes and objects linking out of the repo; returns the URL
+/// paths that must 404.
+fn plant_object_links(
+    copy: &Path,
+    outside: &Path,
+    moved: &Path,
+    secret: &Path,
+    v1: &Release,
+    commit: &Commit,
+) -> Vec<String> {
+    let avoid = [
+        v1.commit.clone(),
+        commit.root_tree.to_hex(),
+        commit.root_meta.to_hex(),
+    ];
+    let [xx, yy, zz]: [String; 3] = spare_prefixes(copy, &avoid, 3).try_into().unwrap();
+    let fake_tail = "e".repeat(62);
+
+    // objects/XX -> a directory outside holding a well-named "object".
+    std::fs::rename(copy.join("objects").join(&xx), moved.join(&xx)).unwrap();
+    let objdir = outside.join("objdir");
+    plant_secret(&objdir.join(format!("{fake_tail}.filez"))).unwrap();
+    plant_secret(&objdir.join(format!("{fake_tail}.commit"))).unwrap();
+    symlink(&objdir, copy.join("objects").join(&xx)).unwrap();
+    // objects/YY -> /etc
+    std::fs::rename(copy.join("objects").join(&yy), moved.join(&yy)).unwrap();
+    symlink("/etc", copy.join("objects").join(&yy)).unwrap();
+    // A real object replaced by a symlink, and a new name linking out.
+    let zz_dir = copy.join("objects").join(&zz);
+    let real = std::fs::read_dir(&zz_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .find(|n| n.ends_with(".filez"))
+        .expect("a content object under the third prefix");
+    std::fs::remove_file(zz_dir.join(&real)).unwrap();
+    symlink(secret, zz_dir.join(&real)).unwrap();
+    symlink("/etc/passwd", zz_dir.join(format!("{fake_tail}.filez"))).unwrap();
+    vec![
+        format!("/objects/{xx}/{fake_tail}.filez"),
+        format!("/objects/{xx}/{fake_tail}.commit"),
+        format!("/objects/{yy}/{fake_tail}.filez"),
+        format!("/objects/{zz}/{real}"),
+        format!("/objects/{zz}/{fake_tail}.filez"),
+    ]
+}
+
+/// Refs: files and directories linking out, one with valid ref content;
+/// returns the URL paths that must 404.
+fn plant_ref_links(copy: &Path, outside: &Path, secret: &Path, v1: &Release) -> Vec<String> {
+    let heads = copy.join("refs/heads");
+    std::fs::create_dir_all(&heads).unwrap();
+    symlink("/etc/passwd", heads.join("evil")).unwrap();
+    symlink(secret, heads.join("evil2")).unwrap();
+    std::fs::write(outside.join("stolen-ref"), format!("{}\n", v1.commit)).unwrap();
+    symlink(outside.join("stolen-ref"), heads.join("stolen")).unwrap();
+    std::fs::create_dir_all(outside.join("refsdir")).unwrap();
+    std::fs::write(outside.join("refsdir/x"), format!("{}\n", v1.commit)).unwrap();
+    symlink(outside.join("refsdir"), heads.join("evildir")).unwrap();
+    let mirrors = copy.join("refs/mirrors");
+    std::fs::create_dir_all(&mirrors).unwrap();
+    std::fs::create_dir_all(outside.join("mirror/os")).unwrap();
+    std::fs::write(outside.join("mirror/os/stable"), format!("{}\n", v1.commit)).unwrap();
+    symlink(outside.join("mirror"), mirrors.join("org.example.Evil")).unwrap();
+    vec![
+        "/refs/heads/evil".into(),
+        "/refs/heads/evil2".into(),
+        "/refs/heads/stolen".into(),
+        "/refs/heads/evildir/x".into(),
+        "/refs/mirrors/org.example.Evil/os/stable".into(),
+    ]
+}
+
+/// Deltas and delta indexes: a linked prefix dir, a linked delta dir and a
+/// linked superblock, all with valid names; returns the URL paths that
+/// must 404.
+fn plant_delta_links(
+    copy: &Path,
+    outside: &Path,
+    secret: &Path,
+    v1: &Release,
+    commit: &Commit,
+) -> Vec<String> {
+    let m = Checksum::from_hex(&v1.commit).unwrap().to_mbase64();
+    let (p, rest) = m.split_at(2);
+    let deltas = copy.join("deltas");
+    std::fs::create_dir_all(&deltas).unwrap();
+    plant_secret(&outside.join("deltas").join(rest).join("superblock")).unwrap();
+    plant_secret(&outside.join("deltas").join(rest).join("0")).unwrap();
+    symlink(outside.join("deltas"), deltas.join(p)).unwrap();
+    let m2 = Checksum::from_hex(&commit.root_tree.to_hex())
+        .unwrap()
+        .to_mbase64();
+    let (p2, rest2) = m2.split_at(2);
+    std::fs::create_dir_all(deltas.join(p2)).unwrap();
+    symlink(
+        outside.join("deltas").join(rest),
+        deltas.join(p2).join(rest2),
+    )
+    .unwrap();
+    let m3 = Checksum::from_hex(&commit.root_meta.to_hex())
+        .unwrap()
+        .to_mbase64();
+    let (p3, rest3) = m3.split_at(2);
+    std::fs::create_dir_all(deltas.join(p3).join(rest3)).unwrap();
+    symlink(secret, deltas.join(p3).join(rest3).join("superblock")).unwrap();
+    let indexes = copy.join("delta-indexes");
+    std::fs::create_dir_all(&indexes).unwrap();
+    plant_secret(&outside.join("indexes").join(format!("{rest}.index"))).unwrap();
+    symlink(outside.join("indexes"), indexes.join(p)).unwrap();
+    vec![
+        format!("/deltas/{p}/{rest}/superblock"),
+        format!("/deltas/{p}/{rest}/0"),
+        format!("/deltas/{p2}/{rest2}/superblock"),
+        format!("/deltas/{p2}/{rest2}/0"),
+        format!("/deltas/{p3}/{rest3}/superblock"),
+        format!("/delta-indexes/{p}/{rest}.index"),
+    ]
 }

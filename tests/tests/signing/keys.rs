@@ -215,10 +215,7 @@ fn keygen_and_key_loading_refuse_bad_input() {
             stderr.contains(phrase),
             "{what}: error lacks {phrase:?}:\n{stderr}"
         );
-        assert!(
-            !String::from_utf8_lossy(&o.stdout).contains("listening on"),
-            "{what}"
-        );
+        assert!(!announced_listening(&o.stdout), "{what}");
     }
     assert_eq!(
         std::fs::read(&key.secret).unwrap(),

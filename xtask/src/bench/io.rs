@@ -756,9 +756,9 @@ fn client_binary(given: Option<&Path>) -> Result<PathBuf> {
         anyhow::ensure!(p.is_file(), "no client binary at {}", p.display());
         return Ok(p);
     }
-    crate::testrun::cargo(&["build", "--release", "--quiet", "-p", "oscontent"])
+    crate::cargo::cargo(&["build", "--release", "--quiet", "-p", "oscontent"])
         .context("building the oscontent client (release)")?;
-    Ok(crate::testrun::target_dir().join("release/oscontent"))
+    Ok(crate::cargo::target_dir().join("release/oscontent"))
 }
 
 /// The io-modes `BIN pull --help` lists, and its default; fails clearly if

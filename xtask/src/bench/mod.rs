@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::{deps, testrun};
+use crate::{cargo, deps};
 
 // ---------------------------------------------------------------------------
 // Interruption
@@ -315,17 +315,17 @@ impl Drop for Stopper {
 /// path. If the release build fails, warns loudly and falls back to a debug
 /// build (whose timings mean little).
 pub fn server_binary() -> Result<(PathBuf, &'static str)> {
-    match testrun::cargo(&["build", "--release", "--quiet", "-p", "oscontent-server"]) {
+    match cargo::cargo(&["build", "--release", "--quiet", "-p", "oscontent-server"]) {
         Ok(()) => Ok((
-            testrun::target_dir().join("release/oscontent-server"),
+            cargo::target_dir().join("release/oscontent-server"),
             "release",
         )),
         Err(e) => {
             let banner = "!".repeat(78);
             eprintln!("{banner}\n!! WARNING: the release build of oscontent-server failed:\n!!   {e:#}\n!! Falling back to a DEBUG build: its timings are NOT representative.\n{banner}");
-            testrun::cargo(&["build", "--quiet", "-p", "oscontent-server"])
+            cargo::cargo(&["build", "--quiet", "-p", "oscontent-server"])
                 .context("the debug build of oscontent-server failed too")?;
-            Ok((testrun::bin_dir().join("oscontent-server"), "debug"))
+            Ok((cargo::bin_dir().join("oscontent-server"), "debug"))
         }
     }
 }
@@ -372,7 +372,7 @@ impl Summary {
 
 /// `target/bench`, created.
 pub fn bench_dir() -> Result<PathBuf> {
-    let dir = testrun::target_dir().join("bench");
+    let dir = cargo::target_dir().join("bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
 }

@@ -5,7 +5,7 @@
 //! a scanner that silently checks nothing cannot pass.
 
 use super::Rendered;
-use crate::testrun::target_dir;
+use crate::cargo::target_dir;
 use anyhow::{bail, ensure, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};

@@ -17,9 +17,8 @@ use crate::fixtures::workspace_root;
 use anyhow::{bail, ensure, Context, Result};
 use decode::Object;
 use policy::{Expect, Source};
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// deploy/ under the workspace root.
@@ -29,7 +28,7 @@ pub fn deploy_dir() -> PathBuf {
 
 /// Where check-deploy writes (under target/).
 pub fn work_dir() -> PathBuf {
-    crate::testrun::target_dir().join("check-deploy")
+    crate::cargo::target_dir().join("check-deploy")
 }
 
 /// Bound on one `kubectl kustomize`.
@@ -153,53 +152,14 @@ fn relative_to(to: &Path, from_dir: &Path) -> Result<String> {
 /// non-zero exit or after `timeout`, with its stderr in the error.
 pub fn output_bounded(cmd: &mut Command, timeout: Duration, max: u64) -> Result<String> {
     let what = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("spawning {what}"))?;
-    let mut so = child.stdout.take().context("stdout")?;
-    let mut se = child.stderr.take().context("stderr")?;
-    let out = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let r = (&mut so).take(max).read_to_end(&mut b);
-        // Keep draining so the child never blocks on a full pipe.
-        let _ = std::io::copy(&mut so, &mut std::io::sink());
-        r.map(|_| b)
-    });
-    let err = std::thread::spawn(move || {
-        let mut b = Vec::new();
-        let _ = (&mut se).take(1 << 20).read_to_end(&mut b);
-        let _ = std::io::copy(&mut se, &mut std::io::sink());
-        b
-    });
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        if let Some(s) = child
-            .try_wait()
-            .with_context(|| format!("waiting for {what}"))?
-        {
-            break s;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("{what} did not finish within {timeout:?}; killed it");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let stdout = out
-        .join()
-        .map_err(|_| anyhow::anyhow!("reader thread panicked"))?
-        .with_context(|| format!("reading the output of {what}"))?;
-    let stderr = err.join().unwrap_or_default();
+    let o = oscontent_testkit::run_capped(cmd, timeout, max, 1 << 20)?;
     ensure!(
-        status.success(),
-        "{what} failed ({status}):\n{}",
-        String::from_utf8_lossy(&stderr).trim()
+        o.status.success(),
+        "{what} failed ({}):\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr).trim()
     );
-    String::from_utf8(stdout).with_context(|| format!("{what} printed non-UTF-8"))
+    String::from_utf8(o.stdout).with_context(|| format!("{what} printed non-UTF-8"))
 }
 
 /// Checks that `kubectl` is there and embeds a recent enough kustomize.

@@ -1,0 +1,154 @@
+//! Copies, snapshots and planted secrets: what a test checks a server never
+//! wrote or leaked.
+
+use crate::process::check_output;
+use anyhow::{ensure, Context, Result};
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Bytes planted in files outside served repos; no response may contain them.
+pub const SECRET_MARKER: &str = "OSCONTENT-E2E-SECRET-d0d1d2d3";
+
+/// `cp -a SRC DST` (DST must not exist). Use it before planting anything in
+/// a fixture repo: the shared fixtures are read-only.
+pub fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
+    ensure!(!dst.exists(), "{} already exists", dst.display());
+    check_output(
+        Command::new("cp")
+            .arg("-a")
+            .arg("--reflink=auto")
+            .arg(src)
+            .arg(dst),
+        Duration::from_secs(300),
+    )?;
+    Ok(())
+}
+
+/// A recursive listing of a tree with everything a write would change:
+/// type, mode, size, mtime, ctime, inode and symlink target. Symlinks are
+/// listed, never followed.
+pub type Snapshot = BTreeMap<String, String>;
+
+pub fn snapshot(root: &Path) -> Result<Snapshot> {
+    const MAX_ENTRIES: usize = 1_000_000;
+    let mut out = Snapshot::new();
+    let mut stack = vec![PathBuf::new()];
+    let describe = |p: &Path, m: &std::fs::Metadata| -> String {
+        let ft = m.file_type();
+        let kind = if ft.is_dir() {
+            "dir"
+        } else if ft.is_file() {
+            "file"
+        } else if ft.is_symlink() {
+            "symlink"
+        } else {
+            "other"
+        };
+        let target = if ft.is_symlink() {
+            std::fs::read_link(p)
+                .map(|t| t.display().to_string())
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        format!(
+            "{kind} mode={:o} size={} mtime={}.{:09} ctime={}.{:09} ino={} {target}",
+            m.mode(),
+            if ft.is_dir() { 0 } else { m.len() },
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+            m.ino()
+        )
+    };
+    let top =
+        std::fs::symlink_metadata(root).with_context(|| format!("stat {}", root.display()))?;
+    out.insert(".".into(), describe(root, &top));
+    while let Some(rel) = stack.pop() {
+        let dir = root.join(&rel);
+        for e in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+            let e = e?;
+            let r = rel.join(e.file_name());
+            let p = root.join(&r);
+            let m = std::fs::symlink_metadata(&p)?;
+            if m.is_dir() {
+                stack.push(r.clone());
+            }
+            out.insert(r.display().to_string(), describe(&p, &m));
+            ensure!(
+                out.len() <= MAX_ENTRIES,
+                "{} has more than {MAX_ENTRIES} entries",
+                root.display()
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// Differences between two snapshots, for assertion messages ("" if none).
+pub fn snapshot_diff(before: &Snapshot, after: &Snapshot) -> String {
+    let mut lines = Vec::new();
+    for (k, v) in before {
+        match after.get(k) {
+            None => lines.push(format!("- removed {k}: {v}")),
+            Some(w) if w != v => {
+                lines.push(format!("~ changed {k}:\n    before {v}\n    after  {w}"))
+            }
+            _ => {}
+        }
+    }
+    for (k, v) in after {
+        if !before.contains_key(k) {
+            lines.push(format!("+ added {k}: {v}"));
+        }
+    }
+    let n = lines.len();
+    lines.truncate(30);
+    if n > 30 {
+        lines.push(format!("... and {} more", n - 30));
+    }
+    lines.join("\n")
+}
+
+/// Asserts that nothing under `root` changed since `before`.
+pub fn assert_unchanged(root: &Path, before: &Snapshot, what: &str) {
+    let after = snapshot(root).unwrap_or_else(|e| panic!("{e:#}"));
+    let diff = snapshot_diff(before, &after);
+    assert!(
+        diff.is_empty(),
+        "{what}: {} was written:\n{diff}",
+        root.display()
+    );
+}
+
+/// Writes a file outside any served tree with the secret marker in it.
+pub fn plant_secret(path: &Path) -> Result<()> {
+    if let Some(p) = path.parent() {
+        std::fs::create_dir_all(p)?;
+    }
+    std::fs::write(path, format!("root:x:0:0:{SECRET_MARKER}:/root:/bin/sh\n"))?;
+    Ok(())
+}
+
+/// Whether `haystack` contains a secret: the marker, or bytes of the host's
+/// `/etc/passwd`.
+pub fn leaks_secret(haystack: &[u8]) -> bool {
+    fn contains(h: &[u8], n: &[u8]) -> bool {
+        !n.is_empty() && h.windows(n.len()).any(|w| w == n)
+    }
+    if contains(haystack, SECRET_MARKER.as_bytes()) || contains(haystack, b"root:x:0:0") {
+        return true;
+    }
+    if let Ok(passwd) = std::fs::read("/etc/passwd") {
+        if let Some(first) = passwd.split(|b| *b == b'\n').next() {
+            if first.len() > 8 && contains(haystack, first) {
+                return true;
+            }
+        }
+    }
+    false
+}

@@ -1,0 +1,218 @@
+//! One `oscontent-server serve` under test, and its lifecycle.
+
+use anyhow::{anyhow, bail, ensure, Result};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use crate::access_log::{read_access_log, AccessEntry};
+use crate::http::{fetch, http1, raw_request, HttpResponse, RawResponse};
+use crate::metrics::Metrics;
+use crate::process::poll;
+
+pub mod builder;
+pub mod launch;
+
+use launch::ServerProcess;
+
+/// How long a server may take to print its address and become ready.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One `oscontent-server serve` under test: own state dir and access log,
+/// stopped (SIGTERM, then SIGKILL) on drop.
+#[derive(Debug)]
+pub struct Server {
+    /// Declared first so the process stops before `_tmp` is removed.
+    proc: ServerProcess,
+    status: Option<ExitStatus>,
+    pub url: String,
+    pub addr: SocketAddr,
+    pub state_dir: PathBuf,
+    pub access_log: PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+impl Server {
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.pid()
+    }
+
+    /// `url` + `path`.
+    pub fn url_for(&self, path: &str) -> String {
+        format!("{}{path}", self.url)
+    }
+
+    /// What the server wrote to stderr so far (colours stripped).
+    pub fn stderr(&self) -> String {
+        self.proc.stderr()
+    }
+
+    /// Waits until `/readyz` answers 200, at most `timeout`; fails if the
+    /// server exits first.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let client = http1();
+        let deadline = Instant::now() + timeout;
+        let mut last = String::new();
+        for _ in 0..10_000 {
+            if let Some(s) = self.try_status()? {
+                bail!(
+                    "server exited ({s}) before becoming ready.\nstderr:\n{}",
+                    self.stderr()
+                );
+            }
+            match client
+                .get(self.url_for("/readyz"))
+                .timeout(Duration::from_secs(5))
+                .send()
+            {
+                Ok(r) if r.status() == 200 => return Ok(()),
+                Ok(r) => last = format!("HTTP {}", r.status()),
+                Err(e) => last = e.to_string(),
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!(
+            "server not ready within {timeout:?} (last /readyz: {last}).\nstderr:\n{}",
+            self.stderr()
+        )
+    }
+
+    fn try_status(&mut self) -> Result<Option<ExitStatus>> {
+        if let Some(s) = self.status {
+            return Ok(Some(s));
+        }
+        let s = self.proc.try_wait()?;
+        self.status = s;
+        Ok(s)
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.try_status(), Ok(None))
+    }
+
+    /// Sends SIGTERM (graceful shutdown).
+    pub fn sigterm(&mut self) -> Result<()> {
+        self.signal(rustix::process::Signal::TERM)
+    }
+
+    /// Sends SIGHUP (check the source now).
+    pub fn sighup(&mut self) -> Result<()> {
+        self.signal(rustix::process::Signal::HUP)
+    }
+
+    /// SIGKILL (no cleanup at all), then reaps the process.
+    pub fn sigkill(&mut self) -> Result<ExitStatus> {
+        self.signal(rustix::process::Signal::KILL)?;
+        self.wait_exit(Duration::from_secs(10))?
+            .ok_or_else(|| anyhow!("server still running 10 s after SIGKILL"))
+    }
+
+    /// Lines of stderr (colours stripped) that contain `needle`.
+    pub fn stderr_lines(&self, needle: &str) -> Vec<String> {
+        self.stderr()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Waits until stderr has at least `n` lines containing `needle`,
+    /// polling every 10 ms for at most `timeout`; returns those lines.
+    /// Fails if the server exits first.
+    pub fn wait_stderr_lines(
+        &mut self,
+        needle: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<Vec<String>> {
+        let found = poll(timeout, || -> Result<Option<Vec<String>>> {
+            let lines = self.stderr_lines(needle);
+            if lines.len() >= n {
+                return Ok(Some(lines));
+            }
+            if let Some(s) = self.try_status()? {
+                bail!(
+                    "server exited ({s}) before logging {n} line(s) with {needle:?}.\nstderr:\n{}",
+                    self.stderr()
+                );
+            }
+            Ok(None)
+        })?;
+        found.ok_or_else(|| {
+            anyhow!(
+                "no {n} line(s) with {needle:?} on stderr within {timeout:?}.\nstderr:\n{}",
+                self.stderr()
+            )
+        })
+    }
+
+    fn signal(&mut self, sig: rustix::process::Signal) -> Result<()> {
+        if self.try_status()?.is_some() {
+            return Ok(());
+        }
+        self.proc.signal(sig)
+    }
+
+    /// Waits for the process to exit, at most `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<ExitStatus>> {
+        poll(timeout, || self.try_status())
+    }
+
+    /// SIGTERM, then the exit status (SIGKILL and an error after `timeout`).
+    pub fn stop(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        self.sigterm()?;
+        if let Some(s) = self.wait_exit(timeout)? {
+            return Ok(s);
+        }
+        self.signal(rustix::process::Signal::KILL)?;
+        let _ = self.wait_exit(Duration::from_secs(10));
+        bail!(
+            "server did not exit within {timeout:?} of SIGTERM; killed.\nstderr:\n{}",
+            self.stderr()
+        )
+    }
+
+    /// Every access-log line so far. A trailing partial line is left out.
+    pub fn access_log(&self) -> Result<Vec<AccessEntry>> {
+        read_access_log(&self.access_log)
+    }
+
+    /// `GET /metrics`, parsed.
+    pub fn metrics(&self) -> Result<Metrics> {
+        let r = http1().get(self.url_for("/metrics")).send()?;
+        ensure!(r.status() == 200, "/metrics: HTTP {}", r.status());
+        Metrics::parse(&r.text()?)
+    }
+
+    /// GET over HTTP/1.1: status, headers and body.
+    pub fn get(&self, path: &str) -> Result<HttpResponse> {
+        fetch(&http1(), &self.url_for(path), &[])
+    }
+
+    /// GET with extra request headers.
+    pub fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Result<HttpResponse> {
+        fetch(&http1(), &self.url_for(path), headers)
+    }
+
+    /// A raw HTTP/1.1 request (nothing normalises the target).
+    pub fn raw(&self, method: &str, target: &str, headers: &[(&str, &str)]) -> Result<RawResponse> {
+        raw_request(self.addr, method, target, headers)
+    }
+
+    /// The served summary's bytes (must be 200).
+    pub fn summary_bytes(&self) -> Result<Vec<u8>> {
+        let r = self.get("/summary")?;
+        ensure!(r.status == 200, "/summary: HTTP {}", r.status);
+        Ok(r.body)
+    }
+
+    /// The served summary, parsed.
+    pub fn summary(&self) -> Result<oscontent_format::Summary> {
+        Ok(oscontent_format::parse_summary(&self.summary_bytes()?)?)
+    }
+}
