@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 pub mod fixtures;
 pub use fixtures::{Fixtures, Release};
 
+pub mod oci;
 pub mod proxy;
+pub mod registry;
 pub mod signing;
 
 /// Environment variable naming the directory that holds the binaries.

@@ -38,9 +38,9 @@ fn release_crosses_the_air_gap_verified_end_to_end() {
     let bundle_arg = format!("bundle:{}", bundle.display());
 
     // --- The hub: a registry only it can reach, releases, a signing key.
-    let registry = NsRegistry::start(&hub);
-    let img1 = registry.push(&hub, v1);
-    let img2 = registry.push(&hub, v2);
+    let registry = ns_registry(&hub);
+    let img1 = push_release(&registry, v1);
+    let img2 = push_release(&registry, v2);
     let o = run_bounded(
         site.exec("curl")
             .args(["-sS", "--max-time", "3"])
