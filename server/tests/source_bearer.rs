@@ -130,9 +130,9 @@ fn start_proxy(upstream: String) -> (String, Arc<Proxy>) {
 
 #[test]
 fn bearer_token_challenge_with_renewal() {
-    let reg = Registry::start(None);
+    let reg = Registry::start();
     let os = build_oscontainer("1");
-    push(&os.layout, "1", &format!("{}/os:1", reg.host()), None);
+    reg.push(&os.layout, "1", "os:1", &[]);
     let (addr, proxy) = start_proxy(format!("http://{}", reg.host()));
     let work = tempfile::tempdir().unwrap();
     let parent = work.path().join("staging");

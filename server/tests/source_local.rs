@@ -114,7 +114,7 @@ fn layers_apply_in_order_with_whiteouts_and_only_srv_repo_is_kept() {
         .dir("etc")
         .file("etc/passwd", b"root::0:0::/:/bin/sh\n")
         .symlink("bin", "/usr/bin")
-        .raw("dev/null", tar::EntryType::Char, b"", "")
+        .raw("dev/null", EntryType::Char, b"", "")
         .file("srv/other", b"not the repo")
         .finish();
     let upper = Tar::new()
@@ -129,18 +129,9 @@ fn layers_apply_in_order_with_whiteouts_and_only_srv_repo_is_kept() {
         "t",
         &[
             repo,
-            Layer {
-                tar: extra,
-                media_type: TAR,
-            },
-            Layer {
-                tar: outside,
-                media_type: ZSTD,
-            },
-            Layer {
-                tar: upper,
-                media_type: GZIP,
-            },
+            Layer::new(extra, TAR),
+            Layer::new(outside, ZSTD),
+            Layer::new(upper, GZIP),
         ],
         &[(COMMIT_LABEL, &commit)],
     );
@@ -250,11 +241,11 @@ fn symlinks_are_never_written_through() {
             vec!["`..` component"],
         ),
         (
-            Tar::new().raw("srv/repo/dev", tar::EntryType::Block, b"", ""),
+            Tar::new().raw("srv/repo/dev", EntryType::Block, b"", ""),
             vec!["device nodes"],
         ),
         (
-            Tar::new().raw("srv/repo/fifo", tar::EntryType::Fifo, b"", ""),
+            Tar::new().raw("srv/repo/fifo", EntryType::Fifo, b"", ""),
             vec!["FIFOs"],
         ),
     ];

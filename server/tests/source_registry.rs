@@ -23,15 +23,10 @@ fn write_authfile(dir: &Path, host: &str, user: &str, pass: &str) -> std::path::
 
 #[test]
 fn pulls_by_tag_and_by_digest() {
-    let reg = Registry::start(None);
+    let reg = Registry::start();
     let os = build_oscontainer("1");
-    push(
-        &os.layout,
-        "1",
-        &format!("{}/os/rhcos:4.16", reg.host()),
-        None,
-    );
-    let manifest = reg.manifest("os/rhcos", "4.16", None);
+    reg.push(&os.layout, "1", "os/rhcos:4.16", &[]);
+    let manifest = reg.manifest("os/rhcos", "4.16").0;
     let digest = sha256(&manifest);
     let parent = tempfile::tempdir().unwrap();
     let o = opts(&[reg.host()]);
@@ -88,14 +83,9 @@ fn pulls_by_tag_and_by_digest() {
 
 #[test]
 fn basic_auth_from_an_auth_file() {
-    let reg = Registry::start(Some(("puller", "s3cret")));
+    let reg = Registry::with_auth("puller", "s3cret");
     let os = build_oscontainer("1");
-    push(
-        &os.layout,
-        "1",
-        &format!("{}/os:1", reg.host()),
-        Some(("puller", "s3cret")),
-    );
+    reg.push(&os.layout, "1", "os:1", &[]);
     let work = tempfile::tempdir().unwrap();
     let parent = work.path().join("staging");
     let image = format!("docker://{}/os:1", reg.host());
@@ -133,16 +123,11 @@ fn basic_auth_from_an_auth_file() {
 
 #[test]
 fn mirrors_when_the_primary_is_unreachable() {
-    let reg = Registry::start(None);
+    let reg = Registry::start();
     let os = build_oscontainer("1");
     // The mirror holds the image under a namespace: the prefix is rewritten.
-    push(
-        &os.layout,
-        "1",
-        &format!("{}/mirrored/os:1", reg.host()),
-        None,
-    );
-    let digest = sha256(&reg.manifest("mirrored/os", "1", None));
+    reg.push(&os.layout, "1", "mirrored/os:1", &[]);
+    let digest = sha256(&reg.manifest("mirrored/os", "1").0);
     let work = tempfile::tempdir().unwrap();
     let conf = work.path().join("registries.conf");
     let write_conf = |pull_from: &str| {
@@ -193,7 +178,7 @@ pull-from-mirror = "{pull_from}"
 
 #[test]
 fn zstd_layers() {
-    let reg = Registry::start(None);
+    let reg = Registry::start();
     let os = build_oscontainer("1");
     let zst = os.work.path().join("oci-zstd");
     run(std::process::Command::new("skopeo")
@@ -207,8 +192,8 @@ fn zstd_layers() {
         ])
         .arg(format!("oci:{}:1", os.layout.display()))
         .arg(format!("oci:{}:1", zst.display())));
-    push(&zst, "1", &format!("{}/os:zstd", reg.host()), None);
-    let m = String::from_utf8(reg.manifest("os", "zstd", None)).unwrap();
+    reg.push(&zst, "1", "os:zstd", &[]);
+    let m = String::from_utf8(reg.manifest("os", "zstd").0).unwrap();
     assert!(m.contains("tar+zstd"), "{m}");
     let parent = tempfile::tempdir().unwrap();
     let s = fetch(
@@ -222,7 +207,7 @@ fn zstd_layers() {
 
 #[test]
 fn picks_the_platform_from_a_manifest_list() {
-    let reg = Registry::start(None);
+    let reg = Registry::start();
     let work = tempfile::tempdir().unwrap();
     let layout = work.path().join("oci");
     let (amd64, commit) = repo_layer(&work.path().join("amd64"));
@@ -276,7 +261,7 @@ fn picks_the_platform_from_a_manifest_list() {
 
 #[test]
 fn docker_schema2_manifests_and_manifest_lists() {
-    let reg = Registry::start(None);
+    let reg = Registry::start();
     let work = tempfile::tempdir().unwrap();
     let layout = work.path().join("oci");
     let (amd64, commit) = repo_layer(&work.path().join("amd64"));
@@ -337,10 +322,10 @@ fn docker_schema2_manifests_and_manifest_lists() {
 
 #[test]
 fn a_flipped_byte_in_a_stored_blob_is_refused() {
-    let reg = Registry::start(None);
+    let reg = Registry::start();
     let os = build_oscontainer("1");
-    push(&os.layout, "1", &format!("{}/os:1", reg.host()), None);
-    let layer = reg.first_layer("os", "1", None);
+    reg.push(&os.layout, "1", "os:1", &[]);
+    let layer = reg.first_layer("os", "1");
     let data = reg.blob_data(&layer);
     let mut bytes = std::fs::read(&data).unwrap();
     let mid = bytes.len() / 2;
@@ -367,10 +352,10 @@ fn a_flipped_byte_in_a_stored_blob_is_refused() {
 
 #[test]
 fn a_truncated_blob_is_refused() {
-    let reg = Registry::start(None);
+    let reg = Registry::start();
     let os = build_oscontainer("1");
-    push(&os.layout, "1", &format!("{}/os:1", reg.host()), None);
-    let layer = reg.first_layer("os", "1", None);
+    reg.push(&os.layout, "1", "os:1", &[]);
+    let layer = reg.first_layer("os", "1");
     let data = reg.blob_data(&layer);
     let len = std::fs::metadata(&data).unwrap().len();
     std::fs::OpenOptions::new()
@@ -395,10 +380,10 @@ fn a_truncated_blob_is_refused() {
 
 #[test]
 fn a_manifest_that_does_not_match_its_digest_is_refused() {
-    let reg = Registry::start(None);
+    let reg = Registry::start();
     let os = build_oscontainer("1");
-    push(&os.layout, "1", &format!("{}/os:1", reg.host()), None);
-    let digest = sha256(&reg.manifest("os", "1", None));
+    reg.push(&os.layout, "1", "os:1", &[]);
+    let digest = sha256(&reg.manifest("os", "1").0);
     let parent = tempfile::tempdir().unwrap();
     let o = opts(&[reg.host()]);
 
@@ -433,12 +418,12 @@ fn a_manifest_that_does_not_match_its_digest_is_refused() {
 
 #[test]
 fn an_image_without_the_commit_label_is_refused() {
-    let reg = Registry::start(None);
+    let reg = Registry::start();
     let work = tempfile::tempdir().unwrap();
     let (layer, _) = repo_layer(work.path());
     let layout = work.path().join("oci");
     write_layout(&layout, "1", &[layer], &[("version", "1.0")]);
-    push(&layout, "1", &format!("{}/os:nolabel", reg.host()), None);
+    reg.push(&layout, "1", "os:nolabel", &[]);
     let parent = tempfile::tempdir().unwrap();
     let e = assert_failed(
         fetch(
@@ -456,7 +441,7 @@ fn an_image_without_the_commit_label_is_refused() {
 fn https_registry_without_insecure_fails_cleanly() {
     // The test registry speaks plain HTTP; without --insecure-registry the
     // client insists on TLS and must fail without leaving anything.
-    let reg = Registry::start(None);
+    let reg = Registry::start();
     let parent = tempfile::tempdir().unwrap();
     let o = FetchOptions {
         connect_timeout: std::time::Duration::from_secs(5),

@@ -1,18 +1,23 @@
-//! A loopback HTTP/1.1 proxy that injects faults in front of a server:
-//! `503`s for the first requests of chosen paths, and connections reset
-//! in the middle of a response body. It speaks HTTP/1.1 only, so a
+//! Misbehaving proxies on loopback.
+//!
+//! [`FaultProxy`]: an HTTP/1.1 proxy that injects faults in front of a
+//! server: `503`s for the first requests of chosen paths, and connections
+//! reset in the middle of a response body. It speaks HTTP/1.1 only, so a
 //! client's HTTP/2 prior-knowledge attempt fails against it (which is how
 //! the suites exercise the client's fallback).
 //!
+//! [`StallProxy`]: a TCP proxy whose connections stall after a number of
+//! response bytes, until it is unthrottled.
+//!
 //! Bounded: one thread per connection, every read has a timeout and a
-//! size cap, and the accept loop stops when the proxy is dropped.
+//! size cap, and the accept loops stop when the proxy is dropped.
 
 use anyhow::{Context, Result};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Per-socket read/write timeout.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
@@ -232,4 +237,151 @@ fn serve_conn(
         }
         client.write_all(&resp)?;
     }
+}
+
+/// Forwards 127.0.0.1:port to an upstream; each connection forwards at most
+/// `limit` response bytes and then holds the connection open without
+/// sending more (a stalled transfer), until the limit is raised or the
+/// proxy is dropped.
+pub struct StallProxy {
+    pub port: u16,
+    limit: Arc<AtomicU64>,
+    stalled: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    accept: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Longest a proxy thread lives.
+const PROXY_LIFETIME: Duration = Duration::from_secs(300);
+
+impl StallProxy {
+    pub fn start(upstream: SocketAddr, limit: u64) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let limit = Arc::new(AtomicU64::new(limit));
+        let stalled = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (l, s, st) = (limit.clone(), stalled.clone(), stop.clone());
+        let accept = std::thread::spawn(move || {
+            let deadline = Instant::now() + PROXY_LIFETIME;
+            while !st.load(Ordering::Relaxed) && Instant::now() < deadline {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        let Ok(up) = TcpStream::connect_timeout(&upstream, Duration::from_secs(5))
+                        else {
+                            continue;
+                        };
+                        let (l, s, st) = (l.clone(), s.clone(), st.clone());
+                        std::thread::spawn(move || proxy_conn(client, up, l, s, st));
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        Self {
+            port,
+            limit,
+            stalled,
+            stop,
+            accept: Some(accept),
+        }
+    }
+
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Whether a connection has reached the limit and is holding.
+    pub fn stalled(&self) -> bool {
+        self.stalled.load(Ordering::Relaxed)
+    }
+
+    /// No limit from now on (held connections resume).
+    pub fn unthrottle(&self) {
+        self.limit.store(u64::MAX, Ordering::Relaxed);
+    }
+}
+
+impl Drop for StallProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn proxy_conn(
+    client: TcpStream,
+    up: TcpStream,
+    limit: Arc<AtomicU64>,
+    stalled: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+) {
+    let tick = Some(Duration::from_millis(100));
+    let _ = client.set_read_timeout(tick);
+    let _ = up.set_read_timeout(tick);
+    let (mut c_r, mut c_w) = (client.try_clone().unwrap(), client);
+    let (mut u_r, mut u_w) = (up.try_clone().unwrap(), up);
+    let done = Arc::new(AtomicBool::new(false));
+    // Requests: client to upstream, unthrottled.
+    let (d, st) = (done.clone(), stop.clone());
+    let requests = std::thread::spawn(move || {
+        let deadline = Instant::now() + PROXY_LIFETIME;
+        let mut buf = [0u8; 16384];
+        while !d.load(Ordering::Relaxed) && !st.load(Ordering::Relaxed) && Instant::now() < deadline
+        {
+            match c_r.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if u_w.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break,
+            }
+        }
+        d.store(true, Ordering::Relaxed);
+        let _ = u_w.shutdown(std::net::Shutdown::Both);
+    });
+    // Responses: upstream to client, at most `limit` bytes.
+    let deadline = Instant::now() + PROXY_LIFETIME;
+    let mut sent: u64 = 0;
+    let mut buf = [0u8; 16384];
+    while !done.load(Ordering::Relaxed)
+        && !stop.load(Ordering::Relaxed)
+        && Instant::now() < deadline
+    {
+        let room = limit.load(Ordering::Relaxed).saturating_sub(sent);
+        if room == 0 {
+            stalled.store(true, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(20));
+            continue;
+        }
+        let want = buf.len().min(usize::try_from(room).unwrap_or(usize::MAX));
+        match u_r.read(&mut buf[..want]) {
+            Ok(0) => break,
+            Ok(n) => {
+                if c_w.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+                sent += n as u64;
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    let _ = c_w.shutdown(std::net::Shutdown::Both);
+    let _ = requests.join();
 }

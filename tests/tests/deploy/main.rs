@@ -18,21 +18,18 @@
 //! Build first: `cargo build --workspace --bins`; needs kubectl (kustomize
 //! v5), docker-registry, skopeo, htpasswd, openssl and ostree.
 
-#[path = "../image/support.rs"]
-mod support;
+mod manifest;
+mod plan;
 
+use manifest::{Manifest, INJECTED_CA_KEY};
+use oscontent_testkit::registry::{write_authfile, Pki, Registry};
 use oscontent_testkit::*;
+use plan::{materialize, plan, probes, Plan, ProbeCheck, Provided, Subst, IMAGE_ENV};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
-use support::{pull_and_fsck, Registry};
-use xtask::deploy::decode::Object;
-use xtask::deploy::policy::{self, SERVER_CONTAINER};
 
-/// The env var holding the oscontainer reference (expanded into `--image`
-/// by the kubelet's `$(VAR)` rule).
-const IMAGE_ENV: &str = "OSCONTAINER_IMAGE";
 /// Registry credentials the pull secret carries.
 const USER: &str = "oscontent";
 const PASS: &str = "pull-secret-password";
@@ -42,80 +39,6 @@ const PASS: &str = "pull-secret-password";
 const SIGNED_READY_TIMEOUT: Duration = Duration::from_secs(240);
 /// How long the first fetch may take to fail (nothing pushed yet).
 const FIRST_ERROR_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The server's Deployment pod, its server container, and the ConfigMaps.
-struct Manifest {
-    pod: xtask::deploy::k8s_openapi::api::core::v1::PodSpec,
-    server: xtask::deploy::k8s_openapi::api::core::v1::Container,
-    config_maps: BTreeMap<String, xtask::deploy::k8s_openapi::api::core::v1::ConfigMap>,
-}
-
-fn manifest() -> Manifest {
-    let r = xtask::deploy::render_base().unwrap_or_else(|e| panic!("{e:#}"));
-    let mut config_maps = BTreeMap::new();
-    let mut pod = None;
-    for o in r.objects {
-        match o {
-            Object::ConfigMap(c) => {
-                config_maps.insert(c.metadata.name.clone().unwrap(), c);
-            }
-            Object::Deployment(d) => pod = d.spec.and_then(|s| s.template.spec),
-            _ => {}
-        }
-    }
-    let pod = pod.expect("the base renders one Deployment with a pod spec");
-    let server = pod
-        .containers
-        .iter()
-        .find(|c| c.name == SERVER_CONTAINER)
-        .expect("a server container")
-        .clone();
-    Manifest {
-        pod,
-        server,
-        config_maps,
-    }
-}
-
-/// The kubelet's `$(VAR)` expansion (`$$` escapes; unknown names stay).
-fn expand(arg: &str, env: &BTreeMap<String, String>) -> String {
-    let mut out = String::new();
-    let mut rest = arg;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        let tail = &rest[i..];
-        if let Some(t) = tail.strip_prefix("$$") {
-            out.push('$');
-            rest = t;
-        } else if let Some((name, after)) = tail
-            .strip_prefix("$(")
-            .and_then(|t| t.split_once(')'))
-            .filter(|(n, _)| env.contains_key(*n))
-        {
-            out.push_str(&env[name]);
-            rest = after;
-        } else {
-            out.push('$');
-            rest = &tail[1..];
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
-#[test]
-fn kubelet_expansion() {
-    let env = BTreeMap::from([("A".to_owned(), "x".to_owned())]);
-    for (arg, want) in [
-        ("--i=docker://$(A)", "--i=docker://x"),
-        ("$$(A)", "$(A)"),
-        ("$(B)", "$(B)"),
-        ("$(A)$(A)", "xx"),
-        ("a$", "a$"),
-    ] {
-        assert_eq!(expand(arg, &env), want, "{arg}");
-    }
-}
 
 /// The long flags `oscontent-server serve --help` lists.
 fn supported_flags() -> BTreeSet<String> {
@@ -134,299 +57,6 @@ fn supported_flags() -> BTreeSet<String> {
             format!("--{name}")
         })
         .collect()
-}
-
-/// A throwaway CA and a registry certificate for 127.0.0.1 it signed.
-struct Pki {
-    ca: PathBuf,
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let mut cmd = Command::new("openssl");
-    cmd.current_dir(dir).args(args);
-    check_output(&mut cmd, Duration::from_secs(60))
-        .unwrap_or_else(|e| panic!("openssl (Debian package openssl): {e:#}"));
-}
-
-fn pki(dir: &Path) -> Pki {
-    std::fs::create_dir_all(dir).unwrap();
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:P-256",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-days",
-        "2",
-        "-subj",
-        "/CN=oscontent e2e CA",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-    ]);
-    openssl(dir, &ca);
-    let mut csr = vec!["req"];
-    csr.extend(ec);
-    csr.extend([
-        "-subj",
-        "/CN=127.0.0.1",
-        "-keyout",
-        "reg.key",
-        "-out",
-        "reg.csr",
-    ]);
-    openssl(dir, &csr);
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\n\
-         keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "reg.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-            "-out",
-            "reg.crt",
-        ],
-    );
-    Pki {
-        ca: dir.join("ca.crt"),
-        cert: dir.join("reg.crt"),
-        key: dir.join("reg.key"),
-    }
-}
-
-/// What the test puts where the cluster would: files by (volume source
-/// name, key). Anything a mounted ConfigMap renders is used as rendered.
-struct Provided {
-    files: BTreeMap<(String, String), Vec<u8>>,
-}
-
-/// Materializes each of the server's volumeMounts as a directory under
-/// `root`, returning mountPath -> directory.
-fn materialize(m: &Manifest, provided: &Provided, root: &Path) -> BTreeMap<String, PathBuf> {
-    let mut map = BTreeMap::new();
-    let mut used = BTreeSet::new();
-    for vm in m.server.volume_mounts.iter().flatten() {
-        let dir = root.join(&vm.name);
-        std::fs::create_dir_all(&dir).unwrap();
-        let vol = m
-            .pod
-            .volumes
-            .iter()
-            .flatten()
-            .find(|v| v.name == vm.name)
-            .unwrap_or_else(|| panic!("mount {} has no volume", vm.name));
-        // (source name, key, path in the mount, rendered content if any)
-        let mut files: Vec<(String, String, String, Option<Vec<u8>>)> = Vec::new();
-        let items_path =
-            |items: &Option<Vec<xtask::deploy::k8s_openapi::api::core::v1::KeyToPath>>,
-             key: &str|
-             -> Option<String> {
-                match items {
-                    None => Some(key.to_owned()),
-                    Some(items) => items.iter().find(|i| i.key == key).map(|i| i.path.clone()),
-                }
-            };
-        if let Some(cm) = &vol.config_map {
-            let rendered = m
-                .config_maps
-                .get(&cm.name)
-                .unwrap_or_else(|| panic!("ConfigMap {} is not rendered", cm.name));
-            for (k, v) in rendered.data.iter().flatten() {
-                if let Some(p) = items_path(&cm.items, k) {
-                    files.push((cm.name.clone(), k.clone(), p, Some(v.clone().into_bytes())));
-                }
-            }
-            for ((src, k), _) in provided.files.iter() {
-                if *src == cm.name && !files.iter().any(|f| &f.1 == k) {
-                    let p = items_path(&cm.items, k).unwrap();
-                    files.push((src.clone(), k.clone(), p, None));
-                }
-            }
-        } else if let Some(s) = &vol.secret {
-            let name = s.secret_name.clone().unwrap();
-            for ((src, k), _) in provided.files.iter() {
-                if *src == name {
-                    let p = items_path(&s.items, k)
-                        .unwrap_or_else(|| panic!("Secret {name} key {k} is not in items"));
-                    files.push((name.clone(), k.clone(), p, None));
-                }
-            }
-        } else {
-            assert!(
-                vol.empty_dir.is_some(),
-                "volume {} is neither ConfigMap, Secret nor emptyDir",
-                vol.name
-            );
-        }
-        for (src, key, path, rendered) in files {
-            // Fixture content replaces a rendered placeholder (the trusted
-            // keys); otherwise the rendered bytes are used.
-            let bytes = match provided.files.get(&(src.clone(), key.clone())) {
-                Some(b) => {
-                    used.insert((src.clone(), key.clone()));
-                    b.clone()
-                }
-                None => rendered.unwrap(),
-            };
-            let dest = dir.join(&path);
-            std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
-            std::fs::write(&dest, bytes).unwrap();
-        }
-        map.insert(vm.mount_path.clone(), dir);
-    }
-    let unused: Vec<_> = provided
-        .files
-        .keys()
-        .filter(|k| !used.contains(*k))
-        .collect();
-    assert!(
-        unused.is_empty(),
-        "provided content no mount took: {unused:?}"
-    );
-    map
-}
-
-/// One applied substitution, for the audit.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum Subst {
-    MountPath(String),
-    Listen,
-    RegistryHost,
-}
-
-struct Plan {
-    args: Vec<String>,
-    env: Vec<(String, String)>,
-    applied: BTreeSet<Subst>,
-    /// The image reference's `repository:tag` (what to push).
-    image_name: String,
-    /// The rendered --listen port (what the probes name).
-    listen_port: i32,
-}
-
-fn plan(
-    m: &Manifest,
-    mounts: &BTreeMap<String, PathBuf>,
-    registry_host: &str,
-    supported: &BTreeSet<String>,
-) -> Plan {
-    let mut applied = BTreeSet::new();
-    // Env: verbatim, except the registry host of the image reference.
-    let mut env = BTreeMap::new();
-    let mut image_name = None;
-    for e in m.server.env.iter().flatten() {
-        assert!(e.value_from.is_none(), "env {} uses valueFrom", e.name);
-        let mut v = e.value.clone().unwrap_or_default();
-        if e.name == IMAGE_ENV {
-            let (host, name) = v.split_once('/').expect("HOST/REPO:TAG");
-            assert!(host.contains('.'), "{v}: the reference names its registry");
-            image_name = Some(name.to_owned());
-            v = format!("{registry_host}/{name}");
-            applied.insert(Subst::RegistryHost);
-        }
-        env.insert(e.name.clone(), v);
-    }
-    let rendered_args = m.server.args.clone().unwrap_or_default();
-    let flags = policy::server_flags(&rendered_args).unwrap();
-    let mut listen_port = None;
-    let mut args = vec![rendered_args[0].clone()];
-    for (k, v) in flags {
-        assert!(
-            supported.contains(&k),
-            "the manifest passes {k}, which the server does not know"
-        );
-        let v = expand(&v, &env);
-        let value = if k == "--listen" {
-            listen_port = v.rsplit_once(':').and_then(|(_, p)| p.parse().ok());
-            applied.insert(Subst::Listen);
-            "127.0.0.1:0".to_owned()
-        } else if let Some((mp, dir)) = mounts
-            .iter()
-            .filter(|(mp, _)| v == **mp || v.starts_with(&format!("{mp}/")))
-            .max_by_key(|(mp, _)| mp.len())
-        {
-            applied.insert(Subst::MountPath(mp.clone()));
-            format!("{}{}", dir.display(), &v[mp.len()..])
-        } else {
-            assert!(!v.starts_with('/'), "{k}={v} is a path outside every mount");
-            v
-        };
-        args.push(format!("{k}={value}"));
-    }
-    Plan {
-        args,
-        env: env.into_iter().collect(),
-        applied,
-        image_name: image_name.expect("the manifest sets OSCONTAINER_IMAGE"),
-        listen_port: listen_port.expect("--listen=ADDR:PORT"),
-    }
-}
-
-/// A probe from the manifest, resolved.
-struct ProbeCheck {
-    what: &'static str,
-    path: String,
-    /// Succeeds only once verified content is published.
-    means_ready: bool,
-}
-
-fn probes(m: &Manifest, listen_port: i32) -> Vec<ProbeCheck> {
-    let ports = m.server.ports.clone().unwrap_or_default();
-    let mut out = Vec::new();
-    for (what, p, means_ready) in [
-        ("startupProbe", &m.server.startup_probe, true),
-        ("readinessProbe", &m.server.readiness_probe, true),
-        ("livenessProbe", &m.server.liveness_probe, false),
-    ] {
-        let h = p
-            .as_ref()
-            .and_then(|p| p.http_get.clone())
-            .unwrap_or_else(|| panic!("{what} is not an httpGet"));
-        use xtask::deploy::k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-        let port = match &h.port {
-            IntOrString::Int(n) => *n,
-            IntOrString::String(name) => {
-                ports
-                    .iter()
-                    .find(|p| p.name.as_deref() == Some(name))
-                    .unwrap_or_else(|| panic!("{what}: no port named {name}"))
-                    .container_port
-            }
-        };
-        assert_eq!(
-            port, listen_port,
-            "{what} probes port {port}, the server listens on {listen_port}"
-        );
-        assert_eq!(h.scheme.as_deref().unwrap_or("HTTP"), "HTTP", "{what}");
-        out.push(ProbeCheck {
-            what,
-            path: h.path.clone().unwrap_or_else(|| "/".into()),
-            means_ready,
-        });
-    }
-    out
 }
 
 /// The kubelet's verdict: HTTP 200-399 succeeds.
@@ -462,57 +92,78 @@ fn keygen(dir: &Path) -> Trust {
     }
 }
 
-#[test]
-fn base_args_serve_probes_and_ostree_pull() {
-    require_ostree();
-    let m = manifest();
-    let supported = supported_flags();
-    let signing = supported.contains("--trusted-keys") && supported.contains("--signatures");
-    assert!(
-        signing,
-        "the server must take --trusted-keys and --signatures, as the manifests pass them"
-    );
+/// A fresh bare-user repo with the server as remote `os`; pulls `r`,
+/// checks it resolves to `commit`, and fscks.
+fn pull_and_fsck(server: &Server, r: &str, commit: &str) -> (tempfile::TempDir, Ostree) {
     let tmp = tempdir();
-    let pki = pki(&tmp.path().join("pki"));
-    let reg = Registry::start_tls(&pki.cert, &pki.key, Some((USER, PASS)));
-    let trust = signing.then(|| keygen(tmp.path()));
+    let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
+    repo.remote_add("os", &server.url, &[]).unwrap();
+    repo.pull(&["os", r]).unwrap_or_else(|e| {
+        panic!(
+            "stock ostree pull of {r}: {e:#}\nserver stderr:\n{}",
+            server.stderr()
+        )
+    });
+    assert_eq!(
+        repo.rev_parse(&format!("os:{r}")).unwrap(),
+        commit,
+        "os:{r} points at the image's commit"
+    );
+    repo.fsck().unwrap();
+    (tmp, repo)
+}
 
-    // What the cluster would put in the volumes the manifest mounts.
-    let auth = tmp.path().join("auth.json");
-    support::write_authfile(&auth, &reg.host(), USER, PASS);
-    let ca_bundle = m
-        .config_maps
+/// The first ConfigMap whose (hashed) name starts with `prefix`.
+fn config_map(m: &Manifest, prefix: &str) -> String {
+    m.config_maps
         .keys()
-        .find(|n| n.starts_with("oscontent-ca-bundle"))
-        .expect("the CA bundle ConfigMap")
-        .clone();
-    let trusted_keys = m
-        .config_maps
-        .keys()
-        .find(|n| n.starts_with("oscontent-trusted-keys"))
-        .expect("the trusted keys ConfigMap")
-        .clone();
+        .find(|n| n.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no ConfigMap {prefix}-*"))
+        .clone()
+}
+
+/// What the cluster would put in the volumes the manifest mounts: the
+/// pull secret, the CA bundle OpenShift injects into the labelled
+/// ConfigMap, and the trusted keys.
+fn provided(m: &Manifest, auth: &Path, pki: &Pki, trust: Option<&Trust>) -> Provided {
     let mut files = BTreeMap::from([
         (
             (
                 "oscontent-pull-secret".to_owned(),
                 ".dockerconfigjson".to_owned(),
             ),
-            std::fs::read(&auth).unwrap(),
+            std::fs::read(auth).unwrap(),
         ),
-        // What OpenShift injects into the labelled ConfigMap.
         (
-            (ca_bundle, policy::INJECTED_CA_KEY.to_owned()),
+            (
+                config_map(m, "oscontent-ca-bundle"),
+                INJECTED_CA_KEY.to_owned(),
+            ),
             std::fs::read(&pki.ca).unwrap(),
         ),
     ]);
-    if let Some(t) = &trust {
-        files.insert((trusted_keys, "trusted-keys.asc".into()), t.public.clone());
+    if let Some(t) = trust {
+        files.insert(
+            (
+                config_map(m, "oscontent-trusted-keys"),
+                "trusted-keys.asc".into(),
+            ),
+            t.public.clone(),
+        );
     }
-    let mounts = materialize(&m, &Provided { files }, &tmp.path().join("mounts"));
-    let plan = plan(&m, &mounts, &reg.host(), &supported);
+    Provided { files }
+}
 
-    // Nothing but the intended substitutions.
+/// Nothing but the intended substitutions: undoing them must give back
+/// every rendered arg as the kubelet would expand it, byte for byte, and
+/// every env value.
+fn audit(
+    m: &Manifest,
+    plan: &Plan,
+    mounts: &BTreeMap<String, PathBuf>,
+    supported: &BTreeSet<String>,
+    registry_host: &str,
+) {
     let mount_paths: BTreeSet<String> = mounts.keys().cloned().collect();
     for s in &plan.applied {
         match s {
@@ -521,20 +172,16 @@ fn base_args_serve_probes_and_ostree_pull() {
         }
     }
     assert!(plan.applied.contains(&Subst::Listen) && plan.applied.contains(&Subst::RegistryHost));
-    let rendered_args = m.server.args.clone().unwrap();
+    let rendered_args = m.args();
     assert_eq!(
         plan.args.len(),
         rendered_args.len(),
         "every rendered arg is used"
     );
-    // Undo exactly the intended substitutions: what remains must be the
-    // rendered arg as the kubelet would expand it, byte for byte.
     let manifest_env: BTreeMap<String, String> = m
-        .server
-        .env
-        .iter()
-        .flatten()
-        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .env()
+        .into_iter()
+        .map(|e| (e.name, e.value.unwrap_or_default()))
         .collect();
     let manifest_host = manifest_env[IMAGE_ENV]
         .split('/')
@@ -548,8 +195,8 @@ fn base_args_serve_probes_and_ostree_pull() {
         }))
         .collect();
     for (r, f) in kept_rendered.iter().zip(&plan.args) {
-        let mut back = f.replace(&reg.host(), &manifest_host);
-        for (mp, dir) in &mounts {
+        let mut back = f.replace(registry_host, &manifest_host);
+        for (mp, dir) in mounts {
             back = back.replace(&*dir.to_string_lossy(), mp);
         }
         if back.starts_with("--listen=") {
@@ -559,21 +206,24 @@ fn base_args_serve_probes_and_ostree_pull() {
         }
         assert_eq!(
             back,
-            expand(r, &manifest_env),
+            plan::expand(r, &manifest_env),
             "{f} is not {r} with only the intended substitutions"
         );
     }
     for (k, v) in &plan.env {
         let want = &manifest_env[k];
         if k == IMAGE_ENV {
-            assert_eq!(v.replacen(&reg.host(), &manifest_host, 1), *want);
+            assert_eq!(v.replacen(registry_host, &manifest_host, 1), *want);
         } else {
             assert_eq!(v, want, "env {k}");
         }
     }
     assert_eq!(plan.env.len(), manifest_env.len());
-    let probes = probes(&m, plan.listen_port);
-    let state = mounts
+}
+
+/// The mount directory `--state-dir` names.
+fn state_dir(plan: &Plan, mounts: &BTreeMap<String, PathBuf>) -> PathBuf {
+    mounts
         .iter()
         .find(|(mp, _)| {
             plan.args
@@ -581,16 +231,19 @@ fn base_args_serve_probes_and_ostree_pull() {
                 .any(|a| a == &format!("--state-dir={}", mounts[*mp].display()))
         })
         .map(|(_, d)| d.clone())
-        .expect("--state-dir is a mount");
+        .expect("--state-dir is a mount")
+}
 
-    // Start before the image exists: the fetch fails, nothing is ready.
+/// Starts the server before the image exists: the fetch fails, nothing
+/// is ready (503), and liveness holds.
+fn start_unready(plan: &Plan, state: &Path, probes: &[ProbeCheck]) -> Server {
     let mut s = Server::verbatim(&plan.args, &plan.env)
-        .state_dir(&state)
+        .state_dir(state)
         .spawn()
         .unwrap_or_else(|e| panic!("{e:#}"));
     s.wait_stderr_lines("\"level\":\"ERROR\"", 1, FIRST_ERROR_TIMEOUT)
         .unwrap_or_else(|e| panic!("{e:#}"));
-    for p in &probes {
+    for p in probes {
         let (ok, status) = probe_ok(&s, &p.path);
         assert_eq!(
             ok, !p.means_ready,
@@ -601,7 +254,57 @@ fn base_args_serve_probes_and_ostree_pull() {
             assert_eq!(status, 503, "{}", p.what);
         }
     }
+    s
+}
 
+/// The node side as deploy/README.md configures it: gpg-verify and
+/// gpg-verify-summary with the release key imported.
+fn verified_pull(s: &Server, key: &Path) {
+    let node = tempdir();
+    let repo = Ostree::init(&node.path().join("repo"), "bare-user").unwrap();
+    let import = format!("--gpg-import={}", key.display());
+    repo.run([
+        "remote",
+        "add",
+        "--set=gpg-verify=true",
+        "--set=gpg-verify-summary=true",
+        import.as_str(),
+        "os",
+        s.url.as_str(),
+    ])
+    .unwrap();
+    repo.pull(&["os", fixture_ref()])
+        .unwrap_or_else(|e| panic!("verified pull: {e:#}\n{}", s.stderr()));
+}
+
+#[test]
+fn base_args_serve_probes_and_ostree_pull() {
+    require_ostree();
+    let m = manifest::manifest();
+    let supported = supported_flags();
+    let signing = supported.contains("--trusted-keys") && supported.contains("--signatures");
+    assert!(
+        signing,
+        "the server must take --trusted-keys and --signatures, as the manifests pass them"
+    );
+    let tmp = tempdir();
+    let pki = Pki::generate(&tmp.path().join("pki")).unwrap_or_else(|e| panic!("{e:#}"));
+    let reg = Registry::builder()
+        .tls(&pki.cert, &pki.key)
+        .auth(USER, PASS)
+        .start()
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let trust = signing.then(|| keygen(tmp.path()));
+
+    let auth = tmp.path().join("auth.json");
+    write_authfile(&auth, &reg.host(), USER, PASS);
+    let provided = provided(&m, &auth, &pki, trust.as_ref());
+    let mounts = materialize(&m, &provided, &tmp.path().join("mounts"));
+    let plan = plan(&m, &mounts, &reg.host(), &supported);
+    audit(&m, &plan, &mounts, &supported, &reg.host());
+    let probes = probes(&m, plan.listen_port);
+
+    let mut s = start_unready(&plan, &state_dir(&plan, &mounts), &probes);
     reg.push_release(v1(), &plan.image_name, &[]);
     if let Some(t) = &trust {
         sign_into_bundle(
@@ -635,24 +338,7 @@ fn base_args_serve_probes_and_ostree_pull() {
         v1().commit
     );
     if signing {
-        // The node side as deploy/README.md configures it: gpg-verify and
-        // gpg-verify-summary with the release key imported.
-        let node = tempdir();
-        let repo = Ostree::init(&node.path().join("repo"), "bare-user").unwrap();
-        let key = tmp.path().join("sign.pub");
-        let import = format!("--gpg-import={}", key.display());
-        repo.run([
-            "remote",
-            "add",
-            "--set=gpg-verify=true",
-            "--set=gpg-verify-summary=true",
-            import.as_str(),
-            "os",
-            s.url.as_str(),
-        ])
-        .unwrap();
-        repo.pull(&["os", fixture_ref()])
-            .unwrap_or_else(|e| panic!("verified pull: {e:#}\n{}", s.stderr()));
+        verified_pull(&s, &tmp.path().join("sign.pub"));
     }
     s.stop(Duration::from_secs(60)).unwrap();
 }

@@ -127,24 +127,79 @@ fn s(p: &Path) -> String {
     p.display().to_string()
 }
 
+/// The genuine releases v1 and v2 (v2 the child of v1), each an
+/// oscontainer root holding an archive repo.
+fn releases(t: &Path) -> (Rel, Rel) {
+    let mut rels = Vec::new();
+    let mut parent: Option<String> = None;
+    for (n, (version, ts)) in RELEASES.iter().enumerate() {
+        let root = t.join(format!("v{}", n + 1));
+        let repo = root.join("srv/repo");
+        let r = Ostree::init(&repo, "archive").unwrap();
+        let tree = t.join(format!("tree-v{}", n + 1));
+        os_tree(&tree, version, n as u32 + 1);
+        let commit = commit_tree(&r, &tree, REF, version, ts, parent.as_deref()).unwrap();
+        parent = Some(commit.clone());
+        rels.push(Rel { root, repo, commit });
+    }
+    let v2 = rels.pop().unwrap();
+    let v1 = rels.pop().unwrap();
+    (v1, v2)
+}
+
+/// The attacker's release: a small tree, bound to the genuine ref,
+/// committed with stock ostree, with `parent` (v2) as its parent. Its
+/// repo and commit.
+fn attacker_release(t: &Path, parent: &str) -> (PathBuf, String) {
+    let arepo = t.join("attacker/repo");
+    let ar = Ostree::init(&arepo, "archive").unwrap();
+    let tree = t.join("attacker/tree");
+    std::fs::create_dir_all(tree.join("usr/bin")).unwrap();
+    std::fs::write(tree.join("usr/bin/backdoor"), "#!/bin/sh\necho owned\n").unwrap();
+    std::fs::create_dir_all(tree.join("etc")).unwrap();
+    std::fs::write(
+        tree.join("etc/os-release"),
+        format!("VERSION_ID={ATTACKER_VERSION}\n"),
+    )
+    .unwrap();
+    let commit = commit_tree(
+        &ar,
+        &tree,
+        REF,
+        ATTACKER_VERSION,
+        ATTACKER_TIMESTAMP,
+        Some(parent),
+    )
+    .unwrap();
+    (arepo, commit)
+}
+
+/// Nodes that pulled v1, and then v2, the careful way (from the genuine
+/// servers, with the trusted key): their repos.
+fn careful_nodes(
+    t: &Path,
+    [(s1, v1), (s2, v2)]: [(&Server, &Rel); 2],
+    key: &Path,
+) -> (PathBuf, PathBuf) {
+    let base_v1 = t.join("base-v1");
+    let n1 = Ostree::init(&base_v1, "archive").unwrap();
+    add_signed_remote(&n1, "origin", &s1.url, key, true).unwrap();
+    n1.pull(&["origin", REF]).unwrap();
+    let base_v2 = t.join("base-v2");
+    let n2 = fork_repo(&base_v1, &base_v2).unwrap();
+    set_remote_url(&n2, "origin", &s2.url).unwrap();
+    n2.pull(&["--timestamp-check", "origin", REF]).unwrap();
+    let head = |n: &Ostree| n.rev_parse(&format!("origin:{}", REF)).unwrap();
+    assert_eq!(head(&n1), v1.commit, "the v1 node is at v1");
+    assert_eq!(head(&n2), v2.commit, "the v2 node is at v2");
+    (base_v1, base_v2)
+}
+
 impl Lab {
     fn build() -> Lab {
         let tmp = tempdir();
         let t = tmp.path();
-        let mut rels = Vec::new();
-        let mut parent: Option<String> = None;
-        for (n, (version, ts)) in RELEASES.iter().enumerate() {
-            let root = t.join(format!("v{}", n + 1));
-            let repo = root.join("srv/repo");
-            let r = Ostree::init(&repo, "archive").unwrap();
-            let tree = t.join(format!("tree-v{}", n + 1));
-            os_tree(&tree, version, n as u32 + 1);
-            let commit = commit_tree(&r, &tree, REF, version, ts, parent.as_deref()).unwrap();
-            parent = Some(commit.clone());
-            rels.push(Rel { root, repo, commit });
-        }
-        let v2 = rels.pop().unwrap();
-        let v1 = rels.pop().unwrap();
+        let (v1, v2) = releases(t);
         let trusted = keygen(&t.join("keys"), "trusted", &[]).unwrap();
         let attacker = keygen(&t.join("keys"), "attacker", &[]).unwrap();
 
@@ -156,28 +211,7 @@ impl Lab {
         sign(&osc(&v2), &trusted, &b2).unwrap();
         sign(&osc(&v2), &attacker, &a2).unwrap();
 
-        // The attacker's release: a small tree, bound to the genuine ref,
-        // committed with stock ostree, with v2 as its parent.
-        let arepo = t.join("attacker/repo");
-        let ar = Ostree::init(&arepo, "archive").unwrap();
-        let tree = t.join("attacker/tree");
-        std::fs::create_dir_all(tree.join("usr/bin")).unwrap();
-        std::fs::write(tree.join("usr/bin/backdoor"), "#!/bin/sh\necho owned\n").unwrap();
-        std::fs::create_dir_all(tree.join("etc")).unwrap();
-        std::fs::write(
-            tree.join("etc/os-release"),
-            format!("VERSION_ID={ATTACKER_VERSION}\n"),
-        )
-        .unwrap();
-        let attacker_commit = commit_tree(
-            &ar,
-            &tree,
-            REF,
-            ATTACKER_VERSION,
-            ATTACKER_TIMESTAMP,
-            Some(&v2.commit),
-        )
-        .unwrap();
+        let (arepo, attacker_commit) = attacker_release(t, &v2.commit);
         let aa = t.join("attacker-bundle");
         sign(&["--repo".to_owned(), s(&arepo)], &attacker, &aa).unwrap();
 
@@ -194,18 +228,7 @@ impl Lab {
             .start()
             .unwrap_or_else(|e| panic!("attacker server: {e:#}"));
 
-        // Nodes that pulled v1, and then v2, the careful way.
-        let base_v1 = t.join("base-v1");
-        let n1 = Ostree::init(&base_v1, "archive").unwrap();
-        add_signed_remote(&n1, "origin", &s1.url, &trusted.public, true).unwrap();
-        n1.pull(&["origin", REF]).unwrap();
-        let base_v2 = t.join("base-v2");
-        let n2 = fork_repo(&base_v1, &base_v2).unwrap();
-        set_remote_url(&n2, "origin", &s2.url).unwrap();
-        n2.pull(&["--timestamp-check", "origin", REF]).unwrap();
-        let head = |n: &Ostree| n.rev_parse(&format!("origin:{}", REF)).unwrap();
-        assert_eq!(head(&n1), v1.commit, "the v1 node is at v1");
-        assert_eq!(head(&n2), v2.commit, "the v2 node is at v2");
+        let (base_v1, base_v2) = careful_nodes(t, [(&s1, &v1), (&s2, &v2)], &trusted.public);
 
         let o1 = list_objects(&v1.repo).unwrap();
         let o2 = list_objects(&v2.repo).unwrap();

@@ -74,10 +74,28 @@ const VERIFY: &[i32] = &[exit::VERIFICATION];
 /// unverifiable, both documented.
 const OVERSIZED: &[i32] = &[exit::NETWORK, exit::VERIFICATION];
 
+/// The genuine v2 server, where most attacks forward by default.
+fn v2(l: &Lab) -> String {
+    l.s2.url.clone()
+}
+
+/// Every attack, in id order.
 fn attacks() -> Vec<Attack> {
-    fn v2(l: &Lab) -> String {
-        l.s2.url.clone()
-    }
+    [
+        content_swaps(),
+        ref_hijacks(),
+        signature_attacks(),
+        replays(),
+        summary_lies(),
+        object_lies(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// Objects swapped for others: valid ones, or garbage.
+fn content_swaps() -> Vec<Attack> {
     vec![
         Attack {
             id: "1a",
@@ -139,6 +157,12 @@ fn attacks() -> Vec<Attack> {
             },
             ours: VERIFY,
         },
+    ]
+}
+
+/// The ref moved to an attacker's commit, signed or not.
+fn ref_hijacks() -> Vec<Attack> {
+    vec![
         Attack {
             id: "3a",
             what: "the ref (summary and refs/heads) points at an attacker's unsigned commit",
@@ -196,6 +220,12 @@ fn attacks() -> Vec<Attack> {
             },
             ours: VERIFY,
         },
+    ]
+}
+
+/// Signatures stripped, or made by an untrusted key.
+fn signature_attacks() -> Vec<Attack> {
+    vec![
         Attack {
             id: "4a",
             what: "signatures stripped (commitmeta and summary.sig 404)",
@@ -256,13 +286,23 @@ fn attacks() -> Vec<Attack> {
             },
             ours: VERIFY,
         },
-        Attack {
-            id: "6a",
-            what: "downgrade: the validly signed v1 summary and commit replayed to a node at v2",
-            base: Base::V2,
-            setup: |l| (l.s1.url.clone(), table(vec![])),
-            ours: &[exit::DOWNGRADE],
-        },
+    ]
+}
+
+/// A genuine older release replayed.
+fn replays() -> Vec<Attack> {
+    vec![Attack {
+        id: "6a",
+        what: "downgrade: the validly signed v1 summary and commit replayed to a node at v2",
+        base: Base::V2,
+        setup: |l| (l.s1.url.clone(), table(vec![])),
+        ours: &[exit::DOWNGRADE],
+    }]
+}
+
+/// A summary announced as huge, endless, or garbage.
+fn summary_lies() -> Vec<Attack> {
+    vec![
         Attack {
             id: "7a",
             what: "a summary announced as 1 GiB",
@@ -311,6 +351,13 @@ fn attacks() -> Vec<Attack> {
             },
             ours: VERIFY,
         },
+    ]
+}
+
+/// A commit, its detached metadata or the summary signature: huge,
+/// endless, or garbage.
+fn object_lies() -> Vec<Attack> {
+    vec![
         Attack {
             id: "7d",
             what: "a garbage commit object",

@@ -486,7 +486,10 @@ fn a_gzip_bomb_hits_the_ratio_limit() {
             w.write_all(b)
         };
         put(w, &head)?;
-        put(w, &tar_header("srv/repo/tmp/zeros", b'0', ZEROS, "", 0o644))?;
+        put(
+            w,
+            tar_header("srv/repo/tmp/zeros", EntryType::Regular, ZEROS, "", 0o644).as_bytes(),
+        )?;
         let zeros = vec![0u8; 1 << 20];
         for _ in 0..(ZEROS >> 20) {
             put(w, &zeros)?;

@@ -52,7 +52,7 @@ fn pull_by_digest_with_a_docker_schema2_manifest() {
 #[test]
 fn pull_with_basic_auth_from_authfile_and_env() {
     let v1 = v1();
-    let reg = Registry::start_with_auth("e2e-user", "e2e-secret-pass");
+    let reg = Registry::with_auth("e2e-user", "e2e-secret-pass");
     reg.push_release(v1, "os:v1", &[]);
     let tmp = tempdir();
     let good = tmp.path().join("auth.json");

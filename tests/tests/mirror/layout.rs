@@ -9,9 +9,9 @@ use oscontent_testkit::*;
 fn image_into_an_oci_layout_keeps_digests_and_copies_only_new_blobs() {
     let (v1, v2) = (v1(), v2());
     let ns = NetNs::create("layout");
-    let registry = NsRegistry::start(&ns);
-    let img1 = registry.push(&ns, v1);
-    let img2 = registry.push(&ns, v2);
+    let registry = ns_registry(&ns);
+    let img1 = push_release(&registry, v1);
+    let img2 = push_release(&registry, v2);
     let (_t, work) = dir();
     let layout = work.join("layout");
     let dest = format!("oci:{}", layout.display());

@@ -1,8 +1,9 @@
 //! Helpers: a registry inside a namespace, the server binary inside one,
 //! mirror runs and their JSON reports, fixture object sets.
 
-use crate::netns::{NetNs, Proc};
+use crate::netns::NetNs;
 use anyhow::{bail, Result};
+pub use oscontent_testkit::registry::Registry;
 use oscontent_testkit::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,53 +31,17 @@ pub fn ok(cmd: &mut Command) -> String {
 }
 
 /// A `docker-registry` on loopback inside `ns`, storage in a tempdir.
-pub struct NsRegistry {
-    _proc: Proc,
-    pub dir: tempfile::TempDir,
+pub fn ns_registry(ns: &NetNs) -> Registry {
+    Registry::builder()
+        .netns(&ns.name, REGISTRY)
+        .start()
+        .unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-impl NsRegistry {
-    pub fn start(ns: &NetNs) -> NsRegistry {
-        let dir = tempdir();
-        let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {REGISTRY}\n",
-                dir.path().join("storage").display()
-            ),
-        )
-        .unwrap();
-        let proc = Proc::spawn(ns.exec("docker-registry").arg("serve").arg(&config))
-            .expect("docker-registry (Debian package docker-registry) must be installed");
-        ns.wait_http(&format!("http://{REGISTRY}/v2/"), Duration::from_secs(30))
-            .unwrap_or_else(|e| panic!("{e:#}\nregistry stderr:\n{}", proc.stderr()));
-        NsRegistry { _proc: proc, dir }
-    }
-
-    /// Pushes a fixture release as `os:VERSION` (from inside `ns`).
-    pub fn push(&self, ns: &NetNs, r: &Release) -> String {
-        let src = format!("oci:{}:{}", fixtures().oci_layout.display(), r.version);
-        let dst = format!("docker://{REGISTRY}/os:{}", r.version);
-        ok(ns
-            .exec("skopeo")
-            .args(["--insecure-policy", "copy", "-q", "--dest-tls-verify=false"])
-            .args([&src, &dst]));
-        dst
-    }
-}
-
-impl NsRegistry {
-    /// Where the registry stores the blob with this digest.
-    pub fn blob_data(&self, digest: &str) -> PathBuf {
-        let hex = digest.strip_prefix("sha256:").unwrap();
-        self.dir
-            .path()
-            .join("storage/docker/registry/v2/blobs/sha256")
-            .join(&hex[..2])
-            .join(hex)
-            .join("data")
-    }
+/// Pushes a fixture release as `os:VERSION` (from inside the registry's
+/// namespace); the image reference.
+pub fn push_release(registry: &Registry, r: &Release) -> String {
+    registry.push_release(r, &format!("os:{}", r.version), &[])
 }
 
 /// A server inside a namespace, listening where it was told.

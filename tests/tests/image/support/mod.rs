@@ -1,0 +1,102 @@
+//! Helpers for the image suite: the testkit's registry and OCI builders,
+//! hand-made oscontainers for the attacks, a stalling TCP proxy, and the
+//! checks every failure must pass.
+
+#![allow(dead_code)]
+
+mod failure;
+mod pull;
+
+pub use failure::*;
+pub use pull::*;
+
+pub use oscontent_testkit::oci::*;
+pub use oscontent_testkit::proxy::StallProxy;
+pub use oscontent_testkit::registry::{write_authfile, Registry};
+use oscontent_testkit::*;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Ref bound into the hand-made images' commits.
+pub const TINY_REF: &str = "tiny/x86_64/stable";
+/// Bound on one skopeo / gzip / umoci run.
+pub const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a failing server may take to log an error (one attempt).
+pub const ERROR_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs a tool, which must succeed, within [`TOOL_TIMEOUT`]; stdout.
+pub fn tool(cmd: &mut Command) -> String {
+    local_only(cmd);
+    check_output(cmd, TOOL_TIMEOUT).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// `skopeo --insecure-policy ARGS...`.
+pub fn skopeo(args: &[&str]) -> String {
+    tool(Command::new("skopeo").arg("--insecure-policy").args(args))
+}
+
+/// A server builder for `refs` from `reg`: plain HTTP to it, and a
+/// one-second backoff so that retries show up quickly.
+pub fn image_server(reg: &Registry, refs: &[String]) -> ServerBuilder {
+    Server::images(refs).args(["--insecure-registry", &reg.host(), "--max-backoff", "1"])
+}
+
+/// Flips one byte of a file in place (xor 0xff) at `offset`.
+pub fn flip_byte(path: &Path, offset: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b[0] ^= 0xff;
+    f.write_all_at(&b, offset).unwrap();
+    f.sync_all().unwrap();
+}
+
+/// A hand-made oscontainer: a tiny archive repo (one commit bound to
+/// [`TINY_REF`], version `version`) as `srv/repo`, then whatever `extra`
+/// appends to the same layer (after the repo, so that the staging dir has
+/// content when the bad entry comes).
+pub struct Crafted {
+    pub work: tempfile::TempDir,
+    pub layout: PathBuf,
+    pub tag: String,
+    pub commit: String,
+    pub version: String,
+}
+
+pub fn crafted(seed: u32, extra: impl FnOnce(Tar) -> Tar) -> Crafted {
+    let work = tempdir();
+    let version = format!("1.{seed}");
+    let repo = work.path().join("repo");
+    let commit = tiny_repo(
+        &repo,
+        &[TinyCommit {
+            version: &version,
+            bind_ref: Some(TINY_REF),
+            seed,
+        }],
+    )
+    .unwrap()
+    .remove(0);
+    let tar = extra(Tar::new().dir("srv").tree("srv/repo", &repo)).finish();
+    let layout = work.path().join("oci");
+    let tag = "crafted".to_owned();
+    write_layout(
+        &layout,
+        &tag,
+        &[Layer::gz(tar)],
+        &[(COMMIT_LABEL, &commit), ("version", &version)],
+    );
+    Crafted {
+        work,
+        layout,
+        tag,
+        commit,
+        version,
+    }
+}
