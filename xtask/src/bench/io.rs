@@ -1387,23 +1387,12 @@ fn draw_chart(
     if panels.is_empty() {
         return None;
     }
-    let path = logs.join(format!("io-{}.png", update.trim_end_matches('%')));
-    match chart::draw(
-        &path,
-        &format!(
-            "bench io, {update} update: neighbour fdatasync latency (blue: update window, orange: post-pull sync)"
-        ),
-        &panels,
-    ) {
-        Ok(true) => Some(path),
-        Ok(false) => {
-            eprintln!(
-                "xtask: WARNING: {} not found (Debian fonts-dejavu-core); {} has no text",
-                chart::FONT,
-                path.display()
-            );
-            Some(path)
-        }
+    let path = logs.join(format!("io-{}.svg", update.trim_end_matches('%')));
+    let title = format!(
+        "bench io, {update} update: neighbour fdatasync latency (blue: update window, orange: post-pull sync)"
+    );
+    match chart::draw(&path, &title, &panels) {
+        Ok(()) => Some(path),
         Err(e) => {
             eprintln!("xtask: WARNING: no chart: {e:#}");
             None
