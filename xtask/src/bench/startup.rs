@@ -26,13 +26,13 @@
 //! its time to ready ≤ the anchor's.
 
 use super::scratch::{self, DiskStats, ScratchFs, ScratchOptions, Usage};
-use super::{check_interrupted, run_bounded, Stopper, Summary};
+use super::{check_interrupted, http_status, run_bounded, Stopper, Summary};
 use crate::fixtures::{self, FixtureSpec, Release, Scale};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader, Write};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
@@ -720,33 +720,4 @@ fn pull_extract_arm(
         cpu_s: cpu,
         timeline: Vec::new(),
     })
-}
-
-/// The status code of `GET path` (HTTP/1.1, plain), or None on any error.
-/// Loopback only; bounded by its timeouts and a 256-byte read.
-pub(crate) fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
-    let t = Duration::from_secs(2);
-    let mut s = TcpStream::connect_timeout(&addr, t).ok()?;
-    s.set_read_timeout(Some(t)).ok()?;
-    s.set_write_timeout(Some(t)).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut buf = Vec::with_capacity(256);
-    let mut chunk = [0u8; 256];
-    while !buf.contains(&b'\n') && buf.len() < 256 {
-        let n = s.read(&mut chunk).ok()?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let line = String::from_utf8_lossy(&buf);
-    let mut parts = line.split_whitespace();
-    if !parts.next()?.starts_with("HTTP/") {
-        return None;
-    }
-    parts.next()?.parse().ok()
 }
