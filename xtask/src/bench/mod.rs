@@ -8,12 +8,13 @@
 //! - [`registry::Registry`]: a real `docker-registry` on 127.0.0.1, and
 //!   `skopeo` pushes into it;
 //! - process helpers with time bounds ([`run_bounded`], [`Stopper`]);
-//! - Ctrl-C handling ([`interrupt`]): signals become a flag that every
+//! - Ctrl-C handling ([`interrupt()`]): signals become a flag that every
 //!   wait loop polls, so the `Drop`s that unmount, detach and kill run;
 //! - preconditions ([`require`]), cold caches ([`drop_caches`]), summary
 //!   statistics ([`Summary`]) and the report plumbing every benchmark
 //!   shares ([`report`]: where results go, the git revision, the machine).
 
+pub mod interrupt;
 pub mod io;
 pub mod process;
 pub mod registry;
@@ -21,71 +22,16 @@ pub mod report;
 pub mod scratch;
 pub mod startup;
 
+pub use interrupt::{check_interrupted, interrupt, interrupted, sleep};
 pub use process::{http_status, run_bounded, server_binary, tail, Stopper};
 pub use report::{bench_dir, git_state, load, mib, results_path, utc_stamp, Summary};
 
 use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::OnceLock;
 
 use crate::deps;
-
-static INTERRUPTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
-
-/// Turns SIGINT, SIGTERM and SIGHUP into a flag that [`check_interrupted`]
-/// reports, instead of killing the process before its `Drop`s run (which
-/// would leave mounts and loop devices behind). A second signal while the
-/// first is being handled exits at once (status 1), for a stuck cleanup.
-/// Idempotent.
-pub fn interrupt() -> Result<()> {
-    if INTERRUPTED.get().is_some() {
-        return Ok(());
-    }
-    let flag = Arc::new(AtomicBool::new(false));
-    for sig in [
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGHUP,
-    ] {
-        // Order matters: the conditional shutdown sees the flag as the
-        // previous signal left it.
-        signal_hook::flag::register_conditional_shutdown(sig, 1, Arc::clone(&flag))
-            .context("installing a signal handler")?;
-        signal_hook::flag::register(sig, Arc::clone(&flag))
-            .context("installing a signal handler")?;
-    }
-    let _ = INTERRUPTED.set(flag);
-    Ok(())
-}
-
-/// Whether a signal arrived since [`interrupt`].
-pub fn interrupted() -> bool {
-    INTERRUPTED.get().is_some_and(|f| f.load(Ordering::Relaxed))
-}
-
-/// An error if a signal arrived: call it in every wait loop.
-pub fn check_interrupted() -> Result<()> {
-    if interrupted() {
-        bail!("interrupted; cleaning up");
-    }
-    Ok(())
-}
-
-/// Sleeps `d` in short steps, returning early with an error on a signal.
-pub fn sleep(d: Duration) -> Result<()> {
-    let end = Instant::now() + d;
-    loop {
-        check_interrupted()?;
-        let now = Instant::now();
-        if now >= end {
-            return Ok(());
-        }
-        std::thread::sleep((end - now).min(Duration::from_millis(50)));
-    }
-}
 
 /// One thing a benchmark needs: a command on PATH (and the Debian package
 /// that ships it).

@@ -2,7 +2,7 @@
 //! for [`super::interrupt`]'s flag, and a [`Stopper`] ends its child on
 //! drop, so a failed or interrupted benchmark leaves no process behind.
 
-use super::{check_interrupted, interrupted};
+use super::interrupt::{check_interrupted, interrupted};
 use crate::testrun;
 use anyhow::{bail, Context, Result};
 use std::fs::File;

@@ -124,7 +124,7 @@ pub fn kernel() -> String {
 }
 
 /// The server binary a benchmark runs and how it was built: the given one
-/// ("given"), or the release build ([`super::server_binary`]).
+/// ("given"), or the release build ([`super::process::server_binary`]).
 pub fn server(given: Option<&Path>) -> Result<(PathBuf, String)> {
     let (bin, profile) = match given {
         Some(p) => (
@@ -132,7 +132,7 @@ pub fn server(given: Option<&Path>) -> Result<(PathBuf, String)> {
             "given".to_owned(),
         ),
         None => {
-            let (p, prof) = super::server_binary()?;
+            let (p, prof) = super::process::server_binary()?;
             (p, prof.to_owned())
         }
     };

@@ -2,10 +2,13 @@
 //! `ostree pull` (with and without `--per-object-fsync`), and `oscontent
 //! pull` in each `--io-mode` its client offers.
 
-use super::{IoOptions, DEFAULT_IO_MODES};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The io-modes the client is expected to offer (team brief), used when
+/// its `--help` lists none.
+pub const DEFAULT_IO_MODES: &[&str] = &["paced", "stock-like", "per-object-fsync"];
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Arm {
@@ -136,19 +139,24 @@ pub struct Client {
 }
 
 impl Client {
-    /// The client and its io-modes when the `--arms` filter wants an
-    /// oscontent arm (it wants all by default); none otherwise.
-    pub fn resolve(opts: &IoOptions) -> Result<Client> {
-        let wants_client = opts.arms.as_ref().is_none_or(|f| {
+    /// The client (`--client-bin`, else a release build) and its io-modes
+    /// (`--io-modes`) when the `--arms` filter wants an oscontent arm (it
+    /// wants all by default); none otherwise.
+    pub fn resolve(
+        arms: Option<&[String]>,
+        client_bin: Option<&Path>,
+        io_modes: Option<&[String]>,
+    ) -> Result<Client> {
+        let wants_client = arms.is_none_or(|f| {
             f.iter()
                 .any(|a| a.trim() == "oscontent" || a.trim().starts_with("oscontent:"))
         });
         if !wants_client {
             return Ok(Client::default());
         }
-        let bin = client_binary(opts.client_bin.as_deref())?;
+        let bin = client_binary(client_bin)?;
         let (listed, default) = client_modes(&bin)?;
-        let modes = chosen_modes(&bin, opts.io_modes.as_deref(), listed)?;
+        let modes = chosen_modes(&bin, io_modes, listed)?;
         let default_mode = default.or_else(|| modes.first().cloned());
         Ok(Client {
             bin: Some(bin),

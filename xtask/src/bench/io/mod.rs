@@ -68,7 +68,7 @@ pub mod results;
 pub mod stats;
 pub mod trial;
 
-pub use self::arms::{parse_io_modes, select_arms, Arm};
+pub use self::arms::{parse_io_modes, select_arms, Arm, DEFAULT_IO_MODES};
 pub use self::render::render;
 pub use self::results::{ArmSummary, Calibration, EtcdTrial, Report, Target, Trial, UpdateReport};
 
@@ -89,9 +89,6 @@ pub const MAX_TARGET: f64 = 3.0;
 pub const TIME_TARGET: f64 = 1.3;
 /// Target: bytes written to the device / new objects' allocated size.
 pub const BYTES_TARGET: f64 = 1.1;
-/// The io-modes the client is expected to offer (team brief), used when
-/// its `--help` lists none.
-pub const DEFAULT_IO_MODES: &[&str] = &["paced", "stock-like", "per-object-fsync"];
 /// The neighbour keeps running this long after the post-pull sync.
 pub(super) const TAIL: Duration = Duration::from_secs(1);
 /// The neighbour's file is preallocated to this size (writing wraps to the
@@ -258,7 +255,11 @@ fn setup(opts: &IoOptions) -> Result<Setup> {
     let started = SystemTime::now();
     let logs = report::logs_dir("io", started)?;
     let (server_bin, _) = report::server(opts.server_bin.as_deref())?;
-    let client = Client::resolve(opts)?;
+    let client = Client::resolve(
+        opts.arms.as_deref(),
+        opts.client_bin.as_deref(),
+        opts.io_modes.as_deref(),
+    )?;
     let arms = select_arms(opts.arms.as_deref(), &client.modes)?;
     anyhow::ensure!(!arms.is_empty(), "no arms selected");
     let pulling = arms

@@ -1,8 +1,7 @@
 //! The two ways to get a repo onto the node that `bench startup`
 //! compares: oscontent-server streaming the image, and pull-and-extract.
 
-use super::results::Trial;
-use super::{Arm, LISTEN_TIMEOUT, POLL};
+use super::results::{Arm, Trial};
 use crate::bench::scratch::{self, DiskStats, ScratchFs, Usage};
 use crate::bench::{check_interrupted, http_status, run_bounded, Stopper};
 use anyhow::{bail, Context, Result};
@@ -14,6 +13,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// How long the server may take to print its address.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(60);
+/// `/readyz` polling period (the resolution of time to ready).
+const POLL: Duration = Duration::from_millis(20);
 
 /// What the server's stderr told us, with arrival times since spawn.
 #[derive(Debug, Default)]

@@ -34,7 +34,7 @@ pub mod render;
 pub mod results;
 
 pub use self::render::render;
-pub use self::results::{ArmSummary, Report, Target, Trial};
+pub use self::results::{Arm, ArmSummary, Report, Target, Trial};
 
 /// Target: bytes written / unpacked repo size.
 pub const BYTES_TARGET: f64 = 1.05;
@@ -42,11 +42,6 @@ pub const BYTES_TARGET: f64 = 1.05;
 pub const TIME_TARGET: f64 = 1.0;
 /// Repository the fixture is pushed to.
 pub(super) const REPO: &str = "oscontent/fixture";
-/// How long the server may take to print its address.
-pub(super) const LISTEN_TIMEOUT: Duration = Duration::from_secs(60);
-/// `/readyz` polling period (the resolution of time to ready).
-pub(super) const POLL: Duration = Duration::from_millis(20);
-
 /// Options of `cargo xtask bench startup`.
 #[derive(Debug, Clone)]
 pub struct StartupOptions {
@@ -61,23 +56,6 @@ pub struct StartupOptions {
     pub drop_caches: bool,
     /// Exit non-zero when a target is missed.
     pub strict: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Arm {
-    Oscontent,
-    /// skopeo copy + umoci unpack.
-    PullExtract,
-}
-
-impl Arm {
-    pub fn label(self) -> &'static str {
-        match self {
-            Arm::Oscontent => "oscontent",
-            Arm::PullExtract => "skopeo+umoci",
-        }
-    }
 }
 
 use crate::bench::registry::Registry;

@@ -1,7 +1,6 @@
 //! The table `bench startup` prints (also rendered from a saved report).
 
-use super::results::{Report, Trial};
-use super::Arm;
+use super::results::{Arm, Report, Trial};
 use crate::bench::{mib, report, Summary};
 
 /// The table.

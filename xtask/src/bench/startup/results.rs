@@ -1,12 +1,28 @@
 //! What `bench startup` records: its trials, per-arm summaries, targets
 //! and the JSON report (`target/bench/startup-<stamp>.json`).
 
-use super::Arm;
 use crate::bench::scratch::{DiskStats, Usage};
 use crate::bench::Summary;
 use crate::fixtures::{Release, Scale};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Arm {
+    Oscontent,
+    /// skopeo copy + umoci unpack.
+    PullExtract,
+}
+
+impl Arm {
+    pub fn label(self) -> &'static str {
+        match self {
+            Arm::Oscontent => "oscontent",
+            Arm::PullExtract => "skopeo+umoci",
+        }
+    }
+}
 
 /// One arm of one run.
 #[derive(Debug, Clone, serde::Serialize)]
