@@ -52,10 +52,6 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "xfsprogs",
         "isolated XFS filesystems on loop devices for benchmarks",
     ),
-    (
-        "fonts-dejavu-core",
-        "the TrueType font bench io's PNG charts are labelled with",
-    ),
 ];
 
 fn installed(pkg: &str) -> bool {

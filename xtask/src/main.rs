@@ -54,7 +54,7 @@ enum BenchCmd {
     /// fdatasync) on the same XFS filesystem: stock `ostree pull`, `ostree
     /// pull --per-object-fsync` and `oscontent pull` in each --io-mode,
     /// against the neighbour alone. Writes target/bench/io-<time>.json and
-    /// PNG charts.
+    /// SVG charts.
     Io(IoArgs),
 }
 

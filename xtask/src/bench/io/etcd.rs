@@ -76,7 +76,7 @@ impl Etcd {
                     super::super::tail(log, 20)
                 );
             }
-            if super::super::startup::http_status(addr, "/health") == Some(200) {
+            if crate::bench::http_status(addr, "/health") == Some(200) {
                 break;
             }
             if start.elapsed() > START_TIMEOUT {

@@ -153,7 +153,7 @@ impl Server {
             .trim_start_matches("http://")
             .parse()
             .with_context(|| format!("server address in {url:?}"))?;
-        while super::super::startup::http_status(addr, "/readyz") != Some(200) {
+        while crate::bench::http_status(addr, "/readyz") != Some(200) {
             check_interrupted()?;
             if start.elapsed() > SERVER_START {
                 bail!("oscontent-server at {url} not ready within {SERVER_START:?}");
@@ -191,99 +191,153 @@ pub struct Template {
     pub objects: HashSet<String>,
 }
 
-/// Builds (or reuses) the template: a fresh XFS of `fs_bytes`, a `mode`
-/// repo pulled to v1 with stock `ostree pull` from our server, saved as an
-/// image under `dir`. Reused when a previous run made the same one.
-#[allow(clippy::too_many_arguments)]
-pub fn template(
-    dir: &Path,
-    server_bin: &Path,
-    v1: &Release,
-    ref_name: &str,
-    mode: RepoMode,
-    fs_bytes: u64,
-    logs: &Path,
-    timeout: Duration,
-) -> Result<Template> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let stem = format!(
-        "v1-{}-{}-{}m",
-        &v1.commit[..12],
-        mode.as_str(),
-        fs_bytes >> 20
-    );
-    let image = dir.join(format!("{stem}.img"));
-    let meta_path = dir.join(format!("{stem}.json"));
-    let objects_path = dir.join(format!("{stem}.objects"));
-    let want = |m: &TemplateMeta| {
-        m.version == TEMPLATE_VERSION
-            && m.v1_commit == v1.commit
-            && m.ref_name == ref_name
-            && m.mode == mode.as_str()
-    };
-    if let Ok(text) = std::fs::read_to_string(&meta_path) {
-        if let Ok(meta) = serde_json::from_str::<TemplateMeta>(&text) {
-            if want(&meta) && image.is_file() {
-                let objects: HashSet<String> = std::fs::read_to_string(&objects_path)
-                    .with_context(|| format!("reading {}", objects_path.display()))?
-                    .lines()
-                    .map(str::to_owned)
-                    .collect();
-                if objects.len() == meta.objects {
-                    eprintln!("xtask: reusing the seeded repo image {}", image.display());
-                    return Ok(Template {
-                        image,
-                        meta,
-                        objects,
-                    });
-                }
-            }
+/// What a template is seeded from: the server that serves v1, and the
+/// repo mode, ref and filesystem size it is made with.
+#[derive(Debug, Clone, Copy)]
+pub struct Seed<'a> {
+    pub server_bin: &'a Path,
+    pub v1: &'a Release,
+    pub ref_name: &'a str,
+    pub mode: RepoMode,
+    pub fs_bytes: u64,
+}
+
+/// Where a template's three files live under its directory.
+struct TemplatePaths {
+    image: PathBuf,
+    meta: PathBuf,
+    objects: PathBuf,
+    /// The image while it is being written.
+    tmp: PathBuf,
+}
+
+impl TemplatePaths {
+    fn new(dir: &Path, seed: &Seed<'_>) -> TemplatePaths {
+        let stem = format!(
+            "v1-{}-{}-{}m",
+            &seed.v1.commit[..12],
+            seed.mode.as_str(),
+            seed.fs_bytes >> 20
+        );
+        TemplatePaths {
+            image: dir.join(format!("{stem}.img")),
+            meta: dir.join(format!("{stem}.json")),
+            objects: dir.join(format!("{stem}.objects")),
+            tmp: dir.join(format!(".{stem}.img.tmp")),
         }
     }
+}
+
+/// Builds (or reuses) the template: a fresh XFS of `seed.fs_bytes`, a
+/// `seed.mode` repo pulled to v1 with stock `ostree pull` from our server,
+/// saved as an image under `dir`. Reused when a previous run made the
+/// same one.
+pub fn template(dir: &Path, seed: &Seed<'_>, logs: &Path, timeout: Duration) -> Result<Template> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let paths = TemplatePaths::new(dir, seed);
+    if let Some(t) = reuse(&paths, seed)? {
+        eprintln!("xtask: reusing the seeded repo image {}", t.image.display());
+        return Ok(t);
+    }
     // The meta file is written last: without it, the rest is stale.
-    let _ = std::fs::remove_file(&meta_path);
+    let _ = std::fs::remove_file(&paths.meta);
     eprintln!(
         "xtask: seeding a {} repo with v1 {} (stock ostree pull; not measured)",
-        mode.as_str(),
-        v1.version
+        seed.mode.as_str(),
+        seed.v1.version
     );
-    let fs = ScratchFs::create_with(&ScratchOptions::new(fs_bytes))?;
+    let fs = ScratchFs::create_with(&ScratchOptions::new(seed.fs_bytes))?;
     let repo = fs.path().join(REPO_DIR);
-    ostree(&repo, &["init", &format!("--mode={}", mode.as_str())])?;
+    let took = seed_repo(&repo, seed, logs, timeout)?;
+    let objects = list_objects(&repo)?;
+    fs.syncfs()?;
+    fs.into_image(&paths.tmp)?;
+    std::fs::rename(&paths.tmp, &paths.image).with_context(|| {
+        format!(
+            "renaming {} to {}",
+            paths.tmp.display(),
+            paths.image.display()
+        )
+    })?;
+    save(&paths, seed, objects, took)
+}
+
+/// A template an earlier run left, if it was made from the same v1, ref
+/// and mode and is complete (its meta file, image and object list).
+fn reuse(paths: &TemplatePaths, seed: &Seed<'_>) -> Result<Option<Template>> {
+    let want = |m: &TemplateMeta| {
+        m.version == TEMPLATE_VERSION
+            && m.v1_commit == seed.v1.commit
+            && m.ref_name == seed.ref_name
+            && m.mode == seed.mode.as_str()
+    };
+    let Ok(text) = std::fs::read_to_string(&paths.meta) else {
+        return Ok(None);
+    };
+    let Ok(meta) = serde_json::from_str::<TemplateMeta>(&text) else {
+        return Ok(None);
+    };
+    if !(want(&meta) && paths.image.is_file()) {
+        return Ok(None);
+    }
+    let objects: HashSet<String> = std::fs::read_to_string(&paths.objects)
+        .with_context(|| format!("reading {}", paths.objects.display()))?
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    if objects.len() != meta.objects {
+        return Ok(None);
+    }
+    Ok(Some(Template {
+        image: paths.image.clone(),
+        meta,
+        objects,
+    }))
+}
+
+/// `ostree init` and a stock `ostree pull` of v1 from a server of our
+/// own into `repo`; checks the ref landed on v1. Returns the pull's time.
+fn seed_repo(repo: &Path, seed: &Seed<'_>, logs: &Path, timeout: Duration) -> Result<Duration> {
+    ostree(repo, &["init", &format!("--mode={}", seed.mode.as_str())])?;
     let state = tempfile::Builder::new()
         .prefix("seed-state-")
         .tempdir_in(logs)
         .context("creating the seeding server's state dir")?;
     let server = Server::start(
-        server_bin,
-        &v1.oscontainer,
+        seed.server_bin,
+        &seed.v1.oscontainer,
         state.path(),
         &logs.join("seed-server.log"),
     )?;
     ostree(
-        &repo,
+        repo,
         &["remote", "add", "--no-gpg-verify", REMOTE, &server.url],
     )?;
     let took = run_bounded(
         Command::new("ostree")
             .arg(format!("--repo={}", repo.display()))
-            .args(["pull", REMOTE, ref_name]),
+            .args(["pull", REMOTE, seed.ref_name]),
         &logs.join("seed-pull.log"),
         timeout,
     )?;
     drop(server);
-    let head = ref_commit(&repo, ref_name).context("the seeded repo has no ref")?;
+    let head = ref_commit(repo, seed.ref_name).context("the seeded repo has no ref")?;
     anyhow::ensure!(
-        head == v1.commit,
+        head == seed.v1.commit,
         "the seeded repo is at {head}, expected v1 {}",
-        v1.commit
+        seed.v1.commit
     );
-    let objects = list_objects(&repo)?;
-    fs.syncfs()?;
-    let tmp = dir.join(format!(".{stem}.img.tmp"));
-    fs.into_image(&tmp)?;
-    std::fs::rename(&tmp, &image)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), image.display()))?;
+    Ok(took)
+}
+
+/// The object list, then the meta file (last: it marks the template
+/// complete).
+fn save(
+    paths: &TemplatePaths,
+    seed: &Seed<'_>,
+    objects: HashSet<String>,
+    took: Duration,
+) -> Result<Template> {
     let mut sorted: Vec<&String> = objects.iter().collect();
     sorted.sort();
     let mut text = String::new();
@@ -291,21 +345,21 @@ pub fn template(
         text += o;
         text.push('\n');
     }
-    std::fs::write(&objects_path, text)
-        .with_context(|| format!("writing {}", objects_path.display()))?;
+    std::fs::write(&paths.objects, text)
+        .with_context(|| format!("writing {}", paths.objects.display()))?;
     let meta = TemplateMeta {
         version: TEMPLATE_VERSION,
-        v1_commit: v1.commit.clone(),
-        ref_name: ref_name.to_owned(),
-        mode: mode.as_str().to_owned(),
-        fs_bytes,
+        v1_commit: seed.v1.commit.clone(),
+        ref_name: seed.ref_name.to_owned(),
+        mode: seed.mode.as_str().to_owned(),
+        fs_bytes: seed.fs_bytes,
         objects: objects.len(),
         seed_pull_s: took.as_secs_f64(),
     };
-    std::fs::write(&meta_path, serde_json::to_string_pretty(&meta)?)
-        .with_context(|| format!("writing {}", meta_path.display()))?;
+    std::fs::write(&paths.meta, serde_json::to_string_pretty(&meta)?)
+        .with_context(|| format!("writing {}", paths.meta.display()))?;
     Ok(Template {
-        image,
+        image: paths.image.clone(),
         meta,
         objects,
     })
