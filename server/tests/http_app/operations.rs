@@ -124,7 +124,8 @@ async fn metrics_and_access_log_count_requests_by_kind_and_status() {
 #[tokio::test]
 async fn a_new_generation_is_served_from_the_next_request() {
     let (fx, server) = serving_v1().await;
-    let (v1, v2) = (&fx.v1, &fx.v2);
+    let v1 = &fx.v1;
+    let v2 = &fx.release("2.0");
     let old_commit = v1.object("commit");
     let ref_path = format!("/refs/heads/{REF}");
     let before = server.get("/summary").await;

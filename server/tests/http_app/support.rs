@@ -127,26 +127,25 @@ impl Repo {
     }
 }
 
-/// Two releases and a state dir to publish them into.
+/// A release (v1) and a state dir to publish releases into.
 pub struct Fixture {
-    _work: tempfile::TempDir,
+    work: tempfile::TempDir,
     state: StateDir,
     pub v1: Repo,
-    pub v2: Repo,
 }
 
 impl Fixture {
     pub fn new() -> Self {
         let work = tempfile::tempdir().unwrap();
         let v1 = Repo::build(work.path(), "1.0");
-        let v2 = Repo::build(work.path(), "2.0");
-        let state = StateDir::open(&work.path().join("state"), &[v1.dir.clone()]).unwrap();
-        Self {
-            _work: work,
-            state,
-            v1,
-            v2,
-        }
+        let state =
+            StateDir::open(&work.path().join("state"), std::slice::from_ref(&v1.dir)).unwrap();
+        Self { work, state, v1 }
+    }
+
+    /// Another release next to v1 (only the tests that switch need one).
+    pub fn release(&self, version: &str) -> Repo {
+        Repo::build(self.work.path(), version)
     }
 
     pub fn publish(&self, repo: &Repo) -> Generation {
