@@ -1,0 +1,201 @@
+//! Every kind of archive path answers; everything else is an empty 404;
+//! only GET and HEAD are allowed (as tests/tests/serve/http.rs and
+//! traversal.rs check end to end).
+
+use crate::support::*;
+use http::StatusCode;
+
+#[tokio::test]
+async fn every_kind_of_archive_path_answers() {
+    let (fx, server) = serving_v1().await;
+    let v1 = &fx.v1;
+    let c = &v1.commit;
+    let deltas = v1.files("deltas");
+    let superblock = deltas.iter().find(|f| f.ends_with("/superblock")).unwrap();
+    let part = deltas.iter().find(|f| f.ends_with("/0")).unwrap();
+    let index = &v1.files("delta-indexes")[0];
+    let commitmeta = format!("/objects/{}/{}.commitmeta", &c[..2], &c[2..]);
+    // (path, metrics kind, Cache-Control, expected body: None = checked below)
+    let cases: Vec<(String, &str, &str, Option<Vec<u8>>)> = vec![
+        (
+            "/config".into(),
+            "config",
+            SHORT_LIVED,
+            Some(v1.disk("config")),
+        ),
+        ("/summary".into(), "summary", SHORT_LIVED, None),
+        (
+            format!("/refs/heads/{REF}"),
+            "ref",
+            SHORT_LIVED,
+            Some(format!("{c}\n").into_bytes()),
+        ),
+        (v1.object("commit"), "commit", IMMUTABLE, None),
+        (v1.object("dirtree"), "dirtree", IMMUTABLE, None),
+        (v1.object("dirmeta"), "dirmeta", IMMUTABLE, None),
+        (v1.object("filez"), "filez", IMMUTABLE, None),
+        (commitmeta, "commitmeta", SHORT_LIVED, None),
+        (format!("/{superblock}"), "delta", SHORT_LIVED, None),
+        (format!("/{part}"), "delta", SHORT_LIVED, None),
+        (format!("/{index}"), "delta_index", SHORT_LIVED, None),
+    ];
+    for (path, _, cache, want) in &cases {
+        let r = server.get(path).await;
+        assert_eq!(r.status, 200, "{path}");
+        let want = match (want, path.as_str()) {
+            (Some(w), _) => w.clone(),
+            (None, "/summary") => r.body.clone(),
+            (None, p) => v1.disk(p),
+        };
+        assert!(r.body == want, "{path}: body");
+        assert_eq!(r.header("cache-control"), Some(*cache), "{path}");
+        let len = r.body.len().to_string();
+        assert_eq!(r.header("content-length"), Some(len.as_str()), "{path}");
+        assert_eq!(r.header("accept-ranges"), Some("bytes"), "{path}");
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/octet-stream"),
+            "{path}"
+        );
+        let etag = r.header("etag").unwrap();
+        assert!(
+            etag.starts_with('"') && etag.ends_with('"'),
+            "{path}: {etag}"
+        );
+        httpdate::parse_http_date(r.header("last-modified").unwrap()).unwrap();
+    }
+    // The summary names the bound ref, the commit and the delta.
+    let s = oscontent_format::parse_summary(&server.get("/summary").await.body).unwrap();
+    assert_eq!(s.refs.len(), 1);
+    assert_eq!(
+        (s.refs[0].name.as_str(), s.refs[0].commit.to_hex()),
+        (REF, c.clone())
+    );
+    assert_eq!(s.refs[0].version.as_deref(), Some("1.0"));
+    assert_eq!(s.mode.as_deref(), Some("archive-z2"));
+    assert_eq!(s.deltas.len(), 1);
+    // No signature is published.
+    let sig = server.get("/summary.sig").await;
+    assert_eq!((sig.status, sig.body.len()), (StatusCode::NOT_FOUND, 0));
+    // Every request counted under its kind and status.
+    for (path, kind, _, _) in &cases {
+        let n = cases.iter().filter(|c| c.1 == *kind).count() as f64;
+        let got = server
+            .metric(
+                "oscontent_http_requests_total",
+                &[("kind", kind), ("status", "200")],
+            )
+            .await;
+        let extra = f64::from(u8::from(*kind == "summary"));
+        assert_eq!(got, Some(n + extra), "{path}: requests of kind {kind}");
+    }
+}
+
+#[tokio::test]
+async fn invalid_and_missing_paths_are_empty_404s() {
+    let (fx, server) = serving_v1().await;
+    let c = &fx.v1.commit;
+    let m64 = "ASNFZ4mrze8BI0VniavN7wEjRWeJq83vASNFZ4mrze8";
+    let mut targets: Vec<String> = [
+        // Valid names of absent things.
+        format!("/objects/{}/{}.filez", &ABSENT[..2], &ABSENT[2..]),
+        format!("/objects/{}/{}.commit", &ABSENT[..2], &ABSENT[2..]),
+        format!("/objects/{}/{}.dirtree", &ABSENT[..2], &ABSENT[2..]),
+        format!("/objects/{}/{}.dirmeta", &ABSENT[..2], &ABSENT[2..]),
+        "/refs/heads/no/such/ref".into(),
+        "/refs/mirrors/org.example.Os/no/such/ref".into(),
+        format!("/deltas/{}/{}/superblock", &m64[..2], &m64[2..]),
+        format!("/deltas/{}/{}/0", &m64[..2], &m64[2..]),
+        format!("/delta-indexes/{}/{}.index", &m64[..2], &m64[2..]),
+        // Names that are not ostree's.
+        format!("/objects/{}/{}.COMMIT", &c[..2], &c[2..]),
+        format!(
+            "/objects/{}/{}.commit",
+            &c[..2].to_uppercase(),
+            &c[2..].to_uppercase()
+        ),
+        format!("/objects/{}/{}.txt", &c[..2], &c[2..]),
+        format!("/objects/{}/{}.commit", &c[..2], &c[2..40]),
+        format!("/objects/{}/{}x.commit", &c[..2], &c[2..63]),
+        format!("/objects/{}{}.commit", &c[..2], &c[2..]),
+        format!("/objects/{}/{}.commit/", &c[..2], &c[2..]),
+        format!("/objects//{}/{}.commit", &c[..2], &c[2..]),
+        format!("/objects/{}/../{}/{}.commit", &c[..2], &c[..2], &c[2..]),
+        format!("/objects/%{}/{}.commit", &c[..2], &c[2..]),
+        format!("/deltas/{}/{}/01", &m64[..2], &m64[2..]),
+        format!("/refs/heads/{REF}/"),
+        format!("/refs/heads/{REF}/../stable"),
+    ]
+    .into();
+    targets.extend(
+        [
+            "/",
+            "/index.html",
+            "/objects",
+            "/objects/",
+            "/objects/01/",
+            "/refs",
+            "/refs/",
+            "/refs/heads",
+            "/refs/heads/",
+            "/deltas/",
+            "/config.bak",
+            "/summary/",
+            "/state",
+            "/.lock",
+            "//config",
+            "/./config",
+            "/../../etc/passwd",
+            "/refs/heads/../../config",
+            "/%2e%2e/%2e%2e/etc/passwd",
+            "/objects/..%2f..%2fetc%2fpasswd",
+            "//etc/passwd",
+            "/refs/heads/%2e%2e%2f%2e%2e%2fconfig",
+            "/objects/../config",
+            "/.%2e/.%2e/etc/passwd",
+            "/refs/heads/..%5c..%5cconfig",
+            "/refs/heads/..;/..;/config",
+            "/config%00",
+            "/%c0%ae%c0%ae/%c0%ae%c0%ae/etc/passwd",
+            "/delta-indexes/../../etc/passwd",
+            "/proc/self/environ",
+            "/conf%69g",
+            "/summary%2Esig",
+        ]
+        .map(String::from),
+    );
+    for t in &targets {
+        for method in ["GET", "HEAD"] {
+            let r = server.send(method, t, &[]).await;
+            assert_eq!(r.status, 404, "{method} {t}");
+            assert!(r.body.is_empty(), "{method} {t}: {:?}", r.body);
+            assert_eq!(r.header("content-length"), Some("0"), "{method} {t}");
+        }
+    }
+    // Conditionals on a missing path change nothing.
+    let r = server
+        .get_with("/refs/heads/no/such", &[("If-None-Match", "*")])
+        .await;
+    assert_eq!(r.status, 404);
+}
+
+#[tokio::test]
+async fn only_get_and_head_are_allowed_on_repo_paths() {
+    let (fx, server) = serving_v1().await;
+    let big = fx.v1.object("filez");
+    let ref_path = format!("/refs/heads/{REF}");
+    for path in ["/summary", "/config", ref_path.as_str(), big.as_str()] {
+        for m in ["POST", "PUT", "DELETE", "PATCH", "OPTIONS"] {
+            let r = server.send(m, path, &[]).await;
+            assert_eq!(r.status, 405, "{m} {path}");
+            assert_eq!(r.header("allow"), Some("GET, HEAD"), "{m} {path}");
+            assert!(r.body.is_empty(), "{m} {path}: empty body");
+        }
+    }
+    // The path is judged first: a method on a non-path is a 404.
+    let r = server.send("POST", "/no/such/thing", &[]).await;
+    assert_eq!((r.status, r.body.len()), (StatusCode::NOT_FOUND, 0));
+    // Nothing was written: the summary still names v1.
+    let s = oscontent_format::parse_summary(&server.get("/summary").await.body).unwrap();
+    assert_eq!(s.refs[0].commit.to_hex(), fx.v1.commit);
+}

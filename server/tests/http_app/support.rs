@@ -1,0 +1,277 @@
+//! Fixtures (archive repos made with the `ostree` CLI, published with the
+//! server's own publication code) and the server under test.
+
+use axum::body::Body;
+use http::{Request, StatusCode};
+use oscontent_server::publish::{self, PublishRequest, Source, StateDir};
+use oscontent_server::served::Generation;
+use oscontent_server::{app, AppState, HttpConfig};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+use tower::ServiceExt;
+
+pub const IMMUTABLE: &str = "public, max-age=31536000, immutable";
+/// `HttpConfig::default().metadata_max_age`.
+pub const SHORT_LIVED: &str = "public, max-age=30";
+/// The ref every fixture commit binds.
+pub const REF: &str = "test/os/stable";
+/// A checksum no fixture holds.
+pub const ABSENT: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+fn ostree(repo: &Path, args: &[&str]) -> String {
+    let out = Command::new("ostree")
+        .arg(format!("--repo={}", repo.display()))
+        .args(args)
+        .output()
+        .expect("running ostree");
+    assert!(
+        out.status.success(),
+        "ostree {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+/// Bytes that do not compress, so the big content object stays big.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// An archive repo holding one orphan commit bound to [`REF`], with
+/// detached metadata, a from-empty static delta and its index.
+pub struct Repo {
+    pub dir: PathBuf,
+    pub commit: String,
+}
+
+impl Repo {
+    pub fn build(work: &Path, version: &str) -> Self {
+        let dir = work.join(format!("repo-{version}"));
+        let tree = work.join(format!("tree-{version}"));
+        std::fs::create_dir_all(tree.join("usr/bin")).unwrap();
+        std::fs::write(tree.join("usr/bin/hello"), format!("hello {version}\n")).unwrap();
+        let seed = version.bytes().fold(7u64, |a, b| a * 31 + u64::from(b));
+        std::fs::write(tree.join("usr/big"), noise(200_000, seed)).unwrap();
+        ostree(&dir, &["init", "--mode=archive"]);
+        let commit = ostree(
+            &dir,
+            &[
+                "commit",
+                "--orphan",
+                &format!("--bind-ref={REF}"),
+                &format!("--add-metadata-string=version={version}"),
+                &format!("--add-detached-metadata-string=note={version}"),
+                &format!("--tree=dir={}", tree.display()),
+            ],
+        )
+        .trim()
+        .to_owned();
+        ostree(
+            &dir,
+            &[
+                "static-delta",
+                "generate",
+                "--empty",
+                &format!("--to={commit}"),
+            ],
+        );
+        ostree(&dir, &["static-delta", "reindex"]);
+        Self { dir, commit }
+    }
+
+    /// Every file under `sub`, relative to the repo, sorted.
+    pub fn files(&self, sub: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut stack = vec![self.dir.join(sub)];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    let rel = p.strip_prefix(&self.dir).unwrap();
+                    out.push(rel.to_string_lossy().into_owned());
+                }
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// The largest object file with extension `ext`, as a request path.
+    pub fn object(&self, ext: &str) -> String {
+        let suffix = format!(".{ext}");
+        let rel = self
+            .files("objects")
+            .into_iter()
+            .filter(|f| f.ends_with(&suffix))
+            .max_by_key(|f| std::fs::metadata(self.dir.join(f)).unwrap().len())
+            .unwrap_or_else(|| panic!("no .{ext} object"));
+        format!("/{rel}")
+    }
+
+    pub fn disk(&self, path: &str) -> Vec<u8> {
+        std::fs::read(self.dir.join(path.trim_start_matches('/'))).unwrap()
+    }
+}
+
+/// A release (v1) and a state dir to publish releases into.
+pub struct Fixture {
+    work: tempfile::TempDir,
+    state: StateDir,
+    pub v1: Repo,
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        let work = tempfile::tempdir().unwrap();
+        let v1 = Repo::build(work.path(), "1.0");
+        let state =
+            StateDir::open(&work.path().join("state"), std::slice::from_ref(&v1.dir)).unwrap();
+        Self { work, state, v1 }
+    }
+
+    /// Another release next to v1 (only the tests that switch need one).
+    pub fn release(&self, version: &str) -> Repo {
+        Repo::build(self.work.path(), version)
+    }
+
+    pub fn publish(&self, repo: &Repo) -> Generation {
+        let req = PublishRequest {
+            source: Source::Repo(repo.dir.clone()),
+            commit: None,
+            refs: Vec::new(),
+        };
+        publish::publish(&req, &self.state).unwrap()
+    }
+}
+
+/// An access log the test can read back.
+#[derive(Clone, Default)]
+pub struct LogBuffer(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The router over an `AppState`. Building the state and storing a
+/// generation in it happen only here, so a change to how `AppState` gets
+/// its generation is a change to these two functions.
+pub struct Server {
+    pub state: AppState,
+    log: LogBuffer,
+}
+
+impl Server {
+    pub fn new() -> Self {
+        let log = LogBuffer::default();
+        let state = AppState::new(HttpConfig::default(), Some(Box::new(log.clone())));
+        Self { state, log }
+    }
+
+    pub fn publish(&self, generation: Generation) {
+        self.state.publish(generation);
+    }
+
+    pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+        let mut req = Request::builder().method(method).uri(path);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Body::empty()).unwrap();
+        let resp = app(self.state.clone()).oneshot(req).await.unwrap();
+        let (parts, body) = resp.into_parts();
+        let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.to_vec(),
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send("GET", path, &[]).await
+    }
+
+    pub async fn get_with(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.send("GET", path, headers).await
+    }
+
+    /// One sample of the `/metrics` text.
+    pub async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let text = String::from_utf8(self.get("/metrics").await.body).unwrap();
+        text.lines().find_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = series.split_once('{').unwrap_or((series, "}"));
+            let have: BTreeMap<&str, &str> = rest
+                .trim_end_matches('}')
+                .split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k, v.trim_matches('"')))
+                .collect();
+            let want: BTreeMap<&str, &str> = labels.iter().copied().collect();
+            (n == name && have == want).then(|| value.parse().unwrap())
+        })
+    }
+
+    /// `oscontent_http_requests_total` for one kind and status.
+    pub async fn requests(&self, kind: &str, status: &str) -> Option<f64> {
+        self.metric(
+            "oscontent_http_requests_total",
+            &[("kind", kind), ("status", status)],
+        )
+        .await
+    }
+
+    pub fn access_log(&self) -> Vec<serde_json::Value> {
+        let bytes = self.log.0.lock().unwrap().clone();
+        String::from_utf8(bytes)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+/// A response, body collected.
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+}
+
+/// A fixture with v1 published.
+pub async fn serving_v1() -> (Fixture, Server) {
+    let fx = Fixture::new();
+    let server = Server::new();
+    server.publish(fx.publish(&fx.v1));
+    (fx, server)
+}
+
+pub fn date(t: SystemTime) -> String {
+    httpdate::fmt_http_date(t)
+}
