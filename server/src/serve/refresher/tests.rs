@@ -1,0 +1,1 @@
+//! Tests of the refresher state machine, with paused time.
