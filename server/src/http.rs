@@ -6,8 +6,8 @@
 use crate::conditional::{self, Precondition, RangeOutcome, Validators};
 use crate::fsutil;
 use crate::metrics::Metrics;
-use crate::served::{Generation, Layer, Resolved, MAX_METADATA_FILE};
-use arc_swap::ArcSwapOption;
+use crate::serve::sink::Sink;
+use crate::served::{Layer, Resolved, MAX_METADATA_FILE};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
@@ -49,8 +49,9 @@ impl Default for HttpConfig {
 pub struct AppState(Arc<Inner>);
 
 pub struct Inner {
-    pub current: ArcSwapOption<Generation>,
-    pub metrics: Metrics,
+    /// What the publishers published; read at each request.
+    pub sink: Arc<Sink>,
+    pub metrics: Arc<Metrics>,
     pub config: HttpConfig,
     access_log: Option<Mutex<Box<dyn Write + Send>>>,
     draining: AtomicBool,
@@ -59,7 +60,7 @@ pub struct Inner {
 impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Inner")
-            .field("current", &self.current)
+            .field("sink", &self.sink)
             .field("config", &self.config)
             .field("access_log", &self.access_log.is_some())
             .finish_non_exhaustive()
@@ -74,25 +75,19 @@ impl std::ops::Deref for AppState {
 }
 
 impl AppState {
-    pub fn new(config: HttpConfig, access_log: Option<Box<dyn Write + Send>>) -> Self {
+    /// Serves what is published into `sink`, with its metrics.
+    pub fn new(
+        config: HttpConfig,
+        sink: Arc<Sink>,
+        access_log: Option<Box<dyn Write + Send>>,
+    ) -> Self {
         Self(Arc::new(Inner {
-            current: ArcSwapOption::empty(),
-            metrics: Metrics::new(),
+            metrics: sink.metrics().clone(),
+            sink,
             config,
             access_log: access_log.map(Mutex::new),
             draining: AtomicBool::new(false),
         }))
-    }
-
-    /// Makes a generation visible in one step. Requests already holding the
-    /// previous one finish on it; it is dropped with its last request.
-    pub fn publish(&self, generation: Generation) {
-        self.metrics
-            .published_refs
-            .set(generation.derived_refs.len() as i64);
-        self.metrics.generation.set(generation.id as i64);
-        self.current.store(Some(Arc::new(generation)));
-        self.metrics.ready.set(1);
     }
 
     /// From now on `/readyz` fails, so load balancers stop sending traffic
@@ -103,7 +98,7 @@ impl AppState {
     }
 
     pub fn is_ready(&self) -> bool {
-        self.current.load().is_some() && !self.draining.load(Ordering::SeqCst)
+        self.sink.has_generation() && !self.draining.load(Ordering::SeqCst)
     }
 }
 
@@ -302,7 +297,7 @@ async fn serve_repo(
     if method != Method::GET && method != Method::HEAD {
         return Err(AppError::MethodNotAllowed);
     }
-    let Some(generation) = st.current.load_full() else {
+    let Some(generation) = st.sink.current() else {
         return Err(AppError::Unavailable);
     };
     let rp2 = rp.clone();

@@ -1,6 +1,7 @@
-//! Keeps `--image` sources published: the first fetch, then refreshes.
+//! The `--image` publisher: what one check of the images does (when to
+//! check is [`crate::serve::refresher`]'s business).
 //!
-//! A refresh (every `--refresh-interval`, or at SIGHUP) first resolves each
+//! A check (the first fetch; then every `--refresh-interval`, or at SIGHUP) first resolves each
 //! image reference to its manifest digest, which reads only manifests. If
 //! no digest moved, nothing else happens. Otherwise the moved images are
 //! streamed and verified afresh, the unchanged ones are reused as they are
@@ -18,40 +19,35 @@
 //! published, without fetching again, once new signatures (a changed
 //! `--signatures` bundle) verify.
 
-use crate::http::AppState;
-use crate::publish::{self, Release, StateDir};
+use crate::publish::{self, Release};
+use crate::serve::refresher::{Checked, Publisher};
 use crate::served::Generation;
-use crate::signing::{self, SignatureOptions, SignatureWatch};
+use crate::signing::{self, SignatureOptions};
 use crate::source::{self, FetchOptions, ImageRef, StagedImage};
+use crate::state::StateDir;
 use anyhow::{Context, Result};
 use oscontent_format::Checksum;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::sync::Notify;
 
-/// First wait after a failed fetch; doubles up to `max_backoff`.
-pub const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
+/// Under the state dir: where images are staged and kept while served.
+pub const IMAGES_DIR: &str = "images";
 
-/// What the publisher needs, fixed for the server's life.
+/// What the publisher needs, fixed for the server's life, and the images
+/// it published.
 #[derive(Debug)]
 pub struct ImagePublisher {
-    pub images: Vec<ImageRef>,
-    pub opts: FetchOptions,
+    images: Vec<ImageRef>,
+    opts: FetchOptions,
     /// Where images are staged (under the state dir).
-    pub staging: PathBuf,
-    pub state_dir: Arc<StateDir>,
-    pub app: AppState,
-    pub max_backoff: Duration,
-    /// Check the references for new digests this often; `None`: only at
-    /// SIGHUP.
-    pub refresh_interval: Option<Duration>,
-    /// Fired by SIGHUP: check now.
-    pub refresh_now: Arc<Notify>,
+    staging: PathBuf,
+    state_dir: Arc<StateDir>,
     /// Signatures to install, make and verify at each publication.
-    pub sigs: SignatureOptions,
-    /// How often to look for new signatures (when `sigs` is active).
-    pub signatures_poll: Duration,
+    sigs: SignatureOptions,
+    /// What is served now.
+    current: Option<Vec<Current>>,
+    /// Staged and verified, refused for signatures only.
+    pending: Option<Vec<Current>>,
 }
 
 /// Removes a staged image when the last generation serving it is dropped,
@@ -82,180 +78,62 @@ struct Current {
     guard: Arc<StagedGuard>,
 }
 
-/// Outcome of one check, for logs and metrics.
-#[derive(Debug)]
-enum Checked {
-    Published,
-    Unchanged,
-    /// Staged and verified, but the signatures did not verify.
-    Refused(anyhow::Error),
-}
-
-/// What ended a wait.
-#[derive(Debug, PartialEq, Eq)]
-enum Trigger {
-    /// The refresh interval or a retry.
-    Timer,
-    Sighup,
-    /// New signatures, or a summary that moved.
-    Signatures,
-}
-
 impl ImagePublisher {
-    /// Runs until the task is aborted (at shutdown): publishes the images
-    /// once (retrying with backoff), then refreshes on the interval and at
-    /// SIGHUP. Never returns an error: failures are logged, counted and
-    /// retried, and the last good generation stays served.
-    pub async fn run(self) {
-        let mut current: Option<Vec<Current>> = None;
-        // Staged and verified, refused for signatures only.
-        let mut pending: Option<Vec<Current>> = None;
-        let mut watch = SignatureWatch::default();
-        let mut backoff = INITIAL_BACKOFF;
-        // Set after a failure: retry after `backoff` even without a trigger.
-        let mut retry_in: Option<Duration> = None;
-        for attempt in 1u64.. {
-            let mut force = false;
-            if current.is_some() || retry_in.is_some() || pending.is_some() {
-                force = self
-                    .wait_for_trigger(retry_in, &watch, pending.is_some())
-                    .await
-                    == Trigger::Signatures;
-            }
-            let base = pending.as_deref().or(current.as_deref());
-            match self.check(base, force || pending.is_some()).await {
-                Ok((Checked::Unchanged, _)) => {
-                    self.count("unchanged");
-                    tracing::debug!("images unchanged");
-                    retry_in = None;
-                    backoff = INITIAL_BACKOFF;
-                }
-                Ok((Checked::Published, next)) => {
-                    self.count("published");
-                    watch.published();
-                    current = Some(next);
-                    pending = None;
-                    retry_in = None;
-                    backoff = INITIAL_BACKOFF;
-                }
-                Ok((Checked::Refused(e), next)) => {
-                    self.count("failed");
-                    let dir = self.sigs.bundle_dir.clone();
-                    watch = tokio::task::spawn_blocking(move || {
-                        watch.refused(dir.as_deref());
-                        watch
-                    })
-                    .await
-                    .unwrap_or_default();
-                    let serving = if current.is_some() {
-                        "still serving the previous generation"
-                    } else {
-                        "not ready until the signatures verify"
-                    };
-                    tracing::error!("{e:#} ({serving}; watching for new signatures)");
-                    pending = Some(next);
-                    retry_in = None;
-                    backoff = INITIAL_BACKOFF;
-                }
-                Err(e) => {
-                    self.count("failed");
-                    let serving = if current.is_some() {
-                        "still serving the previous generation"
-                    } else {
-                        "nothing published yet"
-                    };
-                    tracing::error!(attempt, retry_in = ?backoff, "{e:#} ({serving})");
-                    retry_in = Some(backoff);
-                    backoff = (backoff * 2).min(self.max_backoff);
-                }
-            }
+    pub fn new(
+        images: Vec<ImageRef>,
+        opts: FetchOptions,
+        staging: PathBuf,
+        state_dir: Arc<StateDir>,
+        sigs: SignatureOptions,
+    ) -> Self {
+        Self {
+            images,
+            opts,
+            staging,
+            state_dir,
+            sigs,
+            current: None,
+            pending: None,
         }
     }
 
-    fn count(&self, result: &str) {
-        self.app
-            .metrics
-            .source_checks
-            .with_label_values(&[result])
-            .inc();
-    }
-
-    /// Waits for SIGHUP, the refresh interval, a pending retry or new
-    /// signatures, whichever comes first.
-    async fn wait_for_trigger(
-        &self,
-        retry_in: Option<Duration>,
-        watch: &SignatureWatch,
-        pending: bool,
-    ) -> Trigger {
-        let wait = match (retry_in, self.refresh_interval) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let deadline = wait.map(|d| tokio::time::Instant::now() + d);
-        let poll = self.sigs.is_active().then_some(self.signatures_poll);
-        // Bounded by the server's life: the task is aborted at shutdown.
-        loop {
-            let step = match (deadline, poll) {
-                (Some(d), Some(p)) => Some(d.min(tokio::time::Instant::now() + p)),
-                (Some(d), None) => Some(d),
-                (None, Some(p)) => Some(tokio::time::Instant::now() + p),
-                (None, None) => None,
-            };
-            match step {
-                Some(at) => {
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(at) => {}
-                        _ = self.refresh_now.notified() => {
-                            tracing::info!("SIGHUP: checking the images now");
-                            return Trigger::Sighup;
-                        }
-                    }
-                }
-                None => {
-                    self.refresh_now.notified().await;
-                    tracing::info!("SIGHUP: checking the images now");
-                    return Trigger::Sighup;
-                }
-            }
-            if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
-                return Trigger::Timer;
-            }
-            if poll.is_some() && self.signatures_changed(watch, pending).await {
-                tracing::info!("new signatures (or a changed summary); publishing again");
-                return Trigger::Signatures;
-            }
-        }
-    }
-
-    async fn signatures_changed(&self, watch: &SignatureWatch, pending: bool) -> bool {
-        let current = self.app.current.load_full();
-        if current.is_none() && !pending {
-            // Nothing staged to publish: that is the fetch retry's job.
-            return false;
-        }
-        let dir = self.sigs.bundle_dir.clone();
-        let refused = watch.clone();
-        tokio::task::spawn_blocking(move || {
-            refused.should_republish(dir.as_deref(), current.as_deref())
-        })
-        .await
-        .unwrap_or(false)
-    }
-
-    /// Publishes a new generation if any image's digest differs from
-    /// `current` (or nothing is published yet, or `force`). On error,
+    /// A new generation if any image's digest differs from what is
+    /// published (or nothing is yet, or `force`); images waiting for
+    /// signatures are published again without fetching them. On error,
     /// whatever this call staged is removed; on a signature refusal it is
-    /// returned, to be published when signatures change.
-    async fn check(
+    /// kept, to be published when signatures change.
+    async fn check_images(&mut self, force: bool) -> Result<Checked> {
+        let base = self.pending.as_deref().or(self.current.as_deref());
+        let force = force || self.pending.is_some();
+        let Some(next) = self.stage_moved(base, force).await? else {
+            return Ok(Checked::Unchanged);
+        };
+        match self.publish(&next).await {
+            Ok(generation) => {
+                self.current = Some(next);
+                self.pending = None;
+                Ok(Checked::New(Box::new(generation)))
+            }
+            Err(e) if signing::is_signature_error(&e) => {
+                self.pending = Some(next);
+                Ok(Checked::Refused(e))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every image as it should be published: reused from `base` where its
+    /// digest did not move, fetched afresh otherwise; `None` if nothing
+    /// moved (and not `force`).
+    async fn stage_moved(
         &self,
-        current: Option<&[Current]>,
+        base: Option<&[Current]>,
         force: bool,
-    ) -> Result<(Checked, Vec<Current>)> {
+    ) -> Result<Option<Vec<Current>>> {
         let mut next = Vec::with_capacity(self.images.len());
-        let mut changed = current.is_none() || force;
+        let mut changed = base.is_none() || force;
         for (i, image) in self.images.iter().enumerate() {
-            if let Some(cur) = current.map(|c| &c[i]) {
+            if let Some(cur) = base.map(|c| &c[i]) {
                 let digest = source::resolve_digest(image, &self.opts)
                     .await
                     .with_context(|| format!("checking {image} for a new digest"))?;
@@ -268,22 +146,19 @@ impl ImagePublisher {
             next.push(self.fetch(image).await?);
             changed = true;
         }
-        if !changed {
-            return Ok((Checked::Unchanged, next));
-        }
+        Ok(changed.then_some(next))
+    }
+
+    /// Publishes the staged images as one generation (not yet visible).
+    async fn publish(&self, next: &[Current]) -> Result<Generation> {
         let releases: Vec<Release> = next.iter().map(|c| c.release.clone()).collect();
         let sd = self.state_dir.clone();
         let sigs = self.sigs.clone();
-        let published = tokio::task::spawn_blocking(move || {
+        let mut generation = tokio::task::spawn_blocking(move || {
             publish::publish_releases_signed(&releases, &sd, &sigs)
         })
         .await
-        .context("publish task")?;
-        let mut generation: Generation = match published {
-            Ok(g) => g,
-            Err(e) if signing::is_signature_error(&e) => return Ok((Checked::Refused(e), next)),
-            Err(e) => return Err(e),
-        };
+        .context("publish task")??;
         // The generation shares the staged images; they outlive it only if
         // a later generation still serves them.
         generation.keepalive.extend(
@@ -291,12 +166,21 @@ impl ImagePublisher {
                 .map(|c| Box::new(c.guard.clone()) as Box<dyn std::any::Any + Send + Sync>),
         );
         announce(&generation);
-        self.app.publish(generation);
-        Ok((Checked::Published, next))
+        Ok(generation)
     }
 
     async fn fetch(&self, image: &ImageRef) -> Result<Current> {
         fetch_one(image, &self.opts, &self.staging).await
+    }
+}
+
+impl Publisher for ImagePublisher {
+    async fn check(&mut self, force: bool) -> Result<Checked> {
+        self.check_images(force).await
+    }
+
+    fn what(&self) -> &str {
+        "the images"
     }
 }
 

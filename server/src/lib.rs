@@ -9,9 +9,11 @@ pub mod images;
 pub mod metrics;
 pub mod mirror;
 pub mod publish;
+pub mod serve;
 pub mod served;
 pub mod signing;
 pub mod source;
+pub mod state;
 
 pub use http::{app, AppState, HttpConfig};
 

@@ -14,10 +14,10 @@
 use crate::fsutil;
 use crate::served::Generation;
 use crate::signing::{self, SignatureOptions};
+use crate::state::{check_disjoint, Building, StateDir};
 use anyhow::{bail, Context, Result};
 use oscontent_format::{self as format, Checksum, Commit, ObjectKind, ObjectName, RepoConfig};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Prefix of refs derived from `version` metadata.
 pub const VERSION_REF_PREFIX: &str = "version/";
@@ -52,61 +52,6 @@ pub struct PublishRequest {
     pub source: Source,
     pub commit: Option<Checksum>,
     pub refs: Vec<String>,
-}
-
-/// The server's own directory. Nothing else is ever written.
-#[derive(Debug)]
-pub struct StateDir {
-    root: PathBuf,
-    next_id: AtomicU64,
-}
-
-const GENERATIONS: &str = "generations";
-
-impl StateDir {
-    /// Opens (creating if needed) the state dir and removes what an earlier
-    /// run left: generations are cheap to rebuild, and a half-written one
-    /// must never be served. `served` are the repos the server will serve:
-    /// the state dir may neither lie inside one nor contain one, and this is
-    /// checked before anything is created or removed.
-    pub fn open(root: &Path, served: &[PathBuf]) -> Result<Self> {
-        let resolved = resolve_nonexistent(root)?;
-        // A missing repo is reported by publication, with a clearer message.
-        for repo in served.iter().filter(|r| r.exists()) {
-            check_disjoint(&resolved, repo)?;
-        }
-        std::fs::create_dir_all(root)
-            .with_context(|| format!("creating state dir {}", root.display()))?;
-        let root = root
-            .canonicalize()
-            .with_context(|| format!("resolving {}", root.display()))?;
-        anyhow::ensure!(
-            root == resolved,
-            "state dir {} moved while opening it",
-            root.display()
-        );
-        let gens = root.join(GENERATIONS);
-        if gens.exists() {
-            std::fs::remove_dir_all(&gens)
-                .with_context(|| format!("removing stale {}", gens.display()))?;
-        }
-        std::fs::create_dir_all(&gens).with_context(|| format!("creating {}", gens.display()))?;
-        Ok(Self {
-            root,
-            next_id: AtomicU64::new(1),
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.root
-    }
-
-    fn new_generation_dir(&self) -> (u64, PathBuf, PathBuf) {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let dir = self.root.join(GENERATIONS).join(id.to_string());
-        let tmp = self.root.join(GENERATIONS).join(format!("{id}.tmp"));
-        (id, dir, tmp)
-    }
 }
 
 /// Checks that `repo` is an archive repo; its config, if it has one.
@@ -234,55 +179,6 @@ fn write_file(path: &Path, contents: &[u8]) -> Result<()> {
     std::fs::write(path, contents).with_context(|| format!("writing {}", path.display()))
 }
 
-/// The canonical form of a path that may not exist yet: its nearest
-/// existing ancestor canonicalized, plus the rest.
-fn resolve_nonexistent(p: &Path) -> Result<PathBuf> {
-    let abs = if p.is_absolute() {
-        p.to_owned()
-    } else {
-        std::env::current_dir()
-            .context("reading the current directory")?
-            .join(p)
-    };
-    let mut existing = abs.as_path();
-    let mut rest = Vec::new();
-    while !existing.exists() {
-        let (Some(parent), Some(name)) = (existing.parent(), existing.file_name()) else {
-            break;
-        };
-        rest.push(name.to_owned());
-        existing = parent;
-    }
-    let mut out = existing
-        .canonicalize()
-        .with_context(|| format!("resolving {}", existing.display()))?;
-    for name in rest.iter().rev() {
-        anyhow::ensure!(
-            name != ".." && name != ".",
-            "state dir {} must not contain . or ..",
-            p.display()
-        );
-        out.push(name);
-    }
-    Ok(out)
-}
-
-/// Refuses a state dir inside the served repo (or the other way round): the
-/// server would then be writing (or wiping) the repo it serves.
-fn check_disjoint(state: &Path, repo: &Path) -> Result<()> {
-    let repo = repo
-        .canonicalize()
-        .with_context(|| format!("resolving {}", repo.display()))?;
-    if state.starts_with(&repo) || repo.starts_with(state) {
-        bail!(
-            "--state-dir {} overlaps the served repo {}; the server never writes the repo it serves",
-            state.display(),
-            repo.display()
-        );
-    }
-    Ok(())
-}
-
 /// Publishes `req` as a new generation (not yet visible: the caller swaps it
 /// in). On error nothing is left behind.
 pub fn publish(req: &PublishRequest, state: &StateDir) -> Result<Generation> {
@@ -308,10 +204,9 @@ pub fn publish_signed(
         }
     }
     let derive = req.commit.is_some() || !req.refs.is_empty() || existing.is_empty();
-    let (id, dir, tmp) = state.new_generation_dir();
-    let _ = std::fs::remove_dir_all(&tmp);
+    let building = state.begin()?;
+    let tmp = building.path().to_owned();
     let result = (|| -> Result<Vec<(String, Checksum)>> {
-        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         if config.is_none() {
             write_file(&tmp.join("config"), format::config::ARCHIVE_CONFIG)?;
         }
@@ -334,58 +229,30 @@ pub fn publish_signed(
         }
         Ok(names.into_iter().map(|n| (n, checksum)).collect())
     })();
-    finish_generation(result, id, vec![repo], dir, tmp, sigs)
+    finish_generation(result, vec![repo], building, sigs)
 }
 
-/// Validates an overlay built in `tmp` and renames it into place as
-/// generation `id`; on any error removes it.
+/// Validates an overlay built in `building` and commits it as the next
+/// generation; on any error it is removed.
 fn finish_generation(
     result: Result<Vec<(String, Checksum)>>,
-    id: u64,
     sources: Vec<PathBuf>,
-    dir: PathBuf,
-    tmp: PathBuf,
+    building: Building,
     sigs: &SignatureOptions,
 ) -> Result<Generation> {
-    let checked = result.and_then(|refs| {
-        // Validate the overlay before it becomes a generation: a broken repo
-        // fails here, not on the first client.
-        let probe = Generation::new(0, sources.clone(), tmp.clone(), refs.clone());
-        anyhow::ensure!(!probe.refs()?.is_empty(), "nothing to publish: no refs");
-        probe
-            .generated_summary()
-            .context("generating the summary")?;
-        // Signatures last: they sign (and verify) the final refs and summary.
-        let report = signing::apply(&probe, sigs, std::time::SystemTime::now())?;
-        std::fs::rename(&tmp, &dir)
-            .with_context(|| format!("renaming {} into place", tmp.display()))?;
-        Ok((refs, report))
-    });
-    match checked {
-        Ok((refs, report)) => {
-            let mut generation = Generation::new(id, sources, dir.clone(), refs);
-            generation.signatures = report;
-            generation.keepalive.push(Box::new(OverlayGuard(dir)));
-            Ok(generation)
-        }
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            Err(e)
-        }
-    }
-}
-
-/// Removes a generation's overlay when the generation is dropped: after a
-/// newer one is published and the last request on this one is done.
-#[derive(Debug)]
-struct OverlayGuard(PathBuf);
-
-impl Drop for OverlayGuard {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            tracing::warn!(dir = %self.0.display(), "removing a retired generation: {e}");
-        }
-    }
+    let refs = result?;
+    // Validate the overlay before it becomes a generation: a broken repo
+    // fails here, not on the first client.
+    let probe = Generation::new(0, sources.clone(), building.path().to_owned(), refs.clone());
+    anyhow::ensure!(!probe.refs()?.is_empty(), "nothing to publish: no refs");
+    probe
+        .generated_summary()
+        .context("generating the summary")?;
+    // Signatures last: they sign (and verify) the final refs and summary.
+    let report = signing::apply(&probe, sigs, std::time::SystemTime::now())?;
+    let mut generation = building.commit(sources, refs)?;
+    generation.signatures = report;
+    Ok(generation)
 }
 
 /// A commit whose root dirtree or dirmeta is missing cannot be checked out:
@@ -442,11 +309,10 @@ pub fn publish_releases_signed(
     sigs: &SignatureOptions,
 ) -> Result<Generation> {
     anyhow::ensure!(!releases.is_empty(), "no releases to publish");
-    let (id, dir, tmp) = state.new_generation_dir();
-    let _ = std::fs::remove_dir_all(&tmp);
+    let building = state.begin()?;
+    let tmp = building.path().to_owned();
     let sources: Vec<PathBuf> = releases.iter().map(|r| r.repo.clone()).collect();
     let result = (|| -> Result<Vec<(String, Checksum)>> {
-        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let probe = Generation::new(0, sources.clone(), tmp.clone(), Vec::new());
         let mut any_config = false;
         let mut claims: std::collections::BTreeMap<String, Commit> =
@@ -516,5 +382,5 @@ pub fn publish_releases_signed(
         }
         Ok(claims.into_iter().map(|(n, c)| (n, c.checksum)).collect())
     })();
-    finish_generation(result, id, sources, dir, tmp, sigs)
+    finish_generation(result, sources, building, sigs)
 }

@@ -9,8 +9,9 @@
 use super::remote::GenerationRemote;
 use super::sync::{self, SyncOptions};
 use super::Signatures;
-use crate::publish::{self, Release, StateDir};
+use crate::publish::{self, Release};
 use crate::source::{self, FetchOptions, ImageRef};
+use crate::state::StateDir;
 use anyhow::{Context, Result};
 use oscontent_format::Checksum;
 use std::path::Path;

@@ -28,9 +28,10 @@ pub mod store;
 pub mod sync;
 pub mod upstream;
 
-use crate::publish::{Release, StateDir};
+use crate::publish::Release;
 use crate::served::Generation;
 use crate::source::{FetchOptions, ImageRef};
+use crate::state::StateDir;
 use anyhow::{bail, Context, Result};
 use bundle::{Destination, Pruned, ReleaseEntry};
 use oscontent_format::openpgp::Cert;

@@ -22,11 +22,12 @@
 use super::bundle::{self, BundleRemote, Destination, Pruned};
 use super::remote::{HttpRemote, RateLimit, Remote};
 use super::sync::{self, Metadata, SyncOptions};
+use crate::serve::refresher::{Checked, Publisher};
 use crate::served::{Generation, PINNED_SUMMARY};
+use crate::state::Generations;
 use anyhow::{Context, Result};
 use oscontent_format::{Checksum, RefNamespace};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Under the state dir.
@@ -78,19 +79,7 @@ pub struct SiteMirror {
     pub opts: SyncOptions,
     pub keep: Option<usize>,
     pub limit: Option<Arc<RateLimit>>,
-    next_id: AtomicU64,
-}
-
-/// Removes a generation's overlay when the generation is dropped.
-#[derive(Debug)]
-struct OverlayGuard(PathBuf);
-
-impl Drop for OverlayGuard {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            tracing::warn!(dir = %self.0.display(), "removing a retired generation: {e}");
-        }
-    }
+    generations: Generations,
 }
 
 impl SiteMirror {
@@ -105,12 +94,7 @@ impl SiteMirror {
         limit: Option<Arc<RateLimit>>,
     ) -> Result<Self> {
         let dir = state_dir.join(MIRROR_DIR);
-        let gens = dir.join(GENERATIONS);
-        if gens.exists() {
-            std::fs::remove_dir_all(&gens)
-                .with_context(|| format!("removing stale {}", gens.display()))?;
-        }
-        std::fs::create_dir_all(&gens).with_context(|| format!("creating {}", gens.display()))?;
+        let generations = Generations::open(dir.join(GENERATIONS))?;
         if let SiteSource::Bundle(b) = &source {
             let b = b
                 .canonicalize()
@@ -128,7 +112,7 @@ impl SiteMirror {
             opts,
             keep,
             limit,
-            next_id: AtomicU64::new(1),
+            generations,
         })
     }
 
@@ -195,46 +179,27 @@ impl SiteMirror {
     /// A generation serving the store with `meta`'s refs, config, summary
     /// and signature in a fresh overlay.
     fn build_generation(&self, meta: &Metadata) -> Result<Generation> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let gens = self.dir.join(GENERATIONS);
-        let dir = gens.join(id.to_string());
-        let tmp = gens.join(format!("{id}.tmp"));
-        let _ = std::fs::remove_dir_all(&tmp);
-        let result = (|| -> Result<Vec<(String, Checksum)>> {
-            write_overlay(&tmp, meta)?;
-            // The same checks as any publication: the summary it will
-            // serve is the one mirrored, and every ref's commit loads.
-            let probe = Generation::new(0, vec![self.repo()], tmp.clone(), Vec::new());
-            let served = probe.resolve(&oscontent_format::RepoPath::Summary)?;
-            anyhow::ensure!(
-                matches!(served, crate::served::Resolved::File { .. }),
-                "internal: the mirrored summary is not what the generation serves"
-            );
-            let mut refs = Vec::new();
-            for r in probe.refs()? {
-                probe.commit(&r.commit)?;
-                let name = match r.namespace {
-                    RefNamespace::Heads => r.name,
-                    RefNamespace::Mirrors => format!("(mirror) {}", r.name),
-                };
-                refs.push((name, r.commit));
-            }
-            anyhow::ensure!(!refs.is_empty(), "nothing to publish: no refs");
-            std::fs::rename(&tmp, &dir)
-                .with_context(|| format!("renaming {} into place", tmp.display()))?;
-            Ok(refs)
-        })();
-        match result {
-            Ok(refs) => {
-                let mut g = Generation::new(id, vec![self.repo()], dir.clone(), refs);
-                g.keepalive.push(Box::new(OverlayGuard(dir)));
-                Ok(g)
-            }
-            Err(e) => {
-                let _ = std::fs::remove_dir_all(&tmp);
-                Err(e)
-            }
+        let building = self.generations.begin()?;
+        write_overlay(building.path(), meta)?;
+        // The same checks as any publication: the summary it will serve is
+        // the one mirrored, and every ref's commit loads.
+        let probe = Generation::new(0, vec![self.repo()], building.path().to_owned(), Vec::new());
+        let served = probe.resolve(&oscontent_format::RepoPath::Summary)?;
+        anyhow::ensure!(
+            matches!(served, crate::served::Resolved::File { .. }),
+            "internal: the mirrored summary is not what the generation serves"
+        );
+        let mut refs = Vec::new();
+        for r in probe.refs()? {
+            probe.commit(&r.commit)?;
+            let name = match r.namespace {
+                RefNamespace::Heads => r.name,
+                RefNamespace::Mirrors => format!("(mirror) {}", r.name),
+            };
+            refs.push((name, r.commit));
         }
+        anyhow::ensure!(!refs.is_empty(), "nothing to publish: no refs");
+        building.commit(vec![self.repo()], refs)
     }
 }
 
@@ -260,17 +225,44 @@ fn write_overlay(dir: &Path, meta: &Metadata) -> Result<()> {
     Ok(())
 }
 
-/// Keeps a site server's generation up to date with its source: the first
-/// refresh (retried with capped exponential backoff while `/readyz` says
-/// 503), then one at every `--refresh-interval` and SIGHUP. A failure keeps
-/// the generation being served.
+/// A site server's publisher: each check is one refresh of the mirror
+/// (the refresher retries the first with capped exponential backoff while
+/// `/readyz` says 503, then checks at every `--refresh-interval` and
+/// SIGHUP). A failure keeps the generation being served.
 #[derive(Debug)]
 pub struct SitePublisher {
-    pub mirror: Arc<SiteMirror>,
-    pub app: crate::http::AppState,
-    pub max_backoff: std::time::Duration,
-    pub refresh_interval: Option<std::time::Duration>,
-    pub refresh_now: Arc<tokio::sync::Notify>,
+    mirror: Arc<SiteMirror>,
+    /// The summary served now.
+    current: Option<Checksum>,
+}
+
+impl SitePublisher {
+    pub fn new(mirror: SiteMirror) -> Self {
+        Self {
+            mirror: Arc::new(mirror),
+            current: None,
+        }
+    }
+}
+
+impl Publisher for SitePublisher {
+    /// One refresh on the blocking pool.
+    async fn check(&mut self, _force: bool) -> Result<Checked> {
+        let (m, cur) = (self.mirror.clone(), self.current);
+        let r = tokio::task::spawn_blocking(move || m.refresh(cur.as_ref()))
+            .await
+            .context("refresh task")??;
+        let Some((generation, refreshed)) = r else {
+            return Ok(Checked::Unchanged);
+        };
+        announce(&generation, &refreshed, &self.mirror.source);
+        self.current = Some(refreshed.summary);
+        Ok(Checked::New(Box::new(generation)))
+    }
+
+    fn what(&self) -> &str {
+        "the source"
+    }
 }
 
 /// Logs what a refresh did.
@@ -297,82 +289,5 @@ pub fn announce(generation: &Generation, r: &Refreshed, source: &SiteSource) {
             bytes = p.bytes,
             "pruned"
         );
-    }
-}
-
-impl SitePublisher {
-    /// One refresh on the blocking pool, published if it made a generation.
-    /// `Ok(true)`: published; `Ok(false)`: the source is unchanged.
-    pub async fn refresh_once(&self, current: &mut Option<Checksum>) -> Result<bool> {
-        let (m, cur) = (self.mirror.clone(), *current);
-        let r = tokio::task::spawn_blocking(move || m.refresh(cur.as_ref()))
-            .await
-            .context("refresh task")??;
-        match r {
-            None => Ok(false),
-            Some((generation, refreshed)) => {
-                announce(&generation, &refreshed, &self.mirror.source);
-                *current = Some(refreshed.summary);
-                self.app.publish(generation);
-                Ok(true)
-            }
-        }
-    }
-
-    /// Runs until aborted (at shutdown). `current` is what is served now,
-    /// if the caller published already.
-    pub async fn run(self, mut current: Option<Checksum>) {
-        let mut backoff = crate::images::INITIAL_BACKOFF;
-        let mut retry_in: Option<std::time::Duration> = None;
-        loop {
-            if current.is_some() || retry_in.is_some() {
-                self.wait(retry_in).await;
-            }
-            match self.refresh_once(&mut current).await {
-                Ok(published) => {
-                    self.count(if published { "published" } else { "unchanged" });
-                    retry_in = None;
-                    backoff = crate::images::INITIAL_BACKOFF;
-                }
-                Err(e) => {
-                    self.count("failed");
-                    let serving = if current.is_some() {
-                        "still serving the previous generation"
-                    } else {
-                        "nothing published yet"
-                    };
-                    tracing::error!(retry_in = ?backoff, "{e:#} ({serving})");
-                    retry_in = Some(backoff);
-                    backoff = (backoff * 2).min(self.max_backoff);
-                }
-            }
-        }
-    }
-
-    fn count(&self, result: &str) {
-        self.app
-            .metrics
-            .source_checks
-            .with_label_values(&[result])
-            .inc();
-    }
-
-    async fn wait(&self, retry_in: Option<std::time::Duration>) {
-        let wait = match (retry_in, self.refresh_interval) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        match wait {
-            Some(d) => {
-                tokio::select! {
-                    _ = tokio::time::sleep(d) => {}
-                    _ = self.refresh_now.notified() => tracing::info!("SIGHUP: checking the source now"),
-                }
-            }
-            None => {
-                self.refresh_now.notified().await;
-                tracing::info!("SIGHUP: checking the source now");
-            }
-        }
     }
 }

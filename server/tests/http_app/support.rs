@@ -3,8 +3,10 @@
 
 use axum::body::Body;
 use http::{Request, StatusCode};
-use oscontent_server::publish::{self, PublishRequest, Source, StateDir};
+use oscontent_server::publish::{self, PublishRequest, Source};
+use oscontent_server::serve::sink::Sink;
 use oscontent_server::served::Generation;
+use oscontent_server::state::StateDir;
 use oscontent_server::{app, AppState, HttpConfig};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -177,18 +179,24 @@ impl Write for LogBuffer {
 /// its generation is a change to these two functions.
 pub struct Server {
     pub state: AppState,
+    sink: Arc<Sink>,
     log: LogBuffer,
 }
 
 impl Server {
     pub fn new() -> Self {
         let log = LogBuffer::default();
-        let state = AppState::new(HttpConfig::default(), Some(Box::new(log.clone())));
-        Self { state, log }
+        let sink = Arc::new(Sink::default());
+        let state = AppState::new(
+            HttpConfig::default(),
+            sink.clone(),
+            Some(Box::new(log.clone())),
+        );
+        Self { state, sink, log }
     }
 
     pub fn publish(&self, generation: Generation) {
-        self.state.publish(generation);
+        self.sink.publish(generation);
     }
 
     pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {

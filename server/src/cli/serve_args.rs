@@ -1,0 +1,196 @@
+//! The arguments of `serve` (and the source and registry arguments `sign`
+//! and `mirror` share).
+
+use crate::publish::Source;
+use crate::signing::{self, SignatureOptions};
+use crate::source::{FetchOptions, ImageRef, Platform};
+use anyhow::Result;
+use clap::Args;
+use oscontent_format::Checksum;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Signature handling of `serve`.
+#[derive(Debug, Args)]
+pub struct SignatureArgs {
+    /// A signature bundle made by `oscontent-server sign` (read-only; e.g. a
+    /// ConfigMap mount, whose `..data` layout is understood). Its commit
+    /// signatures are merged with the source's; its summary.sig is served
+    /// only if it signs exactly the summary this server publishes.
+    #[arg(long, value_name = "DIR")]
+    pub signatures: Option<PathBuf>,
+    /// Public keys (armored or binary). Every published commit and the
+    /// summary must carry a valid, unexpired, unrevoked signature by one of
+    /// them, or the content is not published (the server stays not ready,
+    /// or keeps serving what it verified before).
+    #[arg(long, value_name = "FILE")]
+    pub trusted_keys: Option<PathBuf>,
+    /// Trusted control-plane mode only: sign commits and the summary at
+    /// publish time with this secret key (armored TSK). The signatures go
+    /// into the state dir, never into the source.
+    #[arg(long, value_name = "FILE", conflicts_with = "sign_key_env")]
+    pub sign_key: Option<PathBuf>,
+    /// As --sign-key, from an environment variable holding the armored key.
+    #[arg(long, value_name = "VAR")]
+    pub sign_key_env: Option<String>,
+    /// How often to look for a changed bundle in --signatures (and a changed
+    /// summary in --repo mode) and re-publish.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub signatures_poll: u64,
+}
+
+impl SignatureArgs {
+    /// Reads the keys now: a bad key file is a startup error, not a
+    /// publication that never succeeds.
+    pub fn load(&self) -> Result<SignatureOptions> {
+        let trusted = self
+            .trusted_keys
+            .as_deref()
+            .map(signing::load_trusted_keys)
+            .transpose()?
+            .map(Arc::new);
+        let sign_key = match (&self.sign_key, &self.sign_key_env) {
+            (Some(p), _) => Some(signing::load_secret_key_file(p)?),
+            (None, Some(v)) => Some(signing::load_secret_key_env(v)?),
+            (None, None) => None,
+        };
+        if let Some(k) = &sign_key {
+            tracing::warn!(key = %k.fingerprint(), "signing at publish time with a private key: run this only on trusted (control-plane) nodes");
+        }
+        if let Some(dir) = &self.signatures {
+            signing::bundle_root(dir)?;
+        }
+        Ok(SignatureOptions {
+            bundle_dir: self.signatures.clone(),
+            trusted,
+            sign_key: sign_key.map(Arc::new),
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+#[group(id = "source", required = true, multiple = false)]
+pub struct SourceArgs {
+    /// Root of an unpacked oscontainer image (as an image volume or
+    /// `oc image extract` leaves it); its repo is `srv/repo`.
+    #[arg(long, value_name = "DIR", group = "source")]
+    pub oscontainer: Option<PathBuf>,
+    /// A plain archive repo, served as it stands on disk at each request.
+    #[arg(long, value_name = "DIR", group = "source")]
+    pub repo: Option<PathBuf>,
+    /// An oscontainer image to stream, verify and serve:
+    /// `docker://HOST[:PORT]/REPO[:TAG|@sha256:DIGEST]`, `oci:DIR[:TAG]` or
+    /// `oci-archive:FILE[:TAG]`. Repeat to serve several releases at once.
+    #[arg(long, value_name = "REF", group = "source")]
+    pub image: Vec<ImageRef>,
+    /// An upstream oscontent server to mirror and republish (chained
+    /// servers): only new objects are fetched, everything is verified, and
+    /// the same summary and signatures are served.
+    #[arg(long, value_name = "URL", group = "source")]
+    pub upstream: Option<String>,
+    /// A bundle (`oscontent-server mirror ... bundle:DIR`) to verify file by
+    /// file and serve; a `--repo` holding a bundle is treated the same.
+    #[arg(long, value_name = "DIR", group = "source")]
+    pub bundle: Option<PathBuf>,
+}
+
+/// How `--image` sources are fetched.
+#[derive(Debug, Args)]
+pub struct RegistryArgs {
+    /// Platform to pick from an image index (os/arch[/variant]).
+    #[arg(long, default_value = "linux/amd64")]
+    pub platform: Platform,
+    /// Registry credentials: a containers auth.json or docker config.json
+    /// (a pull secret).
+    #[arg(long, value_name = "FILE", env = "REGISTRY_AUTH_FILE")]
+    pub authfile: Option<PathBuf>,
+    /// Extra CA certificates (PEM) to trust for registries, besides the
+    /// system ones. Repeatable.
+    #[arg(long = "ca", value_name = "FILE")]
+    pub ca_files: Vec<PathBuf>,
+    /// Talk plain HTTP to this registry (HOST[:PORT]). Repeatable.
+    #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
+    pub insecure_registries: Vec<String>,
+    /// Mirrors, in containers registries.conf format (`[[registry]]` with
+    /// `location` and `[[registry.mirror]]`).
+    #[arg(long, value_name = "FILE")]
+    pub registries_conf: Option<PathBuf>,
+    /// Longest wait between attempts after a failed fetch (backoff doubles
+    /// from one second up to this).
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub max_backoff: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    /// The server's own directory: everything it derives lives here, never
+    /// in the served repo. Wiped of stale generations at start.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "OSCONTENT_STATE_DIR",
+        default_value = "/var/lib/oscontent"
+    )]
+    pub state_dir: PathBuf,
+    /// Address to listen on (HTTP/1.1 and HTTP/2 prior knowledge).
+    #[arg(long, default_value = "0.0.0.0:8080", env = "OSCONTENT_LISTEN")]
+    pub listen: SocketAddr,
+    /// Commit to publish; default: the only commit in the repo.
+    #[arg(long, value_name = "CHECKSUM")]
+    pub commit: Option<Checksum>,
+    /// Ref name to publish the commit under (repeatable); default: the
+    /// commit's ostree.ref-binding, else `version/<version>`.
+    #[arg(long = "ref", value_name = "NAME")]
+    pub refs: Vec<String>,
+    /// Append one JSON line per request to FILE (`-` for stdout).
+    #[arg(long, value_name = "FILE")]
+    pub access_log: Option<PathBuf>,
+    /// Cache max-age in seconds for summary, summary.sig, refs, config,
+    /// detached metadata and deltas. Objects are cached forever.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub metadata_max_age: u64,
+    /// Check the --image references for a new digest this often (reading
+    /// only their manifests), and publish what moved as a new generation.
+    /// 0: only at SIGHUP. SIGHUP also re-publishes --oscontainer and --repo.
+    #[arg(long, default_value_t = 0, value_name = "SECONDS")]
+    pub refresh_interval: u64,
+    /// With --upstream or --bundle: keep the last N releases (and what the
+    /// source publishes now), removing objects nothing kept reaches.
+    #[arg(long, value_name = "N")]
+    pub keep: Option<usize>,
+    /// After SIGTERM, how long in-flight requests may take before the
+    /// server exits anyway.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub shutdown_timeout: u64,
+    #[command(flatten)]
+    pub signing: SignatureArgs,
+}
+
+impl SourceArgs {
+    /// The `--oscontainer` or `--repo` source; `None` for the others.
+    pub fn local(&self) -> Option<Source> {
+        match (&self.oscontainer, &self.repo) {
+            (Some(d), None) => Some(Source::Oscontainer(d.clone())),
+            (None, Some(d)) => Some(Source::Repo(d.clone())),
+            _ => None,
+        }
+    }
+}
+
+impl RegistryArgs {
+    pub fn fetch_options(&self) -> FetchOptions {
+        FetchOptions {
+            platform: self.platform.clone(),
+            authfile: self.authfile.clone(),
+            ca_files: self.ca_files.clone(),
+            insecure_registries: self.insecure_registries.clone(),
+            registries_conf: self.registries_conf.clone(),
+            ..FetchOptions::default()
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! The `--oscontainer` and `--repo` publisher.
+
+use super::refresher::{Checked, Publisher};
+use crate::images::announce;
+use crate::publish::{self, PublishRequest};
+use crate::served::Generation;
+use crate::signing::{self, SignatureOptions};
+use crate::state::StateDir;
+use anyhow::{Context, Result};
+use std::sync::Arc;
+
+/// Publishes a local source (again) at each check: at start, at SIGHUP (a
+/// remounted image volume, refs added to a repo) and, with signatures,
+/// when new ones arrive or the served summary moved.
+#[derive(Debug)]
+pub(super) struct LocalPublisher {
+    pub req: Arc<PublishRequest>,
+    pub state_dir: Arc<StateDir>,
+    pub sigs: SignatureOptions,
+}
+
+impl LocalPublisher {
+    /// Publishes the source on the blocking pool.
+    async fn publish(&self) -> Result<Generation> {
+        let (r, sd, s) = (self.req.clone(), self.state_dir.clone(), self.sigs.clone());
+        tokio::task::spawn_blocking(move || publish::publish_signed(&r, &sd, &s))
+            .await
+            .context("publish task")?
+            .with_context(|| format!("publishing {}", self.req.source.repo_path().display()))
+    }
+}
+
+impl Publisher for LocalPublisher {
+    async fn check(&mut self, _force: bool) -> Result<Checked> {
+        match self.publish().await {
+            Ok(generation) => {
+                announce(&generation);
+                Ok(Checked::New(Box::new(generation)))
+            }
+            Err(e) if signing::is_signature_error(&e) => Ok(Checked::Refused(e)),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn what(&self) -> &str {
+        "the source"
+    }
+}

@@ -1,0 +1,230 @@
+//! `oscontent-server serve`: the wiring. A publisher for the source, kept
+//! up to date by the refresher, publishes into the sink; the HTTP side
+//! serves what the sink holds until SIGTERM.
+
+mod local;
+pub mod refresher;
+mod signals;
+pub mod sink;
+
+use crate::cli::serve_args::{ServeArgs, SourceArgs};
+use crate::http::{AppState, HttpConfig};
+use crate::images::{ImagePublisher, IMAGES_DIR};
+use crate::mirror::upstream::{SiteMirror, SitePublisher, SiteSource};
+use crate::publish::PublishRequest;
+use crate::signing::SignatureOptions;
+use crate::source;
+use crate::state::StateDir;
+use anyhow::{Context, Result};
+use local::LocalPublisher;
+use refresher::{Refresher, Schedule};
+use signals::Signals;
+use sink::Sink;
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// How long exiting waits for blocking work (an image read) to notice
+/// cancellation.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+
+/// Serves until SIGTERM, on its own async runtime.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let result = rt.block_on(serve(args));
+    // A fetch blocked in a read on the blocking pool must not hold the exit
+    // past --shutdown-timeout; what it staged is removed at the next start.
+    rt.shutdown_timeout(EXIT_GRACE);
+    result
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    // Installed first: a SIGTERM that arrives while publishing must still
+    // mean a graceful stop, not the default instant death.
+    let signals = Signals::install()?;
+    let access_log = args
+        .access_log
+        .as_deref()
+        .map(open_access_log)
+        .transpose()?;
+    let sink = Arc::new(Sink::default());
+    let state = AppState::new(
+        HttpConfig {
+            metadata_max_age: Duration::from_secs(args.metadata_max_age),
+        },
+        sink.clone(),
+        access_log,
+    );
+    let publisher = start_publishing(&args, &sink, &signals).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    // One line on stdout, for scripts and tests that bind port 0.
+    println!("listening on http://{addr}");
+    std::io::stdout().flush().ok();
+    tracing::info!(%addr, "serving");
+    let timeout = Duration::from_secs(args.shutdown_timeout);
+    serve_until_stopped(listener, state, signals, publisher, timeout).await
+}
+
+/// Starts the publisher for the source. Local sources and bundles publish
+/// before the server listens: there is nothing to wait for. Images and
+/// upstreams are fetched in the background while `/readyz` says not yet.
+async fn start_publishing(
+    args: &ServeArgs,
+    sink: &Arc<Sink>,
+    signals: &Signals,
+) -> Result<JoinHandle<()>> {
+    let sigs = args.signing.load()?;
+    let signatures_poll = Duration::from_secs(args.signing.signatures_poll.max(1));
+    let schedule = Schedule {
+        interval: (args.refresh_interval > 0).then(|| Duration::from_secs(args.refresh_interval)),
+        max_backoff: Some(Duration::from_secs(args.registry.max_backoff.max(1))),
+    };
+    let hup = signals.hup.clone();
+    if let Some(site) = site_source(&args.source) {
+        let publisher = site_publisher(site.clone(), args, &sigs)?;
+        let mut refresher = Refresher::new(publisher, sink.clone(), hup, schedule);
+        // A refused bundle stops the server with the reason.
+        if matches!(site, SiteSource::Bundle(_)) {
+            refresher.publish_first().await?;
+        }
+        return Ok(tokio::spawn(refresher.run()));
+    }
+    if let Some(source) = args.source.local() {
+        let state_dir = Arc::new(StateDir::open(&args.state_dir, &[source.repo_path()])?);
+        let publisher = LocalPublisher {
+            req: Arc::new(PublishRequest {
+                source,
+                commit: args.commit,
+                refs: args.refs.clone(),
+            }),
+            state_dir,
+            sigs: sigs.clone(),
+        };
+        // Republished at SIGHUP and when signatures change, never on a
+        // timer: a failure waits for the next of those.
+        let schedule = Schedule::default();
+        let mut refresher =
+            Refresher::new(publisher, sink.clone(), hup, schedule).watching(&sigs, signatures_poll);
+        // Signatures may arrive later (a ConfigMap update): then it listens,
+        // stays not ready, and publishes once they verify.
+        refresher.publish_first().await?;
+        return Ok(tokio::spawn(refresher.run()));
+    }
+    let publisher = image_publisher(args, &sigs)?;
+    let refresher =
+        Refresher::new(publisher, sink.clone(), hup, schedule).watching(&sigs, signatures_poll);
+    Ok(tokio::spawn(refresher.run()))
+}
+
+/// The `--image` publisher, its staging directory emptied.
+fn image_publisher(args: &ServeArgs, sigs: &SignatureOptions) -> Result<ImagePublisher> {
+    anyhow::ensure!(
+        args.commit.is_none() && args.refs.is_empty(),
+        "--commit and --ref apply to --oscontainer and --repo; an image names its commit in its com.coreos.ostree-commit label"
+    );
+    let state_dir = StateDir::open(&args.state_dir, &[])?;
+    let staging = state_dir.path().join(IMAGES_DIR);
+    std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
+    source::clean_staging(&staging)?;
+    Ok(ImagePublisher::new(
+        args.source.image.clone(),
+        args.registry.fetch_options(),
+        staging,
+        Arc::new(state_dir),
+        sigs.clone(),
+    ))
+}
+
+/// The site source, if serving one: `--upstream`, `--bundle`, or a
+/// `--repo` that holds a bundle.
+fn site_source(s: &SourceArgs) -> Option<SiteSource> {
+    use crate::mirror::bundle;
+    match (&s.upstream, &s.bundle, &s.repo) {
+        (Some(u), _, _) => Some(SiteSource::Upstream(u.clone())),
+        (_, Some(b), _) => Some(SiteSource::Bundle(b.clone())),
+        (_, _, Some(r)) if bundle::is_bundle(r) => {
+            tracing::info!(repo = %r.display(), "the repo is a bundle: verifying it as --bundle would");
+            Some(SiteSource::Bundle(r.clone()))
+        }
+        _ => None,
+    }
+}
+
+/// The publisher of a site source, its options checked.
+fn site_publisher(
+    site: SiteSource,
+    args: &ServeArgs,
+    sigs: &SignatureOptions,
+) -> Result<SitePublisher> {
+    use crate::mirror::sync::SyncOptions;
+    anyhow::ensure!(
+        args.commit.is_none() && args.refs.is_empty(),
+        "--commit and --ref do not apply to --upstream and --bundle: the source's own refs and summary are served"
+    );
+    anyhow::ensure!(args.keep != Some(0), "--keep 0 would keep nothing");
+    anyhow::ensure!(
+        sigs.bundle_dir.is_none() && sigs.sign_key.is_none(),
+        "--signatures and --sign-key do not apply to --upstream and --bundle: the source's own signatures are republished as they are (verify them with --trusted-keys)"
+    );
+    let state_dir = StateDir::open(&args.state_dir, &[])?;
+    let mirror = SiteMirror::open(
+        site,
+        state_dir.path(),
+        SyncOptions {
+            trusted: sigs.trusted.clone(),
+            ..SyncOptions::default()
+        },
+        args.keep,
+        None,
+    )?;
+    Ok(SitePublisher::new(mirror))
+}
+
+/// Serves `state` until SIGTERM or SIGINT, then stops the publisher, fails
+/// `/readyz` and lets in-flight requests finish (up to `timeout`).
+async fn serve_until_stopped(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    signals: Signals,
+    publisher: JoinHandle<()>,
+    timeout: Duration,
+) -> Result<()> {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let drain_state = state.clone();
+    let server = tokio::spawn(crate::run(listener, state, async move {
+        let _ = rx.await;
+    }));
+    signals.stopped().await;
+    tracing::info!("shutting down: finishing in-flight requests");
+    // A fetch in progress stops at its next read and removes its staging.
+    publisher.abort();
+    drain_state.start_draining();
+    let _ = tx.send(());
+    match tokio::time::timeout(timeout, server).await {
+        Ok(res) => res.context("server task")?.context("serving")?,
+        Err(_) => {
+            tracing::warn!("in-flight requests still running after {timeout:?}; exiting anyway")
+        }
+    }
+    Ok(())
+}
+
+fn open_access_log(p: &Path) -> Result<Box<dyn Write + Send>> {
+    if p.as_os_str() == "-" {
+        return Ok(Box::new(std::io::stdout()));
+    }
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(p)
+        .with_context(|| format!("opening access log {}", p.display()))?;
+    Ok(Box::new(std::io::LineWriter::new(f)))
+}
