@@ -55,6 +55,8 @@ fn set_arg(docs: &mut [Value], prefix: &str, to: Option<&str>) {
 }
 
 type Mutation = fn(&mut Vec<Value>);
+/// (what is broken, the rule it must be reported under, how to break it).
+type Case = (&'static str, &'static str, Mutation);
 
 #[test]
 fn untouched_renderings_are_clean() {
@@ -68,228 +70,8 @@ fn untouched_renderings_are_clean() {
     }
 }
 
-#[test]
-fn each_broken_invariant_is_reported() {
-    let cases: &[(&str, &str, Mutation)] = &[
-        ("token automount", "automount-token", |d| {
-            pod(d)["automountServiceAccountToken"] = json!(true)
-        }),
-        ("token automount unset", "automount-token", |d| {
-            pod(d)
-                .as_object_mut()
-                .unwrap()
-                .remove("automountServiceAccountToken");
-        }),
-        ("hostNetwork", "host-namespaces", |d| {
-            pod(d)["hostNetwork"] = json!(true)
-        }),
-        ("hostPID", "host-namespaces", |d| {
-            pod(d)["hostPID"] = json!(true)
-        }),
-        ("hostPort", "host-namespaces", |d| {
-            server(d)["ports"][0]["hostPort"] = json!(8080)
-        }),
-        ("hostPath volume", "host-path", |d| {
-            pod(d)["volumes"]
-                .as_array_mut()
-                .unwrap()
-                .push(json!({"name": "h", "hostPath": {"path": "/"}}))
-        }),
-        ("root allowed", "run-as-non-root", |d| {
-            pod(d)["securityContext"]["runAsNonRoot"] = json!(false);
-            server(d)["securityContext"]
-                .as_object_mut()
-                .unwrap()
-                .remove("runAsNonRoot");
-        }),
-        ("uid 0", "run-as-non-root", |d| {
-            server(d)["securityContext"]["runAsUser"] = json!(0)
-        }),
-        ("seccomp unconfined", "seccomp", |d| {
-            server(d)["securityContext"]["seccompProfile"]["type"] = json!("Unconfined")
-        }),
-        ("privilege escalation", "privilege-escalation", |d| {
-            server(d)["securityContext"]["allowPrivilegeEscalation"] = json!(true)
-        }),
-        ("writable root", "read-only-root", |d| {
-            server(d)["securityContext"]["readOnlyRootFilesystem"] = json!(false)
-        }),
-        ("privileged", "privileged", |d| {
-            server(d)["securityContext"]["privileged"] = json!(true)
-        }),
-        ("caps not dropped", "capabilities", |d| {
-            server(d)["securityContext"]["capabilities"]["drop"] = json!(["NET_RAW"])
-        }),
-        ("caps added", "capabilities", |d| {
-            server(d)["securityContext"]["capabilities"]["add"] = json!(["NET_ADMIN"])
-        }),
-        ("no cpu limit", "resources", |d| {
-            server(d)["resources"]["limits"]
-                .as_object_mut()
-                .unwrap()
-                .remove("cpu");
-        }),
-        ("no memory request", "resources", |d| {
-            server(d)["resources"]["requests"]
-                .as_object_mut()
-                .unwrap()
-                .remove("memory");
-        }),
-        ("latest tag", "image-pinned", |d| {
-            server(d)["image"] = json!("quay.io/x/y:latest")
-        }),
-        ("untagged", "image-pinned", |d| {
-            server(d)["image"] = json!("registry:5000/x/y")
-        }),
-        ("emptyDir unbounded", "empty-dir-size", |d| {
-            pod(d)["volumes"][0]["emptyDir"] = json!({})
-        }),
-        ("emptyDir beyond the storage limit", "empty-dir-size", |d| {
-            pod(d)["volumes"][0]["emptyDir"]["sizeLimit"] = json!("7Gi")
-        }),
-        ("no storage limit", "empty-dir-size", |d| {
-            server(d)["resources"]["limits"]
-                .as_object_mut()
-                .unwrap()
-                .remove("ephemeral-storage");
-        }),
-        ("no topology spread", "topology-spread", |d| {
-            pod(d)
-                .as_object_mut()
-                .unwrap()
-                .remove("topologySpreadConstraints");
-        }),
-        ("readiness on healthz", "probes", |d| {
-            server(d)["readinessProbe"]["httpGet"]["path"] = json!("/healthz")
-        }),
-        ("startup on healthz", "probes", |d| {
-            server(d)["startupProbe"]["httpGet"]["path"] = json!("/healthz")
-        }),
-        ("liveness on readyz", "probes", |d| {
-            server(d)["livenessProbe"]["httpGet"]["path"] = json!("/readyz")
-        }),
-        ("no liveness", "probes", |d| {
-            server(d).as_object_mut().unwrap().remove("livenessProbe");
-        }),
-        ("probe on another port", "probe-port", |d| {
-            server(d)["readinessProbe"]["httpGet"]["port"] = json!(9090)
-        }),
-        ("probe on unknown port name", "probe-port", |d| {
-            server(d)["livenessProbe"]["httpGet"]["port"] = json!("metrics")
-        }),
-        ("listen elsewhere", "ports", |d| {
-            set_arg(d, "--listen=", Some("--listen=0.0.0.0:9090"))
-        }),
-        ("flag not in = form", "flag-form", |d| {
-            set_arg(d, "--listen=", Some("--listen"))
-        }),
-        ("path on the root fs", "flag-path-mounted", |d| {
-            set_arg(d, "--ca=", Some("--ca=/usr/local/share/ca.crt"))
-        }),
-        ("config key missing", "config-key", |d| {
-            set_arg(
-                d,
-                "--registries-conf=",
-                Some("--registries-conf=/etc/oscontent/registries/mirrors.conf"),
-            )
-        }),
-        ("state dir read-only", "state-dir-writable", |d| {
-            set_arg(
-                d,
-                "--state-dir=",
-                Some("--state-dir=/etc/oscontent/signatures"),
-            )
-        }),
-        ("no trusted keys", "wiring", |d| {
-            set_arg(d, "--trusted-keys=", None)
-        }),
-        ("sign key on workers", "sign-key", |d| {
-            server(d)["args"]
-                .as_array_mut()
-                .unwrap()
-                .push(json!("--sign-key=/etc/oscontent/signatures/k"))
-        }),
-        ("two sources", "source", |d| {
-            server(d)["args"]
-                .as_array_mut()
-                .unwrap()
-                .push(json!("--oscontainer=/var/lib/oscontent"))
-        }),
-        ("surge without zero unavailable", "rollout", |d| {
-            kind_mut(d, "Deployment")["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] =
-                json!(1)
-        }),
-        ("recreate", "rollout", |d| {
-            kind_mut(d, "Deployment")["spec"]["strategy"] = json!({"type": "Recreate"})
-        }),
-        ("rollout deadline shorter than startup", "rollout", |d| {
-            kind_mut(d, "Deployment")["spec"]["progressDeadlineSeconds"] = json!(600)
-        }),
-        ("one replica", "replicas", |d| {
-            kind_mut(d, "Deployment")["spec"]["replicas"] = json!(1)
-        }),
-        ("service port", "service", |d| {
-            kind_mut(d, "Service")["spec"]["ports"][0]["port"] = json!(8080)
-        }),
-        ("service port name", "service", |d| {
-            kind_mut(d, "Service")["spec"]["ports"][0]["name"] = json!("web")
-        }),
-        ("service target", "service", |d| {
-            kind_mut(d, "Service")["spec"]["ports"][0]["targetPort"] = json!(9090)
-        }),
-        ("service type", "service", |d| {
-            kind_mut(d, "Service")["spec"]["type"] = json!("NodePort")
-        }),
-        ("pdb blocks drains", "pdb", |d| {
-            kind_mut(d, "PodDisruptionBudget")["spec"]["minAvailable"] = json!(2)
-        }),
-        ("netpol ingress wide", "network-policy", |d| {
-            kind_mut(d, "NetworkPolicy")["spec"]["ingress"] = json!([{}])
-        }),
-        ("netpol egress wide", "network-policy", |d| {
-            kind_mut(d, "NetworkPolicy")["spec"]["egress"]
-                .as_array_mut()
-                .unwrap()
-                .push(json!({"ports": [{"protocol": "TCP", "port": 22}]}))
-        }),
-        ("netpol ingress only", "network-policy", |d| {
-            kind_mut(d, "NetworkPolicy")["spec"]["policyTypes"] = json!(["Ingress"])
-        }),
-        ("service account token", "service-account", |d| {
-            kind_mut(d, "ServiceAccount")["automountServiceAccountToken"] = json!(true)
-        }),
-        ("default namespace", "namespace", |d| {
-            kind_mut(d, "Service")["metadata"]["namespace"] = json!("default")
-        }),
-        ("secret in git", "no-secret-data", |d| {
-            d.push(json!({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": "oscontent-pull-secret", "namespace": "oscontent"},
-                "data": {".dockerconfigjson": "e30="}}))
-        }),
-        (
-            "control-plane scheduling on a worker overlay",
-            "control-plane",
-            |d| {
-                pod(d)["tolerations"] = json!([{"key": "node-role.kubernetes.io/master",
-                "operator": "Exists", "effect": "NoSchedule"}])
-            },
-        ),
-        ("exec probe", "probes", |d| {
-            server(d)["livenessProbe"] = json!({"exec": {"command": ["true"]}})
-        }),
-        (
-            "a ServiceMonitor outside its component",
-            "companions",
-            |d| {
-                d.push(
-                    json!({"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
-                "metadata": {"name": "m", "namespace": "oscontent"},
-                "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "oscontent"}},
-                         "endpoints": [{"port": "http", "path": "/metrics"}]}}),
-                )
-            },
-        ),
-    ];
+/// Each case, applied alone to the base, is reported under its rule.
+fn assert_each_reported(cases: &[Case]) {
     for (name, rule, mutate) in cases {
         let mut docs = base_docs().clone();
         mutate(&mut docs);
@@ -299,6 +81,259 @@ fn each_broken_invariant_is_reported() {
             "{name}: expected a {rule:?} violation, got {v:#?}"
         );
     }
+}
+
+/// The hardened pod and its containers.
+const POD_SECURITY: &[Case] = &[
+    ("token automount", "automount-token", |d| {
+        pod(d)["automountServiceAccountToken"] = json!(true)
+    }),
+    ("token automount unset", "automount-token", |d| {
+        pod(d)
+            .as_object_mut()
+            .unwrap()
+            .remove("automountServiceAccountToken");
+    }),
+    ("hostNetwork", "host-namespaces", |d| {
+        pod(d)["hostNetwork"] = json!(true)
+    }),
+    ("hostPID", "host-namespaces", |d| {
+        pod(d)["hostPID"] = json!(true)
+    }),
+    ("hostPort", "host-namespaces", |d| {
+        server(d)["ports"][0]["hostPort"] = json!(8080)
+    }),
+    ("hostPath volume", "host-path", |d| {
+        pod(d)["volumes"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"name": "h", "hostPath": {"path": "/"}}))
+    }),
+    ("root allowed", "run-as-non-root", |d| {
+        pod(d)["securityContext"]["runAsNonRoot"] = json!(false);
+        server(d)["securityContext"]
+            .as_object_mut()
+            .unwrap()
+            .remove("runAsNonRoot");
+    }),
+    ("uid 0", "run-as-non-root", |d| {
+        server(d)["securityContext"]["runAsUser"] = json!(0)
+    }),
+    ("seccomp unconfined", "seccomp", |d| {
+        server(d)["securityContext"]["seccompProfile"]["type"] = json!("Unconfined")
+    }),
+    ("privilege escalation", "privilege-escalation", |d| {
+        server(d)["securityContext"]["allowPrivilegeEscalation"] = json!(true)
+    }),
+    ("writable root", "read-only-root", |d| {
+        server(d)["securityContext"]["readOnlyRootFilesystem"] = json!(false)
+    }),
+    ("privileged", "privileged", |d| {
+        server(d)["securityContext"]["privileged"] = json!(true)
+    }),
+    ("caps not dropped", "capabilities", |d| {
+        server(d)["securityContext"]["capabilities"]["drop"] = json!(["NET_RAW"])
+    }),
+    ("caps added", "capabilities", |d| {
+        server(d)["securityContext"]["capabilities"]["add"] = json!(["NET_ADMIN"])
+    }),
+    ("no cpu limit", "resources", |d| {
+        server(d)["resources"]["limits"]
+            .as_object_mut()
+            .unwrap()
+            .remove("cpu");
+    }),
+    ("no memory request", "resources", |d| {
+        server(d)["resources"]["requests"]
+            .as_object_mut()
+            .unwrap()
+            .remove("memory");
+    }),
+    ("latest tag", "image-pinned", |d| {
+        server(d)["image"] = json!("quay.io/x/y:latest")
+    }),
+    ("untagged", "image-pinned", |d| {
+        server(d)["image"] = json!("registry:5000/x/y")
+    }),
+    ("emptyDir unbounded", "empty-dir-size", |d| {
+        pod(d)["volumes"][0]["emptyDir"] = json!({})
+    }),
+    ("emptyDir beyond the storage limit", "empty-dir-size", |d| {
+        pod(d)["volumes"][0]["emptyDir"]["sizeLimit"] = json!("7Gi")
+    }),
+    ("no storage limit", "empty-dir-size", |d| {
+        server(d)["resources"]["limits"]
+            .as_object_mut()
+            .unwrap()
+            .remove("ephemeral-storage");
+    }),
+    ("no topology spread", "topology-spread", |d| {
+        pod(d)
+            .as_object_mut()
+            .unwrap()
+            .remove("topologySpreadConstraints");
+    }),
+];
+
+/// The server container: probes, ports, flags and what they are wired to.
+const SERVER: &[Case] = &[
+    ("readiness on healthz", "probes", |d| {
+        server(d)["readinessProbe"]["httpGet"]["path"] = json!("/healthz")
+    }),
+    ("startup on healthz", "probes", |d| {
+        server(d)["startupProbe"]["httpGet"]["path"] = json!("/healthz")
+    }),
+    ("liveness on readyz", "probes", |d| {
+        server(d)["livenessProbe"]["httpGet"]["path"] = json!("/readyz")
+    }),
+    ("no liveness", "probes", |d| {
+        server(d).as_object_mut().unwrap().remove("livenessProbe");
+    }),
+    ("probe on another port", "probe-port", |d| {
+        server(d)["readinessProbe"]["httpGet"]["port"] = json!(9090)
+    }),
+    ("probe on unknown port name", "probe-port", |d| {
+        server(d)["livenessProbe"]["httpGet"]["port"] = json!("metrics")
+    }),
+    ("listen elsewhere", "ports", |d| {
+        set_arg(d, "--listen=", Some("--listen=0.0.0.0:9090"))
+    }),
+    ("flag not in = form", "flag-form", |d| {
+        set_arg(d, "--listen=", Some("--listen"))
+    }),
+    ("path on the root fs", "flag-path-mounted", |d| {
+        set_arg(d, "--ca=", Some("--ca=/usr/local/share/ca.crt"))
+    }),
+    ("config key missing", "config-key", |d| {
+        set_arg(
+            d,
+            "--registries-conf=",
+            Some("--registries-conf=/etc/oscontent/registries/mirrors.conf"),
+        )
+    }),
+    ("state dir read-only", "state-dir-writable", |d| {
+        set_arg(
+            d,
+            "--state-dir=",
+            Some("--state-dir=/etc/oscontent/signatures"),
+        )
+    }),
+    ("no trusted keys", "wiring", |d| {
+        set_arg(d, "--trusted-keys=", None)
+    }),
+    ("sign key on workers", "sign-key", |d| {
+        server(d)["args"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!("--sign-key=/etc/oscontent/signatures/k"))
+    }),
+    ("two sources", "source", |d| {
+        server(d)["args"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!("--oscontainer=/var/lib/oscontent"))
+    }),
+    ("exec probe", "probes", |d| {
+        server(d)["livenessProbe"] = json!({"exec": {"command": ["true"]}})
+    }),
+];
+
+/// The rollout, and scheduling on the worker (base) rendering.
+const ROLLOUT: &[Case] = &[
+    ("surge without zero unavailable", "rollout", |d| {
+        kind_mut(d, "Deployment")["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] = json!(1)
+    }),
+    ("recreate", "rollout", |d| {
+        kind_mut(d, "Deployment")["spec"]["strategy"] = json!({"type": "Recreate"})
+    }),
+    ("rollout deadline shorter than startup", "rollout", |d| {
+        kind_mut(d, "Deployment")["spec"]["progressDeadlineSeconds"] = json!(600)
+    }),
+    ("one replica", "replicas", |d| {
+        kind_mut(d, "Deployment")["spec"]["replicas"] = json!(1)
+    }),
+    (
+        "control-plane scheduling on a worker overlay",
+        "control-plane",
+        |d| {
+            pod(d)["tolerations"] = json!([{"key": "node-role.kubernetes.io/master",
+                "operator": "Exists", "effect": "NoSchedule"}])
+        },
+    ),
+];
+
+/// The objects around the Deployment, and what holds for every object.
+const OBJECTS: &[Case] = &[
+    ("service port", "service", |d| {
+        kind_mut(d, "Service")["spec"]["ports"][0]["port"] = json!(8080)
+    }),
+    ("service port name", "service", |d| {
+        kind_mut(d, "Service")["spec"]["ports"][0]["name"] = json!("web")
+    }),
+    ("service target", "service", |d| {
+        kind_mut(d, "Service")["spec"]["ports"][0]["targetPort"] = json!(9090)
+    }),
+    ("service type", "service", |d| {
+        kind_mut(d, "Service")["spec"]["type"] = json!("NodePort")
+    }),
+    ("pdb blocks drains", "pdb", |d| {
+        kind_mut(d, "PodDisruptionBudget")["spec"]["minAvailable"] = json!(2)
+    }),
+    ("netpol ingress wide", "network-policy", |d| {
+        kind_mut(d, "NetworkPolicy")["spec"]["ingress"] = json!([{}])
+    }),
+    ("netpol egress wide", "network-policy", |d| {
+        kind_mut(d, "NetworkPolicy")["spec"]["egress"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"ports": [{"protocol": "TCP", "port": 22}]}))
+    }),
+    ("netpol ingress only", "network-policy", |d| {
+        kind_mut(d, "NetworkPolicy")["spec"]["policyTypes"] = json!(["Ingress"])
+    }),
+    ("service account token", "service-account", |d| {
+        kind_mut(d, "ServiceAccount")["automountServiceAccountToken"] = json!(true)
+    }),
+    ("default namespace", "namespace", |d| {
+        kind_mut(d, "Service")["metadata"]["namespace"] = json!("default")
+    }),
+    ("secret in git", "no-secret-data", |d| {
+        d.push(json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "oscontent-pull-secret", "namespace": "oscontent"},
+                "data": {".dockerconfigjson": "e30="}}))
+    }),
+    (
+        "a ServiceMonitor outside its component",
+        "companions",
+        |d| {
+            d.push(
+                json!({"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+                "metadata": {"name": "m", "namespace": "oscontent"},
+                "spec": {"selector": {"matchLabels": {"app.kubernetes.io/name": "oscontent"}},
+                         "endpoints": [{"port": "http", "path": "/metrics"}]}}),
+            )
+        },
+    ),
+];
+
+#[test]
+fn each_broken_pod_security_invariant_is_reported() {
+    assert_each_reported(POD_SECURITY);
+}
+
+#[test]
+fn each_broken_server_invariant_is_reported() {
+    assert_each_reported(SERVER);
+}
+
+#[test]
+fn each_broken_rollout_invariant_is_reported() {
+    assert_each_reported(ROLLOUT);
+}
+
+#[test]
+fn each_broken_object_invariant_is_reported() {
+    assert_each_reported(OBJECTS);
 }
 
 /// The overlay-specific expectations, each broken.
