@@ -4,6 +4,10 @@
 //! issued for the right Basic credentials, and are revoked once mid-pull to
 //! check that the client renews an expired token.
 
+// Test code: outside #[test] functions too, a panic that names the value is
+// the failure report (clippy.toml allows it inside them).
+#![allow(clippy::unwrap_used)]
+
 mod source_support;
 
 use axum::body::Body;

@@ -65,6 +65,7 @@ pub struct Remote {
 
 /// A pull whose repo, remote and I/O governor are ready: what every step
 /// of the pull shares.
+#[derive(Debug)]
 pub struct PullRequest<'a> {
     pub opts: &'a PullOptions,
     pub store: Store,

@@ -28,6 +28,7 @@ use tokio::task::JoinSet;
 /// Content checksums queued between the stages.
 const CONTENT_QUEUE: usize = 256;
 
+#[derive(Debug)]
 pub struct Ctx {
     pub fetcher: Arc<Fetcher>,
     store: Mutex<Store>,

@@ -253,6 +253,7 @@ impl Remote for DirRemote {
 
 /// What a generation serves, as the HTTP surface would: how an image
 /// becomes a bundle with exactly the bytes `serve --image` publishes.
+#[derive(Debug)]
 pub struct GenerationRemote {
     pub generation: Arc<Generation>,
 }

@@ -47,6 +47,7 @@ pub fn sha256_digest(bytes: &[u8]) -> String {
 /// Wraps a blob's byte stream (network body or file). Errors it detects
 /// are kept in `failure` (the root cause, whatever the decompressor or tar
 /// reader made of the `io::Error` it was handed).
+#[derive(Debug)]
 pub struct VerifyingReader<R> {
     inner: R,
     subject: Subject,

@@ -10,6 +10,10 @@
 //! directory the test executable was built into. Build them first with
 //! `cargo build --workspace --bins` (or run `cargo xtask test`).
 
+// Test code: outside #[test] functions too, a panic that names the value is
+// the failure report (clippy.toml allows it inside them).
+#![allow(clippy::unwrap_used)]
+
 pub mod access_log;
 pub mod files;
 pub mod fixtures;

@@ -70,6 +70,12 @@ pub struct Tar {
     b: tar::Builder<Vec<u8>>,
 }
 
+impl std::fmt::Debug for Tar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tar").finish_non_exhaustive()
+    }
+}
+
 impl Default for Tar {
     fn default() -> Self {
         Self::new()
@@ -186,6 +192,7 @@ pub fn sha256_digest(b: &[u8]) -> String {
 }
 
 /// A layer blob and what the config says about it.
+#[derive(Debug)]
 pub struct Layer {
     pub blob: Vec<u8>,
     pub media_type: &'static str,

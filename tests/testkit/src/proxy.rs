@@ -243,6 +243,7 @@ fn serve_conn(
 /// `limit` response bytes and then holds the connection open without
 /// sending more (a stalled transfer), until the limit is raised or the
 /// proxy is dropped.
+#[derive(Debug)]
 pub struct StallProxy {
     pub port: u16,
     limit: Arc<AtomicU64>,

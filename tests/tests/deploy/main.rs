@@ -18,6 +18,10 @@
 //! Build first: `cargo build --workspace --bins`; needs kubectl (kustomize
 //! v5), docker-registry, skopeo, htpasswd, openssl and ostree.
 
+// Test code: outside #[test] functions too, a panic that names the value is
+// the failure report (clippy.toml allows it inside them).
+#![allow(clippy::unwrap_used)]
+
 mod manifest;
 mod plan;
 

@@ -8,6 +8,10 @@
 //! `cargo test -p oscontent-tests --test image`. Needs `docker-registry`,
 //! `skopeo`, `umoci`, `htpasswd` (apache2-utils), `gzip` and `ostree`.
 
+// Test code: outside #[test] functions too, a panic that names the value is
+// the failure report (clippy.toml allows it inside them).
+#![allow(clippy::unwrap_used)]
+
 mod attacks;
 mod lifecycle;
 mod pull;

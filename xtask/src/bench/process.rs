@@ -52,6 +52,7 @@ pub fn tail(path: &Path, n: usize) -> String {
 
 /// A child process that is stopped on drop: SIGTERM, a bounded wait, then
 /// SIGKILL.
+#[derive(Debug)]
 pub struct Stopper {
     child: Option<Child>,
     what: String,

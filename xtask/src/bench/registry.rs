@@ -19,6 +19,7 @@ const PUSH_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 const PREFIX: &str = "registry-";
 
 /// A running registry.
+#[derive(Debug)]
 pub struct Registry {
     // Field order is drop order: the process goes before its storage.
     process: Stopper,

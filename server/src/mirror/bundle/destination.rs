@@ -19,6 +19,7 @@ const LOCK: &str = "lock";
 
 /// A destination being updated: the bundle itself, or a site server's
 /// store. Holds the lock; knows what the last complete run left.
+#[derive(Debug)]
 pub struct Destination {
     /// Where the archive layout lives.
     pub root: PathBuf,

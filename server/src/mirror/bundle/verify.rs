@@ -93,6 +93,7 @@ impl Write for HashSink {
 
 /// A verified bundle as a [`Remote`]: only the files its manifest lists,
 /// each checked against its manifest entry as it is read.
+#[derive(Debug)]
 pub struct BundleRemote {
     dir: DirRemote,
     pub manifest: BundleManifest,

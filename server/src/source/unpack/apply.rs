@@ -25,6 +25,7 @@ fn walk_err(e: Errno) -> bool {
 }
 
 /// The staging directory's fd and the no-follow operations on it.
+#[derive(Debug)]
 pub(super) struct Fs {
     root: OwnedFd,
 }

@@ -58,6 +58,7 @@ pub enum Compression {
 
 /// The staging tree being built: a directory fd, never a path walked by
 /// the kernel.
+#[derive(Debug)]
 pub struct Tree {
     fs: Fs,
     /// Bytes written into files.

@@ -34,6 +34,7 @@ const VALUE_BYTES: usize = 2300;
 const MAX_BODY: usize = 16 << 20;
 
 /// A running etcd, stopped on drop.
+#[derive(Debug)]
 pub struct Etcd {
     pub client: SocketAddr,
     _process: Stopper,
@@ -292,6 +293,7 @@ impl Conn {
 }
 
 /// The put loop; stopped and joined on drop.
+#[derive(Debug)]
 pub struct Load {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<Result<Vec<Op>>>>,

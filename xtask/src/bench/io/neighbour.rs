@@ -76,6 +76,7 @@ pub fn prepare(path: &Path, bytes: u64) -> Result<()> {
 }
 
 /// A running neighbour thread; stopped and joined on drop.
+#[derive(Debug)]
 pub struct Neighbour {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<Result<NeighbourLog>>>,

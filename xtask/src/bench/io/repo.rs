@@ -88,6 +88,7 @@ pub fn ref_commit(repo: &Path, ref_name: &str) -> Option<String> {
 // ---------------------------------------------------------------------------
 
 /// A running `oscontent-server serve --oscontainer`, stopped on drop.
+#[derive(Debug)]
 pub struct Server {
     pub url: String,
     pub addr: SocketAddr,
