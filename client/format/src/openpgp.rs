@@ -1,5 +1,5 @@
-//! The OpenPGP core of the trust model (DESIGN.md, "Trust model"): make
-//! keys, sign the exact bytes of a commit object or summary, and verify
+//! The OpenPGP core of the trust model (ARCHITECTURE.md, "Trust model"):
+//! make keys, sign the exact bytes of a commit object or summary, and verify
 //! such signatures against a keyring of trusted certificates.
 //!
 //! Everything is sequoia-openpgp; nothing here is hand-rolled crypto. The

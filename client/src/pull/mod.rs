@@ -1,6 +1,6 @@
 //! `oscontent pull` and `oscontent verify`: the node side of the data flow
-//! (DESIGN.md): remote → plan → fetch → verify → write (I/O governor) →
-//! barrier → ref moves.
+//! (ARCHITECTURE.md, "Data flow"): remote → plan → fetch → verify → write
+//! (I/O governor) → barrier → ref moves.
 //!
 //! Order of a pull, and why (one step a function, in `pull_async`):
 //! 1. `config` (must be an archive repo), `summary` (and `summary.sig`

@@ -1,4 +1,4 @@
-//! Signatures on the server side (DESIGN.md, "Trust model").
+//! Signatures on the server side (ARCHITECTURE.md, "Trust model").
 //!
 //! Three roles share this module:
 //! - the **signer** (`oscontent-server sign`, run where the private key
