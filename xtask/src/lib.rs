@@ -1,6 +1,8 @@
-//! Library half of xtask: the pieces that end-to-end tests share with the
-//! `cargo xtask` commands (fixtures above all), so tests can build what they
-//! need without shelling out to cargo.
+//! Library half of xtask: every `cargo xtask` command's logic (tests,
+//! checks, the demo, benchmarks), so the binary stays a thin dispatcher and
+//! the pieces are unit-tested. What the end-to-end suites share with xtask
+//! (the fixtures, bounded processes, the server under test) lives in the
+//! testkit, `tests/testkit`.
 
 pub mod bench;
 pub mod cargo;

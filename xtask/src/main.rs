@@ -1,5 +1,5 @@
 //! `cargo xtask <command>`: a thin dispatcher; each command's logic lives in
-//! the library so end-to-end tests can call it directly.
+//! the library.
 
 use std::path::PathBuf;
 use std::time::Duration;
