@@ -212,6 +212,7 @@ impl Server {
     }
 
     /// The served summary, parsed.
+    #[cfg(feature = "format")]
     pub fn summary(&self) -> Result<oscontent_format::Summary> {
         Ok(oscontent_format::parse_summary(&self.summary_bytes()?)?)
     }
