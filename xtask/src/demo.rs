@@ -2,7 +2,7 @@
 //! updates a fresh bare-user node repo with stock `ostree pull`, and prints
 //! what the update fetched against what the whole image costs.
 
-use crate::fixtures::{self, FixtureSpec, Fixtures, Scale};
+use crate::fixtures::{self, FixtureSpec, Fixtures, Release, Scale};
 use crate::{cargo, deps};
 use anyhow::{bail, Context, Result};
 use oscontent_testkit::ServerProcess;
@@ -128,47 +128,72 @@ pub fn demo(opts: &DemoOptions) -> Result<()> {
     let fx: Fixtures = fixtures::ensure(&spec, &fixtures::default_dir(&spec))?;
     let (v1, v2) = (&fx.releases[0], &fx.releases[1]);
     let work = cargo::target_dir().join("demo");
-    if work.exists() {
-        std::fs::remove_dir_all(&work).with_context(|| format!("clearing {}", work.display()))?;
+    let node = fresh_node(&work)?;
+    install_v1(&node, &work, &spec, v1)?;
+    let (s2, took) = update_to_v2(&node, &work, &spec, v2)?;
+    report(&s2, took, v2)?;
+    if opts.keep_serving {
+        keep_serving(s2, &spec)?;
     }
-    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    Ok(())
+}
+
+/// Empties `work` and creates the node's repo inside it.
+fn fresh_node(work: &Path) -> Result<PathBuf> {
+    if work.exists() {
+        std::fs::remove_dir_all(work).with_context(|| format!("clearing {}", work.display()))?;
+    }
+    std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
     let node = work.join("node-repo");
     ostree(&node, &["init", "--mode=bare-user"])?;
+    Ok(node)
+}
 
+/// Serves v1 and installs it on the node with stock `ostree pull`.
+fn install_v1(node: &Path, work: &Path, spec: &FixtureSpec, v1: &Release) -> Result<()> {
     println!(
         "== v1 {} ({}) served from {}",
         v1.version,
         &v1.commit[..12],
         v1.oscontainer.display()
     );
-    let s1 = Server::start(&v1.oscontainer, &work, "v1")?;
+    let s1 = Server::start(&v1.oscontainer, work, "v1")?;
     ostree(
-        &node,
+        node,
         &["remote", "add", "--no-gpg-verify", "oscontent", &s1.url],
     )?;
-    ostree(&node, &["pull", "oscontent", &spec.ref_name])?;
+    ostree(node, &["pull", "oscontent", &spec.ref_name])?;
     println!(
         "   node installed v1 with stock `ostree pull` from {}",
         s1.url
     );
-    drop(s1);
+    Ok(())
+}
 
+/// Serves v2, updates the node to it and checks the result; returns the
+/// v2 server (whose access log says what was fetched) and the pull's time.
+fn update_to_v2(
+    node: &Path,
+    work: &Path,
+    spec: &FixtureSpec,
+    v2: &Release,
+) -> Result<(Server, Duration)> {
     println!(
         "== v2 {} ({}): the new release rolls out",
         v2.version,
         &v2.commit[..12]
     );
-    let s2 = Server::start(&v2.oscontainer, &work, "v2")?;
-    ostree(&node, &["remote", "delete", "oscontent"])?;
+    let s2 = Server::start(&v2.oscontainer, work, "v2")?;
+    ostree(node, &["remote", "delete", "oscontent"])?;
     ostree(
-        &node,
+        node,
         &["remote", "add", "--no-gpg-verify", "oscontent", &s2.url],
     )?;
     let t = Instant::now();
-    ostree(&node, &["pull", "oscontent", &spec.ref_name])?;
+    ostree(node, &["pull", "oscontent", &spec.ref_name])?;
     let took = t.elapsed();
     let head = ostree(
-        &node,
+        node,
         &["rev-parse", &format!("oscontent:{}", spec.ref_name)],
     )?;
     anyhow::ensure!(
@@ -177,8 +202,12 @@ pub fn demo(opts: &DemoOptions) -> Result<()> {
         head.trim(),
         v2.commit
     );
-    ostree(&node, &["fsck", "--quiet"])?;
+    ostree(node, &["fsck", "--quiet"])?;
+    Ok((s2, took))
+}
 
+/// Prints what the update fetched, against the size of the whole v2 image.
+fn report(s2: &Server, took: Duration, v2: &Release) -> Result<()> {
     let fetched = Fetched::from_access_log(&s2.access_log)?;
     let (objs, obj_bytes) = fetched.objects();
     let content = fetched.by_kind.get("filez").copied().unwrap_or_default();
@@ -207,16 +236,18 @@ pub fn demo(opts: &DemoOptions) -> Result<()> {
         100.0 * fetched.total_bytes() as f64 / v2.image_bytes.max(1) as f64,
         v2.image_bytes as f64 / fetched.total_bytes().max(1) as f64
     );
-    if opts.keep_serving {
-        let mut s2 = s2;
-        println!();
-        println!(
-            "v2 is served at {} (ref {}); Ctrl-C to stop.",
-            s2.url, spec.ref_name
-        );
-        // Ctrl-C reaches the server too (same process group); it drains and
-        // exits, and this wait returns.
-        s2.proc.wait().context("waiting for the server")?;
-    }
+    Ok(())
+}
+
+/// Keeps v2 served until Ctrl-C.
+fn keep_serving(mut s2: Server, spec: &FixtureSpec) -> Result<()> {
+    println!();
+    println!(
+        "v2 is served at {} (ref {}); Ctrl-C to stop.",
+        s2.url, spec.ref_name
+    );
+    // Ctrl-C reaches the server too (same process group); it drains and
+    // exits, and this wait returns.
+    s2.proc.wait().context("waiting for the server")?;
     Ok(())
 }

@@ -22,17 +22,9 @@ fn object_responses(server: &Server) -> f64 {
         .sum()
 }
 
-#[test]
-fn update_fetches_only_new_objects_like_stock_ostree() {
-    let (v1, v2) = (v1(), v2());
-    let tmp = tempdir();
-    let mut server = Server::release(v1);
-
-    // Stock ostree: v1, then v2.
-    let stock = Ostree::init(&tmp.path().join("stock"), "bare-user").unwrap();
-    stock.remote_add("os", &server.url, &[]).unwrap();
-    stock.pull(&["os", fixture_ref()]).unwrap();
-    let ours = Ostree::init(&tmp.path().join("ours"), "bare-user").unwrap();
+/// Pulls v1 with our client into the empty `ours`, over HTTP/2, and checks
+/// that it fetched every object of the commit exactly once.
+fn pull_v1_fetches_each_object_once(server: &Server, ours: &Ostree, v1: &Release) {
     let before = server.access_log().unwrap().len();
     let out = run_client(&pull_args(&ours.repo, &server.url, fixture_ref(), &[]));
     let evs = expect_ok(&out, "pull v1");
@@ -64,6 +56,32 @@ fn update_fetches_only_new_objects_like_stock_ostree() {
         want.len()
     );
     assert_eq!(done["ref_moved"], true);
+}
+
+/// The objects (but commitmeta) of `new`'s repo that `old`'s lacks.
+fn objects_new_in(new: &Release, old: &Release) -> BTreeSet<(String, String)> {
+    let a = list_objects(&old.repo).unwrap();
+    list_objects(&new.repo)
+        .unwrap()
+        .0
+        .into_iter()
+        .flat_map(|(k, cs)| cs.into_iter().map(move |c| (k.clone(), c)))
+        .filter(|(k, c)| k != "commitmeta" && !a.contains(k, c))
+        .collect()
+}
+
+#[test]
+fn update_fetches_only_new_objects_like_stock_ostree() {
+    let (v1, v2) = (v1(), v2());
+    let tmp = tempdir();
+    let mut server = Server::release(v1);
+
+    // Stock ostree: v1, then v2.
+    let stock = Ostree::init(&tmp.path().join("stock"), "bare-user").unwrap();
+    stock.remote_add("os", &server.url, &[]).unwrap();
+    stock.pull(&["os", fixture_ref()]).unwrap();
+    let ours = Ostree::init(&tmp.path().join("ours"), "bare-user").unwrap();
+    pull_v1_fetches_each_object_once(&server, &ours, v1);
 
     // v2 from a server serving v2: both clients fetch exactly the new objects.
     server.stop(std::time::Duration::from_secs(10)).unwrap();
@@ -88,16 +106,7 @@ fn update_fetches_only_new_objects_like_stock_ostree() {
         ours_v2, stock_v2,
         "the update fetched other objects than stock ostree"
     );
-    let new_objects: BTreeSet<_> = {
-        let a = list_objects(&v1.repo).unwrap();
-        list_objects(&v2.repo)
-            .unwrap()
-            .0
-            .into_iter()
-            .flat_map(|(k, cs)| cs.into_iter().map(move |c| (k.clone(), c)))
-            .filter(|(k, c)| k != "commitmeta" && !a.contains(k, c))
-            .collect()
-    };
+    let new_objects = objects_new_in(v2, v1);
     assert_eq!(
         ours_v2, new_objects,
         "the update fetched objects it already had"

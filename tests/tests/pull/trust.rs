@@ -77,24 +77,8 @@ fn keys(p: &Path) -> Vec<&str> {
     vec!["--trusted-keys", p.to_str().unwrap()]
 }
 
-#[test]
-fn signatures_bindings_and_downgrades() {
-    let tmp = tempdir();
-    let s = signed_repo(tmp.path());
-    let server = Server::repo(&s.src).start().unwrap();
-    let (c1, c2) = (&s.commits[0], &s.commits[1]);
-
-    // The right key: verified, and the events say by whom.
-    let node = Ostree::init(&tmp.path().join("node"), "bare-user").unwrap();
-    let out = run_client(&pull_args(&node.repo, &server.url, REF, &keys(&s.good)));
-    let evs = expect_ok(&out, "signed pull");
-    let v = event(&evs, "verified");
-    assert_eq!(v["signature"]["cert"], s.good_fpr.as_str());
-    assert_eq!(v["summary_signature"]["cert"], s.good_fpr.as_str());
-    assert_eq!(node.rev_parse(REF).unwrap(), *c2);
-    node.fsck().unwrap();
-
-    // `verify`: exit 0 with the right key, 3 with another.
+/// `verify`: exit 0 with the right key, 3 with another.
+fn verify_exits_by_key(server: &Server, s: &Signed, c2: &str) {
     let verify = |k: &Path| {
         run_client(&[
             "verify",
@@ -110,13 +94,16 @@ fn signatures_bindings_and_downgrades() {
     let out = verify(&s.good);
     let evs = expect_ok(&out, "verify");
     assert_eq!(evs[0]["ok"], true);
-    assert_eq!(evs[0]["commit"], c2.as_str());
+    assert_eq!(evs[0]["commit"], c2);
     let out = verify(&s.bad);
     expect_code(&out, 3, "verify with the wrong key");
     assert_eq!(event(&events(&out), "error")["kind"], "verification");
+}
 
+/// A wrong key, or stripped signatures: exit 3, nothing written, no ref.
+fn wrong_or_stripped_signatures_write_nothing(tmp: &Path, server: &Server, s: &Signed, c2: &str) {
     // A wrong key: exit 3, nothing written, no ref.
-    let fresh = Ostree::init(&tmp.path().join("fresh"), "bare-user").unwrap();
+    let fresh = Ostree::init(&tmp.join("fresh"), "bare-user").unwrap();
     let out = run_client(&pull_args(&fresh.repo, &server.url, REF, &keys(&s.bad)));
     expect_code(&out, 3, "wrong key");
     assert!(String::from_utf8_lossy(&out.stderr).contains("not in the trusted keyring"));
@@ -138,6 +125,27 @@ fn signatures_bindings_and_downgrades() {
         assert!(fresh.refs().unwrap().is_empty(), "{what}");
         std::fs::write(&file, saved).unwrap();
     }
+}
+
+#[test]
+fn signatures_bindings_and_downgrades() {
+    let tmp = tempdir();
+    let s = signed_repo(tmp.path());
+    let server = Server::repo(&s.src).start().unwrap();
+    let (c1, c2) = (&s.commits[0], &s.commits[1]);
+
+    // The right key: verified, and the events say by whom.
+    let node = Ostree::init(&tmp.path().join("node"), "bare-user").unwrap();
+    let out = run_client(&pull_args(&node.repo, &server.url, REF, &keys(&s.good)));
+    let evs = expect_ok(&out, "signed pull");
+    let v = event(&evs, "verified");
+    assert_eq!(v["signature"]["cert"], s.good_fpr.as_str());
+    assert_eq!(v["summary_signature"]["cert"], s.good_fpr.as_str());
+    assert_eq!(node.rev_parse(REF).unwrap(), *c2);
+    node.fsck().unwrap();
+
+    verify_exits_by_key(&server, &s, c2);
+    wrong_or_stripped_signatures_write_nothing(tmp.path(), &server, &s, c2);
 
     // A remote configured with gpg-verify and a key path needs no flag.
     node.run([

@@ -5,22 +5,12 @@
 use crate::support::*;
 use oscontent_testkit::signing::*;
 use oscontent_testkit::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-#[test]
-fn trusted_keys_refuse_unverified_publications() {
-    let tmp = tempdir();
-    let k = keys();
-    let t = tmp.path();
+/// A bundle signed over `tiny` by a key revoked after it signed, and a
+/// trusted keyring that carries the revocation.
+fn signed_by_revoked_key(t: &Path, tiny: &Tiny) -> (PathBuf, PathBuf) {
     let s = |p: &Path| p.display().to_string();
-    let tiny = tiny_oscontainer(&t.join("tiny"), 11);
-    let other_tiny = tiny_oscontainer(&t.join("other-tiny"), 12);
-
-    let by_other = t.join("by-other");
-    sign(&oscontainer_args(&tiny.root), &k.other, &by_other).unwrap();
-
-    // A key revoked after it signed: the trusted keyring carries the
-    // revocation.
     let revocable = keygen(
         &t.join("keys"),
         "revocable",
@@ -35,15 +25,13 @@ fn trusted_keys_refuse_unverified_publications() {
         std::fs::read(t.join("revocable.rev")).unwrap(),
     )
     .unwrap();
+    (by_revoked, revoked_ring)
+}
 
-    // A trusted signature moved onto another commit.
+/// A trusted signature of `from` moved onto `onto`'s commit.
+fn trusted_signature_moved(t: &Path, k: &Keys, from: &Tiny, onto: &Tiny) -> PathBuf {
     let by_trusted_other = t.join("by-trusted-other");
-    sign(
-        &oscontainer_args(&other_tiny.root),
-        &k.trusted,
-        &by_trusted_other,
-    )
-    .unwrap();
+    sign(&oscontainer_args(&from.root), &k.trusted, &by_trusted_other).unwrap();
     let moved = t.join("moved");
     std::fs::create_dir(&moved).unwrap();
     std::fs::copy(
@@ -52,14 +40,18 @@ fn trusted_keys_refuse_unverified_publications() {
     )
     .unwrap();
     std::fs::copy(
-        by_trusted_other.join(format!("{}.commitmeta", other_tiny.commit)),
-        moved.join(format!("{}.commitmeta", tiny.commit)),
+        by_trusted_other.join(format!("{}.commitmeta", from.commit)),
+        moved.join(format!("{}.commitmeta", onto.commit)),
     )
     .unwrap();
     let mut m = read_manifest(&by_trusted_other).unwrap();
-    m["commits"] = serde_json::json!([tiny.commit]);
+    m["commits"] = serde_json::json!([onto.commit]);
     std::fs::write(moved.join("manifest.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+    moved
+}
 
+/// A bundle whose manifest is of another kind.
+fn malformed_bundle(t: &Path) -> PathBuf {
     let malformed = t.join("malformed");
     std::fs::create_dir(&malformed).unwrap();
     std::fs::write(
@@ -67,6 +59,24 @@ fn trusted_keys_refuse_unverified_publications() {
         b"{\"kind\": \"something else\"}",
     )
     .unwrap();
+    malformed
+}
+
+#[test]
+fn trusted_keys_refuse_unverified_publications() {
+    let tmp = tempdir();
+    let k = keys();
+    let t = tmp.path();
+    let s = |p: &Path| p.display().to_string();
+    let tiny = tiny_oscontainer(&t.join("tiny"), 11);
+    let other_tiny = tiny_oscontainer(&t.join("other-tiny"), 12);
+
+    let by_other = t.join("by-other");
+    sign(&oscontainer_args(&tiny.root), &k.other, &by_other).unwrap();
+
+    let (by_revoked, revoked_ring) = signed_by_revoked_key(t, &tiny);
+    let moved = trusted_signature_moved(t, k, &other_tiny, &tiny);
+    let malformed = malformed_bundle(t);
 
     let ref_and_commit = format!("ref {TINY_REF} (commit {})", tiny.commit);
     // (name, extra serve args, phrases the refusal must contain)

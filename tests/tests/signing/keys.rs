@@ -90,6 +90,112 @@ fn keygen_makes_v4_keys_that_gnupg_imports() {
     }
 }
 
+/// Owned copies of `args`.
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| (*a).to_owned()).collect()
+}
+
+/// `SUBCOMMAND SRC... REST...`, as a `server_command` argument list.
+fn with_source(subcommand: &str, src: &[String], rest: &[&str]) -> Vec<String> {
+    [strings(&[subcommand]), src.to_vec(), strings(rest)].concat()
+}
+
+/// The bad inputs of `keygen_and_key_loading_refuse_bad_input`:
+/// (what, args, a phrase the error must contain).
+fn bad_input_cases(
+    tmp: &std::path::Path,
+    key: &Key,
+    garbage: &std::path::Path,
+    nonempty: &std::path::Path,
+    src: &[String],
+) -> Vec<(&'static str, Vec<String>, &'static str)> {
+    let p = |p: &std::path::Path| p.display().to_string();
+    let (secret, public, garbage) = (p(&key.secret), p(&key.public), p(garbage));
+    vec![
+        (
+            "overwriting a secret key",
+            strings(&[
+                "keygen",
+                "--uid",
+                "x",
+                "--out-secret",
+                &secret,
+                "--out-public",
+                &p(&tmp.join("new.pub")),
+            ]),
+            "refusing to overwrite",
+        ),
+        (
+            "a bad --expires",
+            strings(&[
+                "keygen",
+                "--uid",
+                "x",
+                "--expires",
+                "3 months",
+                "--out-secret",
+                &p(&tmp.join("a.sec")),
+                "--out-public",
+                &p(&tmp.join("a.pub")),
+            ]),
+            "invalid duration",
+        ),
+        (
+            "signing with a public key",
+            with_source(
+                "sign",
+                src,
+                &["--key", &public, "--out", &p(&tmp.join("b1"))],
+            ),
+            "public certificate",
+        ),
+        (
+            "signing with garbage",
+            with_source(
+                "sign",
+                src,
+                &["--key", &garbage, "--out", &p(&tmp.join("b2"))],
+            ),
+            "garbage.asc",
+        ),
+        (
+            "signing with an unset --key-env",
+            with_source(
+                "sign",
+                src,
+                &[
+                    "--key-env",
+                    "OSCONTENT_TEST_NO_SUCH_VAR",
+                    "--out",
+                    &p(&tmp.join("b3")),
+                ],
+            ),
+            "OSCONTENT_TEST_NO_SUCH_VAR is not set",
+        ),
+        (
+            "a non-empty --out",
+            with_source("sign", src, &["--key", &secret, "--out", &p(nonempty)]),
+            "not empty",
+        ),
+        (
+            "serving with garbage trusted keys",
+            with_source(
+                "serve",
+                src,
+                &[
+                    "--state-dir",
+                    &p(&tmp.join("st")),
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--trusted-keys",
+                    &garbage,
+                ],
+            ),
+            "trusted keys",
+        ),
+    ]
+}
+
 #[test]
 fn keygen_and_key_loading_refuse_bad_input() {
     let tmp = tempdir();
@@ -102,112 +208,8 @@ fn keygen_and_key_loading_refuse_bad_input() {
     std::fs::write(nonempty.join("keep"), "x").unwrap();
     let tiny = tiny_oscontainer(&tmp.path().join("tiny"), 1);
     let src = oscontainer_args(&tiny.root);
-    let p = |p: &std::path::Path| p.display().to_string();
 
-    // (what, args, a phrase the error must contain)
-    let cases: Vec<(&str, Vec<String>, &str)> = vec![
-        (
-            "overwriting a secret key",
-            vec![
-                "keygen".into(),
-                "--uid".into(),
-                "x".into(),
-                "--out-secret".into(),
-                p(&key.secret),
-                "--out-public".into(),
-                p(&tmp.path().join("new.pub")),
-            ],
-            "refusing to overwrite",
-        ),
-        (
-            "a bad --expires",
-            vec![
-                "keygen".into(),
-                "--uid".into(),
-                "x".into(),
-                "--expires".into(),
-                "3 months".into(),
-                "--out-secret".into(),
-                p(&tmp.path().join("a.sec")),
-                "--out-public".into(),
-                p(&tmp.path().join("a.pub")),
-            ],
-            "invalid duration",
-        ),
-        (
-            "signing with a public key",
-            [
-                vec!["sign".into()],
-                src.clone(),
-                vec![
-                    "--key".into(),
-                    p(&key.public),
-                    "--out".into(),
-                    p(&tmp.path().join("b1")),
-                ],
-            ]
-            .concat(),
-            "public certificate",
-        ),
-        (
-            "signing with garbage",
-            [
-                vec!["sign".into()],
-                src.clone(),
-                vec![
-                    "--key".into(),
-                    p(&garbage),
-                    "--out".into(),
-                    p(&tmp.path().join("b2")),
-                ],
-            ]
-            .concat(),
-            "garbage.asc",
-        ),
-        (
-            "signing with an unset --key-env",
-            [
-                vec!["sign".into()],
-                src.clone(),
-                vec![
-                    "--key-env".into(),
-                    "OSCONTENT_TEST_NO_SUCH_VAR".into(),
-                    "--out".into(),
-                    p(&tmp.path().join("b3")),
-                ],
-            ]
-            .concat(),
-            "OSCONTENT_TEST_NO_SUCH_VAR is not set",
-        ),
-        (
-            "a non-empty --out",
-            [
-                vec!["sign".into()],
-                src.clone(),
-                vec!["--key".into(), p(&key.secret), "--out".into(), p(&nonempty)],
-            ]
-            .concat(),
-            "not empty",
-        ),
-        (
-            "serving with garbage trusted keys",
-            [
-                vec!["serve".into()],
-                src.clone(),
-                vec![
-                    "--state-dir".into(),
-                    p(&tmp.path().join("st")),
-                    "--listen".into(),
-                    "127.0.0.1:0".into(),
-                    "--trusted-keys".into(),
-                    p(&garbage),
-                ],
-            ]
-            .concat(),
-            "trusted keys",
-        ),
-    ];
-    for (what, args, phrase) in cases {
+    for (what, args, phrase) in bad_input_cases(tmp.path(), &key, &garbage, &nonempty, &src) {
         let o = run_bounded(&mut server_command(&args), TOOL_TIMEOUT).unwrap();
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "{what}: succeeded.\n{stderr}");

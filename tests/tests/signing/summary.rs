@@ -41,14 +41,10 @@ fn rich_repo(dir: &std::path::Path) -> (std::path::PathBuf, Vec<String>) {
     (repo, commits)
 }
 
-#[test]
-fn sign_and_serve_publish_byte_identical_summaries() {
-    let tmp = tempdir();
-    let k = keys();
-    let (repo, commits) = rich_repo(tmp.path());
-    // A mirror that keeps its own summary: that summary is what is served,
-    // so that is what gets signed.
-    let own = tmp.path().join("own");
+/// A mirror that keeps its own summary (of one commit, bound to `os/own`):
+/// that summary is what is served, so that is what gets signed.
+fn repo_with_own_summary(dir: &std::path::Path) -> (std::path::PathBuf, String) {
+    let own = dir.join("own");
     let own_commit = tiny_repo(
         &own,
         &[TinyCommit {
@@ -62,6 +58,56 @@ fn sign_and_serve_publish_byte_identical_summaries() {
     let o = Ostree::at(&own);
     o.run(["refs", "--create=os/own", &own_commit]).unwrap();
     o.run(["summary", "-u"]).unwrap();
+    (own, own_commit)
+}
+
+/// Signs `source` with the trusted and with the other key, checks that the
+/// manifests agree and list the `signed` commits, and returns the trusted
+/// bundle and its manifest.
+fn sign_twice(
+    tmp: &std::path::Path,
+    name: &str,
+    source: &[String],
+    signed: &[String],
+) -> (std::path::PathBuf, serde_json::Value) {
+    let k = keys();
+    let b1 = tmp.join(format!("{name}-1"));
+    let b2 = tmp.join(format!("{name}-2"));
+    let m1 = sign(source, &k.trusted, &b1).unwrap();
+    let m2 = sign(source, &k.other, &b2).unwrap();
+    // Deterministic across runs and signers.
+    assert_eq!(
+        manifest_summary_sha256(&m1),
+        manifest_summary_sha256(&m2),
+        "{name}"
+    );
+    assert_eq!(m1["commits"], m2["commits"], "{name}");
+    let listed: Vec<String> = serde_json::from_value(m1["commits"].clone()).unwrap();
+    let mut want = signed.to_vec();
+    want.sort();
+    assert_eq!(listed, want, "{name}: signed commits");
+    (b1, m1)
+}
+
+/// What `ostree summary --view` must show of [`rich_repo`]'s summary.
+fn assert_rich_summary(name: &str, view: &str) {
+    assert!(
+        view.contains("org.example.Os"),
+        "{name}: collection ID in\n{view}"
+    );
+    assert!(view.contains("Static Deltas"), "{name}: deltas in\n{view}");
+    assert!(
+        view.contains("os/a)") && view.contains("os/b)"),
+        "{name}: refs in\n{view}"
+    );
+}
+
+#[test]
+fn sign_and_serve_publish_byte_identical_summaries() {
+    let tmp = tempdir();
+    let k = keys();
+    let (repo, commits) = rich_repo(tmp.path());
+    let (own, own_commit) = repo_with_own_summary(tmp.path());
     let rel1 = tiny_oscontainer(&tmp.path().join("rel1"), 31);
     let rel2 = tiny_oscontainer(&tmp.path().join("rel2"), 32);
     let images = oci_layout(&tmp.path().join("oci"), &[(&rel1, "one"), (&rel2, "two")]);
@@ -104,21 +150,7 @@ fn sign_and_serve_publish_byte_identical_summaries() {
         ),
     ];
     for (name, source, signed) in cases {
-        let b1 = tmp.path().join(format!("{name}-1"));
-        let b2 = tmp.path().join(format!("{name}-2"));
-        let m1 = sign(&source, &k.trusted, &b1).unwrap();
-        let m2 = sign(&source, &k.other, &b2).unwrap();
-        // Deterministic across runs and signers.
-        assert_eq!(
-            manifest_summary_sha256(&m1),
-            manifest_summary_sha256(&m2),
-            "{name}"
-        );
-        assert_eq!(m1["commits"], m2["commits"], "{name}");
-        let listed: Vec<String> = serde_json::from_value(m1["commits"].clone()).unwrap();
-        let mut want = signed.clone();
-        want.sort();
-        assert_eq!(listed, want, "{name}: signed commits");
+        let (b1, m1) = sign_twice(tmp.path(), name, &source, &signed);
 
         let b = builder(&source).args([
             "--signatures",
@@ -156,15 +188,7 @@ fn sign_and_serve_publish_byte_identical_summaries() {
         // The summary says what the sources say: stock ostree reads it.
         let view = ostree_summary_view(&summary, tmp.path(), name);
         if name.starts_with("repo with deltas") {
-            assert!(
-                view.contains("org.example.Os"),
-                "{name}: collection ID in\n{view}"
-            );
-            assert!(view.contains("Static Deltas"), "{name}: deltas in\n{view}");
-            assert!(
-                view.contains("os/a)") && view.contains("os/b)"),
-                "{name}: refs in\n{view}"
-            );
+            assert_rich_summary(name, &view);
         }
         assert!(
             server

@@ -145,15 +145,8 @@ impl Server {
                 bail!("oscontent-server did not listen within {SERVER_START:?}");
             }
         };
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .with_context(|| format!("unexpected first line from the server: {line:?}"))?
-            .to_owned();
-        let addr: SocketAddr = url
-            .trim_start_matches("http://")
-            .parse()
-            .with_context(|| format!("server address in {url:?}"))?;
+        let (url, addr) = oscontent_testkit::parse_listening(&line)
+            .with_context(|| format!("unexpected first line from the server: {line:?}"))?;
         while crate::bench::http_status(addr, "/readyz") != Some(200) {
             check_interrupted()?;
             if start.elapsed() > SERVER_START {

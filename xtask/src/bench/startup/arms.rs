@@ -155,11 +155,11 @@ fn wait_listening(
     start: Instant,
     log: &Path,
 ) -> Result<SocketAddr> {
-    let addr = loop {
+    loop {
         check_interrupted()?;
         match address.recv_timeout(Duration::from_millis(100)) {
-            Ok(line) => match line.trim().strip_prefix("listening on http://") {
-                Some(a) => break a.to_owned(),
+            Ok(line) => match oscontent_testkit::parse_listening(&line) {
+                Some((_, addr)) => return Ok(addr),
                 None => bail!(
                     "server printed {line:?} instead of its address; log:\n{}",
                     crate::bench::tail(log, 20)
@@ -171,9 +171,7 @@ fn wait_listening(
                 crate::bench::tail(log, 20)
             ),
         }
-    };
-    addr.parse()
-        .with_context(|| format!("server address {addr:?}"))
+    }
 }
 
 /// What a wait watches: the device since `before`, time since `start`,
