@@ -1,5 +1,5 @@
 //! Signatures, ref bindings and downgrades, on the basic paths (the full
-//! hostile suite lives with the signatures work): the right key passes,
+//! hostile suite is tests/tests/hostile): the right key passes,
 //! a wrong key or a stripped signature is refused with exit 3, a replay of
 //! an older release with exit 4, and in every refusal the ref stays put.
 
