@@ -96,27 +96,6 @@ fn keygen(dir: &Path) -> Trust {
     }
 }
 
-/// A fresh bare-user repo with the server as remote `os`; pulls `r`,
-/// checks it resolves to `commit`, and fscks.
-fn pull_and_fsck(server: &Server, r: &str, commit: &str) -> (tempfile::TempDir, Ostree) {
-    let tmp = tempdir();
-    let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
-    repo.remote_add("os", &server.url, &[]).unwrap();
-    repo.pull(&["os", r]).unwrap_or_else(|e| {
-        panic!(
-            "stock ostree pull of {r}: {e:#}\nserver stderr:\n{}",
-            server.stderr()
-        )
-    });
-    assert_eq!(
-        repo.rev_parse(&format!("os:{r}")).unwrap(),
-        commit,
-        "os:{r} points at the image's commit"
-    );
-    repo.fsck().unwrap();
-    (tmp, repo)
-}
-
 /// The first ConfigMap whose (hashed) name starts with `prefix`.
 fn config_map(m: &Manifest, prefix: &str) -> String {
     m.config_maps

@@ -217,3 +217,28 @@ impl Server {
         Ok(oscontent_format::parse_summary(&self.summary_bytes()?)?)
     }
 }
+
+/// A fresh bare-user repo with the server as remote `os`; pulls `r` (a
+/// ref bound into the commit), checks it resolves to `commit`, and fscks.
+pub fn pull_and_fsck(
+    server: &Server,
+    r: &str,
+    commit: &str,
+) -> (tempfile::TempDir, crate::ostree::Ostree) {
+    let tmp = crate::tools::tempdir();
+    let repo = crate::ostree::Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
+    repo.remote_add("os", &server.url, &[]).unwrap();
+    repo.pull(&["os", r]).unwrap_or_else(|e| {
+        panic!(
+            "stock ostree pull of {r}: {e:#}\nserver stderr:\n{}",
+            server.stderr()
+        )
+    });
+    assert_eq!(
+        repo.rev_parse(&format!("os:{r}")).unwrap(),
+        commit,
+        "os:{r} points at the image's commit"
+    );
+    repo.fsck().unwrap();
+    (tmp, repo)
+}
