@@ -52,13 +52,7 @@ pub fn run_capped(
     max_stdout: u64,
     max_stderr: u64,
 ) -> Result<Output> {
-    let what = format!("{cmd:?}");
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("spawning {what}"))?;
+    let (mut child, what) = spawn_piped(cmd)?;
     let out = drain(child.stdout.take().context("piped stdout")?, max_stdout);
     let err = drain(child.stderr.take().context("piped stderr")?, max_stderr);
     let status = poll(timeout, || child.try_wait())?;
@@ -154,4 +148,17 @@ pub fn wait_for<T>(
         std::thread::sleep(interval);
     }
     None
+}
+
+/// Spawns `cmd` with no stdin and both outputs piped; returns the child and
+/// the command's description for error messages.
+pub fn spawn_piped(cmd: &mut Command) -> Result<(std::process::Child, String)> {
+    let what = format!("{cmd:?}");
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("spawning {what}"))?;
+    Ok((child, what))
 }

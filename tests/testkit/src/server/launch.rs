@@ -7,7 +7,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,13 +56,7 @@ impl ServerProcess {
     /// [`ServerProcess::spawn`], also copying the server's stderr into `log`
     /// as it comes (for a human to read later).
     pub fn spawn_with_log(cmd: &mut Command, timeout: Duration, log: Option<File>) -> Result<Self> {
-        let what = format!("{cmd:?}");
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("spawning {what}"))?;
+        let (mut child, what) = crate::process::spawn_piped(cmd)?;
         let stderr = keep_stderr(&mut child, log)?;
         let first_line = first_stdout_line(&mut child)?;
         let mut proc = ServerProcess {
