@@ -23,6 +23,7 @@ pub mod objects;
 pub mod oci;
 pub mod ostree;
 pub mod process;
+#[cfg(feature = "proxy")]
 pub mod proxy;
 pub mod registry;
 pub mod server;

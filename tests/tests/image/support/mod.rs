@@ -11,7 +11,7 @@ pub use failure::*;
 pub use pull::*;
 
 pub use oscontent_testkit::oci::*;
-pub use oscontent_testkit::proxy::StallProxy;
+pub use oscontent_testkit::proxy::Proxy;
 pub use oscontent_testkit::registry::{write_authfile, Registry};
 use oscontent_testkit::*;
 use std::path::{Path, PathBuf};
