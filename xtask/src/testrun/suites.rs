@@ -39,6 +39,8 @@ struct Outcome {
     name: String,
     passed: bool,
     took: Duration,
+    /// Tests passed, failed and ignored, from its `test result:` lines.
+    counts: [u64; 3],
 }
 
 /// Lists the test executables (building them if needed), runs them `jobs`
@@ -115,7 +117,7 @@ fn run_one(exe: &Executable, logs: &Path) -> Outcome {
             .map(|l| format!("    {l}\n"))
             .collect()
     } else {
-        text
+        text.clone()
     };
     eprintln!(
         "xtask: {} {} in {:.0} s\n{shown}",
@@ -127,6 +129,7 @@ fn run_one(exe: &Executable, logs: &Path) -> Outcome {
         name: exe.name.clone(),
         passed,
         took,
+        counts: counts(&text),
     }
 }
 
@@ -148,8 +151,38 @@ fn spawn_logged(exe: &Executable, log: &Path) -> Result<bool> {
     Ok(child.wait_bounded(SUITE_TIMEOUT)?.success())
 }
 
-/// Each executable's time, slowest first.
+/// Passed, failed and ignored tests summed over libtest's `test result:`
+/// lines ("test result: ok. 8 passed; 0 failed; 1 ignored; ...").
+fn counts(log: &str) -> [u64; 3] {
+    let mut total = [0; 3];
+    for line in log.lines().filter(|l| l.starts_with("test result:")) {
+        for part in line.split(['.', ';']) {
+            let mut words = part.split_whitespace();
+            let (Some(n), Some(what)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let slot = match what {
+                "passed" => 0,
+                "failed" => 1,
+                "ignored" => 2,
+                _ => continue,
+            };
+            total[slot] += n.parse::<u64>().unwrap_or(0);
+        }
+    }
+    total
+}
+
+/// Each executable's time, slowest first, and the totals.
 fn report(outcomes: &[Outcome]) {
+    let sum = |i: usize| outcomes.iter().map(|o| o.counts[i]).sum::<u64>();
+    eprintln!(
+        "xtask: {} tests passed, {} failed, {} ignored in {} executables",
+        sum(0),
+        sum(1),
+        sum(2),
+        outcomes.len()
+    );
     let mut sorted: Vec<_> = outcomes.iter().collect();
     sorted.sort_by_key(|o| std::cmp::Reverse(o.took));
     eprintln!("xtask: test executables, slowest first:");
@@ -198,6 +231,11 @@ fn parse_messages(stdout: &str) -> Result<Vec<Executable>> {
         };
         let manifest = m["manifest_path"].as_str().context("manifest_path")?;
         let target = m["target"]["name"].as_str().context("target name")?;
+        // A crate's lib and bin may share a name: say which.
+        let kind = match m["target"]["kind"][0].as_str() {
+            Some(k @ ("lib" | "bin")) => format!(" ({k})"),
+            _ => String::new(),
+        };
         let pkg_dir = Path::new(manifest)
             .parent()
             .context("manifest without a directory")?;
@@ -206,7 +244,7 @@ fn parse_messages(stdout: &str) -> Result<Vec<Executable>> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         found.push(Executable {
-            name: format!("{folder}/{target}"),
+            name: format!("{folder}/{target}{kind}"),
             path: PathBuf::from(path),
             manifest_dir: pkg_dir.to_owned(),
         });
@@ -231,6 +269,21 @@ mod tests {
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].name, "tests/image");
         assert_eq!(found[0].manifest_dir, Path::new("/w/tests"));
+    }
+
+    #[test]
+    fn counts_libtest_results() {
+        let table = [
+            ("test result: ok. 8 passed; 0 failed; 1 ignored; 0 measured", [8, 0, 1]),
+            (
+                "test result: FAILED. 2 passed; 3 failed; 0 ignored\ntest result: ok. 1 passed; 0 failed; 0 ignored",
+                [3, 3, 0],
+            ),
+            ("no result at all", [0, 0, 0]),
+        ];
+        for (log, want) in table {
+            assert_eq!(counts(log), want, "{log}");
+        }
     }
 
     #[test]
