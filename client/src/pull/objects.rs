@@ -63,6 +63,10 @@ async fn write_commit(req: &PullRequest<'_>, ctx: &Ctx, target: &Target) -> Pull
         .await?;
     }
     if let Some(m) = &target.meta {
+        let _room = ctx
+            .space
+            .reserve(&format!("commitmeta {}", target.checksum), m.len() as u64)
+            .local()?;
         req.store.write_commitmeta(&target.checksum, m).local()?;
     }
     Ok(())

@@ -10,7 +10,10 @@
 #![allow(clippy::unwrap_used)]
 
 mod crash;
+mod diskfill;
 mod faults;
 mod fetch;
+mod guard;
+mod liar;
 mod support;
 mod trust;
