@@ -273,6 +273,43 @@ mod tests {
         assert!(s.total_uncompressed_size().is_some());
     }
 
+    /// A superblock (GVariant text) with parts of these download sizes.
+    fn superblock_bytes(sizes: &[u64]) -> Vec<u8> {
+        let zeros = format!("[{}]", vec!["0"; 32].join(", "));
+        let parts: Vec<String> = sizes
+            .iter()
+            .map(|s| format!("(uint32 0, @ay {zeros}, uint64 {s}, uint64 1, @ay [])"))
+            .collect();
+        let text = format!(
+            "(@a{{sv}} {{}}, uint64 0, @ay [], @ay {zeros}, \
+             (@a{{sv}} {{}}, @ay [], @a(say) [], '', '', uint64 0, @ay {zeros}, @ay {zeros}), \
+             @ay [], @a(uayttay) [{}], @a(yaytt) [])",
+            parts.join(", ")
+        );
+        let ty = VariantTy::new(SUPERBLOCK_GVARIANT_TYPE).unwrap();
+        Variant::parse(Some(ty), &text).unwrap().data().to_vec()
+    }
+
+    #[test]
+    fn parse_refuses_sizes_that_overflow() {
+        // (part sizes, accepted)
+        let cases: &[(&[u64], bool)] = &[
+            (&[], true),
+            (&[1, 2], true),
+            (&[u64::MAX], true),
+            (&[u64::MAX, 1], false),
+            (&[u64::MAX / 2 + 1, u64::MAX / 2 + 1], false),
+        ];
+        for (sizes, ok) in cases {
+            let got = Superblock::parse(&superblock_bytes(sizes));
+            assert_eq!(got.is_ok(), *ok, "{sizes:?}: {got:?}");
+            if let Ok(sb) = got {
+                assert_eq!(sb.parts.len(), sizes.len());
+                assert!(sb.total_size().is_some());
+            }
+        }
+    }
+
     #[test]
     fn refuses_garbage() {
         assert!(Superblock::parse(&vec![0; MAX_SUPERBLOCK_SIZE + 1]).is_err());
