@@ -17,6 +17,8 @@ pub struct ExactInflate<R: BufRead> {
     dec: flate2::bufread::DeflateDecoder<R>,
     declared: u64,
     remaining: u64,
+    /// Whether the end has been checked (once, at the declared size).
+    ended: bool,
     /// Why the body was refused: libostree (through gio) reports a read
     /// error by its kind only, so the caller reads the reason here.
     refusal: Arc<OnceLock<String>>,
@@ -28,6 +30,7 @@ impl<R: BufRead> ExactInflate<R> {
             dec: flate2::bufread::DeflateDecoder::new(compressed),
             declared,
             remaining: declared,
+            ended: false,
             refusal: Arc::default(),
         }
     }
@@ -42,9 +45,31 @@ impl<R: BufRead> ExactInflate<R> {
         io::Error::new(io::ErrorKind::InvalidData, why)
     }
 
+    /// Checks the end of a body that declares nothing (an empty file, a
+    /// symlink), which its reader may never read: libostree knows the
+    /// length and asks for no bytes.
+    pub fn check_empty(&mut self) -> io::Result<()> {
+        if self.remaining == 0 {
+            self.check_end()?;
+        }
+        Ok(())
+    }
+
     /// After the last declared byte: nothing more may inflate, and nothing
     /// may follow the deflate stream.
     fn check_end(&mut self) -> io::Result<()> {
+        if self.ended {
+            return Ok(());
+        }
+        self.ended = true;
+        // An empty file may have no deflate stream at all: libostree never
+        // reads one, and repos written by other tools leave it out.
+        if self.declared == 0
+            && self.dec.total_in() == 0
+            && self.dec.get_mut().fill_buf()?.is_empty()
+        {
+            return Ok(());
+        }
         let mut probe = [0u8; 1];
         if self.dec.read(&mut probe)? != 0 {
             return Err(self.refuse(format!(
@@ -63,7 +88,11 @@ impl<R: BufRead> ExactInflate<R> {
 
 impl<R: BufRead> Read for ExactInflate<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.remaining == 0 || buf.is_empty() {
+        if self.remaining == 0 {
+            self.check_end()?;
+            return Ok(0);
+        }
+        if buf.is_empty() {
             return Ok(0);
         }
         let want = usize::try_from(self.remaining).map_or(buf.len(), |r| r.min(buf.len()));
@@ -116,6 +145,9 @@ mod tests {
         let cases: Vec<(&str, Vec<u8>, u64, bool)> = vec![
             ("exact", deflate(&data), 10_000, true),
             ("empty", deflate(b""), 0, true),
+            ("empty declared, more sent", deflate(b"x"), 0, false),
+            ("empty, no stream at all", Vec::new(), 0, true),
+            ("no stream at all", Vec::new(), 1, false),
             ("more than declared", deflate(&data), 9_999, false),
             (
                 "much more than declared",
@@ -138,6 +170,21 @@ mod tests {
             if let Ok(out) = got {
                 assert_eq!(out.len() as u64, declared, "{what}");
             }
+        }
+    }
+
+    #[test]
+    fn an_empty_body_is_checked_without_a_read() {
+        // (body, accepted)
+        let cases = [
+            (deflate(b""), true),
+            (Vec::new(), true),
+            (deflate(b"surplus"), false),
+            (b"junk".to_vec(), false),
+        ];
+        for (body, ok) in cases {
+            let mut r = ExactInflate::new(&body[..], 0);
+            assert_eq!(r.check_empty().is_ok(), ok, "{body:?}");
         }
     }
 

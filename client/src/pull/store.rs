@@ -203,7 +203,10 @@ impl Store {
         let _room = space
             .reserve(&format!("content object {c}"), len)
             .map_err(ConsumeError::Local)?;
-        let inflate = ExactInflate::new(std::io::BufReader::new(body), header.size);
+        let mut inflate = ExactInflate::new(std::io::BufReader::new(body), header.size);
+        inflate
+            .check_empty()
+            .map_err(|e| ConsumeError::Corrupt(anyhow!("content object {c}: {e}")))?;
         let refusal = inflate.refusal();
         let stream = std::io::Cursor::new(header.content_stream_prefix()).chain(inflate);
         let input = gio::ReadInputStream::new(stream);

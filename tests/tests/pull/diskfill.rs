@@ -104,6 +104,7 @@ fn big_source(dir: &Path, extra: &[&str]) -> (Src, Vec<u8>, String) {
     let files = vec![
         ("usr/lib/big", big.clone()),
         ("etc/os-release", b"VERSION_ID=1\n".to_vec()),
+        ("etc/empty", Vec::new()),
     ];
     let src = source(dir, &files, extra);
     let (checksum, _) = largest_filez(&src.repo).unwrap();
@@ -206,22 +207,38 @@ fn the_commits_sizes_cap_the_headers() {
     assert_eq!(ref_target(&node, REF), None);
 }
 
+/// The content checksum of the file at `path` in the commit.
+fn content_checksum(src: &Src, path: &str) -> String {
+    let out = Ostree::at(&src.repo)
+        .run(["ls", "-C", &src.commit, path])
+        .unwrap();
+    // `-00644 0 0 SIZE CHECKSUM PATH`
+    out.split_whitespace().nth(4).unwrap().to_owned()
+}
+
 /// A body that inflates past the size its header declares is refused
-/// (exit 3), not cut at the size and accepted.
+/// (exit 3), not cut at the size and accepted: for a big file, and for an
+/// empty one (whose body libostree never reads).
 #[test]
 fn a_body_longer_than_its_header_is_refused() {
     let t = tempdir();
     let (src, big_bytes, big) = big_source(t.path(), &[]);
-    let genuine = std::fs::read(object_path(&src.repo, &big, "filez")).unwrap();
-    let lie = forged_filez(
-        &genuine,
-        BIG as u64,
-        &deflate(&[&big_bytes, b"and then some more"]),
-    );
-    let liar = Liar::one(&src.repo, &obj_path(&big, "filez"), Lie::Bytes(lie));
-    let node = Ostree::init(&t.path().join("node"), "bare-user").unwrap();
-    let out = run_client(&pull_args(&node.repo, &liar.url, REF, &[]));
-    expect_refusal(&out, 3, "more than the", "surplus after the declared size");
-    assert_eq!(ref_target(&node, REF), None);
-    assert!(!object_path(&node.repo, &big, "file").exists());
+    let empty = content_checksum(&src, "/etc/empty");
+    // (file, its bytes, declared size)
+    let cases = [
+        (big.as_str(), big_bytes.as_slice(), BIG as u64),
+        (&empty, &[], 0),
+    ];
+    for (i, (c, bytes, size)) in cases.into_iter().enumerate() {
+        let genuine = std::fs::read(object_path(&src.repo, c, "filez")).unwrap();
+        let lie = forged_filez(&genuine, size, &deflate(&[bytes, b"and then some more"]));
+        let liar = Liar::one(&src.repo, &obj_path(c, "filez"), Lie::Bytes(lie));
+        let node = Ostree::init(&t.path().join(format!("node{i}")), "bare-user").unwrap();
+        let out = run_client(&pull_args(&node.repo, &liar.url, REF, &[]));
+        let what = format!("surplus after the {size} bytes declared");
+        expect_refusal(&out, 3, "more than the", &what);
+        expect_refusal(&out, 3, &format!("content object {c}"), &what);
+        assert_eq!(ref_target(&node, REF), None, "{what}");
+        assert!(!object_path(&node.repo, c, "file").exists(), "{what}");
+    }
 }
