@@ -1,9 +1,11 @@
 //! One misbehaving HTTP proxy on loopback, driven by a rule.
 //!
 //! A [`Proxy`] stands in front of a genuine peer (our server, a
-//! docker-registry) and forwards every request, headers and body streamed
+//! docker-registry, or a repo directory it serves itself as stock ostree
+//! lays it out) and forwards every request, headers and body streamed
 //! both ways, except where its [`Rule`] says otherwise: answer with other
-//! bytes, a status, endless garbage, or cut the response mid-body. On top
+//! bytes, a status, a redirect, endless garbage, a slow drip, or cut the
+//! response mid-body. On top
 //! of any rule it can hold every response once a byte budget is spent
 //! ([`ProxyBuilder::stall_after`]) and refuse HTTP/2 so that clients fall
 //! back to HTTP/1.1 ([`ProxyBuilder::http1_only`]).
@@ -61,6 +63,26 @@ pub enum Action {
     /// 200 with generated garbage: `announce` as Content-Length if given
     /// (else chunked on HTTP/1.1), at most `cap` bytes actually sent.
     Garbage { announce: Option<u64>, cap: u64 },
+    /// 302 to this location (absolute, or relative to the request).
+    Redirect(String),
+    /// 200 announcing `len` bytes, then one byte every `every`.
+    Drip { len: u64, every: Duration },
+}
+
+/// A rule that rewrites exactly `path` (with its leading `/`).
+pub fn only(path: &str, action: Action) -> Rule {
+    let path = path.to_owned();
+    Arc::new(move |p: &str| (p == path).then(|| action.clone()))
+}
+
+/// Where forwarded requests go.
+#[derive(Debug, Clone)]
+enum Upstream {
+    /// A server's base URL, no trailing slash.
+    Url(String),
+    /// A directory served as static files (a repo as stock ostree lays
+    /// it out), for a peer that must not depend on our server.
+    Dir(std::path::PathBuf),
 }
 
 /// The misbehaviour: `Some(action)` for the paths it rewrites; `None`
@@ -77,6 +99,8 @@ struct Counters {
     cuts: AtomicUsize,
     /// Bytes of generated garbage sent.
     garbage: AtomicU64,
+    /// Bytes of [`Action::Drip`] bodies sent.
+    dripped: AtomicU64,
     /// "METHOD path -> action", first [`MAX_LOGGED`].
     log: Mutex<Vec<String>>,
 }
@@ -91,7 +115,7 @@ struct Gate {
 }
 
 struct Shared {
-    upstream: String,
+    upstream: Upstream,
     rule: Rule,
     client: reqwest::Client,
     counters: Counters,
@@ -102,7 +126,7 @@ struct Shared {
 /// How to start a [`Proxy`].
 #[derive(Clone)]
 pub struct ProxyBuilder {
-    upstream: String,
+    upstream: Upstream,
     rule: Rule,
     http1_only: bool,
     stall_after: u64,
@@ -146,7 +170,7 @@ impl ProxyBuilder {
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
-            upstream: self.upstream.trim_end_matches('/').to_owned(),
+            upstream: self.upstream,
             rule: self.rule,
             // Transparent: no redirects followed, no decompression, no
             // proxy from the environment.
@@ -206,8 +230,20 @@ impl Proxy {
     /// `http://127.0.0.1:5000`) that forwards everything until told
     /// otherwise.
     pub fn builder(upstream: &str) -> ProxyBuilder {
+        Self::builder_for(Upstream::Url(upstream.trim_end_matches('/').to_owned()))
+    }
+
+    /// A proxy that serves the files under `root` itself (404 for what is
+    /// not there) unless `rule` says otherwise.
+    pub fn serve_dir(root: &std::path::Path, rule: Rule) -> Result<Proxy> {
+        Self::builder_for(Upstream::Dir(root.to_owned()))
+            .rule(rule)
+            .start()
+    }
+
+    fn builder_for(upstream: Upstream) -> ProxyBuilder {
         ProxyBuilder {
-            upstream: upstream.to_owned(),
+            upstream,
             rule: Arc::new(|_: &str| None),
             http1_only: false,
             stall_after: u64::MAX,
@@ -232,6 +268,11 @@ impl Proxy {
     /// Responses cut mid-body.
     pub fn cuts(&self) -> usize {
         self.shared.counters.cuts.load(Ordering::SeqCst)
+    }
+
+    /// Bytes of [`Action::Drip`] bodies sent so far.
+    pub fn dripped(&self) -> u64 {
+        self.shared.counters.dripped.load(Ordering::Relaxed)
     }
 
     /// Bytes of generated garbage sent so far.
@@ -355,9 +396,21 @@ async fn handle(shared: &Arc<Shared>, req: hyper::Request<Incoming>) -> hyper::R
         Action::Status(code) => status(code),
         Action::Bytes(b) => hyper::Response::new(Body::from(b)),
         Action::Garbage { announce, cap } => body::garbage(shared, announce, cap),
-        Action::Forward => body::forward(shared, &shared.upstream, req, false).await,
+        Action::Redirect(to) => {
+            let mut r = status(302);
+            if let Ok(v) = to.parse() {
+                r.headers_mut().insert(hyper::header::LOCATION, v);
+            }
+            r
+        }
+        Action::Drip { len, every } => body::drip(shared, len, every),
+        Action::Forward | Action::Cut => match &shared.upstream {
+            Upstream::Url(base) => {
+                body::forward(shared, base, req, matches!(action, Action::Cut)).await
+            }
+            Upstream::Dir(root) => body::file(root, &req).await,
+        },
         Action::ForwardTo(base) => body::forward(shared, &base, req, false).await,
-        Action::Cut => body::forward(shared, &shared.upstream, req, true).await,
     }
 }
 
@@ -369,6 +422,8 @@ fn describe(action: &Action) -> String {
         Action::Bytes(b) => format!("{} bytes", b.len()),
         Action::Status(s) => format!("status {s}"),
         Action::Garbage { announce, cap } => format!("garbage (announce {announce:?}, cap {cap})"),
+        Action::Redirect(to) => format!("redirect to {to}"),
+        Action::Drip { len, every } => format!("drip {len} bytes, one per {every:?}"),
     }
 }
 
