@@ -257,7 +257,12 @@ mod tests {
     fn the_ostree_layers() {
         let d = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let with = labels(&[(FINAL_DIFFID_LABEL, "sha256:2")]);
-        type Case<'a> = (&'a BTreeMap<String, String>, Vec<String>, usize, Result<usize, &'a str>);
+        type Case<'a> = (
+            &'a BTreeMap<String, String>,
+            Vec<String>,
+            usize,
+            Result<usize, &'a str>,
+        );
         let cases: &[Case] = &[
             (&with, d(&["sha256:1", "sha256:2"]), 2, Ok(2)),
             (
