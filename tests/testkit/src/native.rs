@@ -117,7 +117,7 @@ pub struct NativeFile {
 }
 
 /// Every object of a commit, read from an archive repo.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct NativeLayers {
     pub commit: String,
     /// (checksum, extension, bytes): commit, commitmeta, dirtrees, dirmetas.

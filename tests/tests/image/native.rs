@@ -210,3 +210,65 @@ fn derived_layers_are_refused_unless_the_base_commit_is_asked_for() {
     assert_eq!(served_ref(&server, TINY_REF), img.commit);
     pull_and_fsck(&server, TINY_REF, &img.commit);
 }
+
+/// A native image's commit signed where the key lives (`sign --image`)
+/// is served with `--trusted-keys` from the bundle (commit and summary
+/// verified), and refused unsigned. The same commit encapsulated with its
+/// signature (`.commitmeta` in the commit layer, as a signed commit is
+/// encapsulated) serves that signature: stock ostree verifies it on pull.
+#[test]
+fn a_signed_native_image_is_verified_from_a_bundle_and_from_its_own_commitmeta() {
+    use oscontent_testkit::signing::{add_signed_remote, keygen, sign};
+    let img = plain_native_image(10);
+    let t = img.work.path();
+    let key = keygen(&t.join("keys"), "release", &[]).unwrap();
+    let public = key.public.display().to_string();
+    let bundle = t.join("bundle");
+    sign(&["--image".to_owned(), img.reference()], &key, &bundle).unwrap();
+    let commitmeta = std::fs::read(bundle.join(format!("{}.commitmeta", img.commit))).unwrap();
+
+    let mut unsigned = Server::images([img.reference()])
+        .args(["--trusted-keys", &public])
+        .spawn()
+        .unwrap();
+    unsigned
+        .wait_stderr_lines("refusing to publish", 1, START_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        unsigned.stderr().contains("no signatures"),
+        "{}",
+        unsigned.stderr()
+    );
+    assert_eq!(unsigned.get("/readyz").unwrap().status, 503);
+
+    let mut parts = img.parts.clone();
+    parts
+        .metadata
+        .insert(1, (img.commit.clone(), "commitmeta", commitmeta));
+    let signed = relayout(&img, &parts, &t.join("signed"));
+    let bundle_arg = bundle.display().to_string();
+    // (case, image, server args, whether the summary is signed too)
+    let cases: [(&str, String, Vec<&str>, bool); 2] = [
+        (
+            "bundle",
+            img.reference(),
+            vec!["--signatures", &bundle_arg, "--trusted-keys", &public],
+            true,
+        ),
+        ("commitmeta in the image", signed, vec![], false),
+    ];
+    for (name, image, args, summary_signed) in cases {
+        let server = ready(Server::images([&image]).args(args));
+        assert_eq!(served_ref(&server, TINY_REF), img.commit, "{name}");
+        let tmp = tempdir();
+        let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
+        add_signed_remote(&repo, "os", &server.url, &key.public, summary_signed).unwrap();
+        repo.pull(&["os", TINY_REF])
+            .unwrap_or_else(|e| panic!("{name}: verified pull: {e:#}"));
+        assert_eq!(
+            repo.rev_parse(&format!("os:{TINY_REF}")).unwrap(),
+            img.commit
+        );
+        repo.fsck().unwrap();
+    }
+}

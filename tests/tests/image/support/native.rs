@@ -127,6 +127,20 @@ pub fn native_image(seed: u32, tamper: Tamper) -> NativeImage {
     }
 }
 
+/// `parts` laid out as `img` was (same chunks, labels for `img`'s commit)
+/// in a new layout under `dir`; its reference.
+pub fn relayout(img: &NativeImage, parts: &NativeLayers, dir: &Path) -> String {
+    let layers: Vec<Layer> = parts
+        .layers(&img.chunks)
+        .into_iter()
+        .map(|t| Layer::gz(t.finish()))
+        .collect();
+    let final_diffid = layers.last().unwrap().diff_id.clone();
+    let labels = native_labels(&img.commit, &final_diffid, &img.version);
+    write_layout(dir, &img.tag, &layers, &labels);
+    format!("oci:{}:{}", dir.display(), img.tag)
+}
+
 /// A native image exactly as the format writes it.
 pub fn plain_native_image(seed: u32) -> NativeImage {
     native_image(seed, Tamper::default())
