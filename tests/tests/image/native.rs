@@ -272,3 +272,35 @@ fn a_signed_native_image_is_verified_from_a_bundle_and_from_its_own_commitmeta()
         repo.fsck().unwrap();
     }
 }
+
+/// `mirror` takes native images like legacy ones: into a bundle (converted
+/// and verified on the way) served with `--bundle`, and into an OCI layout
+/// copy served with `--image`.
+#[test]
+fn native_images_mirror_into_bundles_and_layouts() {
+    use oscontent_testkit::signing::server_command;
+    let img = plain_native_image(11);
+    let t = img.work.path();
+    let bundle = t.join("bundle");
+    let copy = t.join("copy");
+    for dest in [
+        format!("bundle:{}", bundle.display()),
+        format!("oci:{}:{}", copy.display(), img.tag),
+    ] {
+        check_output(
+            &mut server_command(["mirror", &img.reference(), &dest]),
+            TOOL_TIMEOUT,
+        )
+        .unwrap_or_else(|e| panic!("mirror to {dest}: {e:#}"));
+    }
+    let bundle_arg = bundle.display().to_string();
+    let servers = [
+        Server::images(Vec::<String>::new()).args(["--bundle", &bundle_arg]),
+        Server::images([format!("oci:{}:{}", copy.display(), img.tag)]),
+    ];
+    for b in servers {
+        let server = ready(b);
+        assert_eq!(served_ref(&server, TINY_REF), img.commit);
+        pull_and_fsck(&server, TINY_REF, &img.commit);
+    }
+}
