@@ -322,6 +322,7 @@ pub fn fetch_blocking(
         Ok(s) => tracing::info!(
             image = name,
             manifest = s.manifest_digest,
+            format = %s.format,
             commit = s.commit,
             compressed_bytes = s.compressed_bytes,
             written_bytes = s.written_bytes,

@@ -304,3 +304,20 @@ fn native_images_mirror_into_bundles_and_layouts() {
         pull_and_fsck(&server, TINY_REF, &img.commit);
     }
 }
+
+/// An unpacked native image root is not served in place: the refusal says
+/// what it is and what to do instead.
+#[test]
+fn an_unpacked_native_root_is_refused_with_directions() {
+    let tmp = tempdir();
+    let root = tmp.path().join("root");
+    let repo = root.join("sysroot/ostree/repo");
+    Ostree::init(&repo, "bare-user").unwrap();
+    let refusal = Server::oscontainer(&root)
+        .start_expect_failure()
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let err = refusal.error();
+    for needle in ["ostree-native image root", "sysroot/ostree/repo", "--image"] {
+        assert!(err.contains(needle), "{needle:?} in {err}");
+    }
+}
