@@ -339,3 +339,6 @@ impl<'a> LayerState<'a> {
 fn owner(id: u64) -> u32 {
     u32::try_from(id).unwrap_or(u32::MAX)
 }
+
+#[cfg(test)]
+mod tests;
