@@ -12,7 +12,7 @@
 use super::objects::{max_metadata_size, Objects, WriteError};
 use super::path::{self, Place};
 use crate::source::unpack::decode::{self, components, Header};
-use crate::source::{SourceError, Subject};
+use crate::source::{Limits, SourceError, Subject};
 use oscontent_format::filez::FileMeta;
 use oscontent_format::{Checksum, ObjectKind, ObjectName};
 use std::collections::HashMap;
@@ -28,6 +28,7 @@ pub const MAX_XATTRS_CACHE: u64 = 64 << 20;
 /// What one layer has told us so far.
 pub struct LayerState<'a> {
     pub subject: &'a Subject,
+    limits: &'a Limits,
     /// The commit the label names: the only commit accepted.
     pub commit: Checksum,
     xattrs: HashMap<Checksum, Vec<u8>>,
@@ -37,9 +38,10 @@ pub struct LayerState<'a> {
 }
 
 impl<'a> LayerState<'a> {
-    pub fn new(subject: &'a Subject, commit: Checksum) -> Self {
+    pub fn new(subject: &'a Subject, limits: &'a Limits, commit: Checksum) -> Self {
         Self {
             subject,
+            limits,
             commit,
             xattrs: HashMap::new(),
             xattrs_bytes: 0,
@@ -70,6 +72,9 @@ impl<'a> LayerState<'a> {
         data: &mut dyn Read,
     ) -> Result<(), SourceError> {
         let unsafe_entry = |why: String| decode::unsafe_entry(self.subject, &h.path, why);
+        // What every layer refuses anywhere: sizes we would misread,
+        // sparse files, overlong paths.
+        decode::check_anywhere(h, self.subject, self.limits)?;
         let comps = components(&h.path).map_err(|w| unsafe_entry(w.into()))?;
         if h.kind == EntryType::Link {
             // A checkout path is a hardlink to an object: never followed,

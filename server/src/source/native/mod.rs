@@ -109,7 +109,7 @@ impl LayerSink for Converter {
         subject: &Subject,
         limits: &Limits,
     ) -> Result<(), SourceError> {
-        let mut state = layer::LayerState::new(subject, self.commit);
+        let mut state = layer::LayerState::new(subject, limits, self.commit);
         let mut totals = StreamTotals {
             entries: &mut self.entries,
             decompressed: &mut self.decompressed,

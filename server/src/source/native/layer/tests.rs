@@ -35,7 +35,8 @@ fn run(entries: &[E], commit: Checksum) -> (Result<(), String>, tempfile::TempDi
     let dir = tempfile::tempdir().unwrap();
     let mut objects = Objects::create(dir.path()).unwrap();
     let subject = Subject::new("img", "layer 1/1");
-    let mut state = LayerState::new(&subject, commit);
+    let limits = Limits::default();
+    let mut state = LayerState::new(&subject, &limits, commit);
     let mut result = Ok(());
     for E(kind, path, link, data, mode) in entries {
         let h = Header {
