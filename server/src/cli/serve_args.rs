@@ -120,6 +120,12 @@ pub struct RegistryArgs {
     /// from one second up to this).
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
     pub max_backoff: u64,
+    /// An ostree-native image with derived layers (added after
+    /// `ostree.final-diffid`, e.g. by a Containerfile) is refused, because
+    /// its commit is not what the image runs. With this flag, serve that
+    /// base commit anyway (the derived layers are not fetched).
+    #[arg(long)]
+    pub serve_base_commit: bool,
 }
 
 #[derive(Debug, Args)]
@@ -190,6 +196,7 @@ impl RegistryArgs {
             ca_files: self.ca_files.clone(),
             insecure_registries: self.insecure_registries.clone(),
             registries_conf: self.registries_conf.clone(),
+            serve_base_commit: self.serve_base_commit,
             ..FetchOptions::default()
         }
     }

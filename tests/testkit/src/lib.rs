@@ -19,6 +19,8 @@ pub mod files;
 pub mod fixtures;
 pub mod http;
 pub mod metrics;
+#[cfg(feature = "format")]
+pub mod native;
 pub mod objects;
 pub mod oci;
 pub mod ostree;

@@ -5,9 +5,11 @@
 #![allow(dead_code)]
 
 mod failure;
+mod native;
 mod pull;
 
 pub use failure::*;
+pub use native::*;
 pub use pull::*;
 
 pub use oscontent_testkit::oci::*;
