@@ -1,7 +1,8 @@
 //! `/metrics`, Prometheus text format 0.0.4.
 
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Latency buckets: 100 µs to ~13 s. Objects are served from page cache in
@@ -22,6 +23,19 @@ pub struct Metrics {
     pub generation: IntGauge,
     /// Source checks (first fetch, refreshes): published, unchanged, failed.
     pub source_checks: IntCounterVec,
+    /// Connections open now: `normal`, or `probe_reserve` (over the cap,
+    /// answering probes only).
+    pub connections_open: IntGaugeVec,
+    pub connections_accepted: IntCounter,
+    /// Connections closed at accept: `total` or `per_ip` cap reached, or an
+    /// `accept_error` (descriptors exhausted).
+    pub connections_refused: IntCounterVec,
+    /// Connections the server closed for inactivity: `first_byte`, `idle`.
+    pub connections_expired: IntCounterVec,
+    /// Access log lines dropped because the writer fell behind.
+    pub access_log_dropped: IntCounter,
+    /// Metadata files refused for being over their size cap, by path kind.
+    pub oversized_metadata: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -75,6 +89,48 @@ impl Metrics {
             &["result"],
         )
         .expect("valid metric");
+        let connections_open = IntGaugeVec::new(
+            Opts::new(
+                "oscontent_http_connections_open",
+                "Connections open now: normal, or probe_reserve (over the cap, probes only)",
+            ),
+            &["kind"],
+        )
+        .expect("valid metric");
+        let connections_accepted = IntCounter::new(
+            "oscontent_http_connections_accepted_total",
+            "Connections accepted",
+        )
+        .expect("valid metric");
+        let connections_refused = IntCounterVec::new(
+            Opts::new(
+                "oscontent_http_connections_refused_total",
+                "Connections closed at accept: total or per_ip cap reached, or accept_error",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
+        let connections_expired = IntCounterVec::new(
+            Opts::new(
+                "oscontent_http_connections_expired_total",
+                "Connections the server closed: nothing sent (first_byte) or nothing moved (idle)",
+            ),
+            &["reason"],
+        )
+        .expect("valid metric");
+        let access_log_dropped = IntCounter::new(
+            "oscontent_access_log_dropped_total",
+            "Access log lines dropped because the log writer fell behind",
+        )
+        .expect("valid metric");
+        let oversized_metadata = IntCounterVec::new(
+            Opts::new(
+                "oscontent_oversized_metadata_total",
+                "Metadata files refused for exceeding their size cap, by path kind",
+            ),
+            &["kind"],
+        )
+        .expect("valid metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(response_bytes.clone()),
@@ -83,6 +139,12 @@ impl Metrics {
             Box::new(published_refs.clone()),
             Box::new(generation.clone()),
             Box::new(source_checks.clone()),
+            Box::new(connections_open.clone()),
+            Box::new(connections_accepted.clone()),
+            Box::new(connections_refused.clone()),
+            Box::new(connections_expired.clone()),
+            Box::new(access_log_dropped.clone()),
+            Box::new(oversized_metadata.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -95,6 +157,12 @@ impl Metrics {
             published_refs,
             generation,
             source_checks,
+            connections_open,
+            connections_accepted,
+            connections_refused,
+            connections_expired,
+            access_log_dropped,
+            oversized_metadata,
         }
     }
 
