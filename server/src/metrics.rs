@@ -47,22 +47,16 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "oscontent_http_requests_total",
-                "HTTP requests by path kind and status code",
-            ),
+        let requests = counter_vec(
+            "oscontent_http_requests_total",
+            "HTTP requests by path kind and status code",
             &["kind", "status"],
-        )
-        .expect("valid metric");
-        let response_bytes = IntCounterVec::new(
-            Opts::new(
-                "oscontent_http_response_bytes_total",
-                "Response body bytes sent, by path kind",
-            ),
+        );
+        let response_bytes = counter_vec(
+            "oscontent_http_response_bytes_total",
+            "Response body bytes sent, by path kind",
             &["kind"],
-        )
-        .expect("valid metric");
+        );
         let latency = HistogramVec::new(
             HistogramOpts::new(
                 "oscontent_http_request_duration_seconds",
@@ -81,56 +75,39 @@ impl Metrics {
         .expect("valid metric");
         let generation = IntGauge::new("oscontent_generation", "ID of the generation being served")
             .expect("valid metric");
-        let source_checks = IntCounterVec::new(
-            Opts::new(
-                "oscontent_source_checks_total",
-                "Source checks (first fetch, --refresh-interval, SIGHUP) by outcome: published, unchanged or failed",
-            ),
+        let source_checks = counter_vec(
+            "oscontent_source_checks_total",
+            "Source checks (first fetch, --refresh-interval, SIGHUP) by outcome: published, unchanged or failed",
             &["result"],
-        )
-        .expect("valid metric");
-        let connections_open = IntGaugeVec::new(
-            Opts::new(
-                "oscontent_http_connections_open",
-                "Connections open now: normal, or probe_reserve (over the cap, probes only)",
-            ),
+        );
+        let connections_open = gauge_vec(
+            "oscontent_http_connections_open",
+            "Connections open now: normal, or probe_reserve (over the cap, probes only)",
             &["kind"],
-        )
-        .expect("valid metric");
-        let connections_accepted = IntCounter::new(
+        );
+        let connections_accepted = counter(
             "oscontent_http_connections_accepted_total",
             "Connections accepted",
-        )
-        .expect("valid metric");
-        let connections_refused = IntCounterVec::new(
-            Opts::new(
-                "oscontent_http_connections_refused_total",
-                "Connections closed at accept: total or per_ip cap reached, or accept_error",
-            ),
+        );
+        let connections_refused = counter_vec(
+            "oscontent_http_connections_refused_total",
+            "Connections closed at accept: total or per_ip cap reached, or accept_error",
             &["reason"],
-        )
-        .expect("valid metric");
-        let connections_expired = IntCounterVec::new(
-            Opts::new(
-                "oscontent_http_connections_expired_total",
-                "Connections the server closed: nothing sent (first_byte) or nothing moved (idle)",
-            ),
+        );
+        let connections_expired = counter_vec(
+            "oscontent_http_connections_expired_total",
+            "Connections the server closed: nothing sent (first_byte) or nothing moved (idle)",
             &["reason"],
-        )
-        .expect("valid metric");
-        let access_log_dropped = IntCounter::new(
+        );
+        let access_log_dropped = counter(
             "oscontent_access_log_dropped_total",
             "Access log lines dropped because the log writer fell behind",
-        )
-        .expect("valid metric");
-        let oversized_metadata = IntCounterVec::new(
-            Opts::new(
-                "oscontent_oversized_metadata_total",
-                "Metadata files refused for exceeding their size cap, by path kind",
-            ),
+        );
+        let oversized_metadata = counter_vec(
+            "oscontent_oversized_metadata_total",
+            "Metadata files refused for exceeding their size cap, by path kind",
             &["kind"],
-        )
-        .expect("valid metric");
+        );
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(response_bytes.clone()),
@@ -174,4 +151,18 @@ impl Metrics {
             .unwrap_or_default();
         (text, prometheus::TEXT_FORMAT)
     }
+}
+
+// The names and help texts are constants of this file: a bad one is a bug
+// the first test run shows, hence `expect`.
+fn counter(name: &str, help: &str) -> IntCounter {
+    IntCounter::new(name, help).expect("valid metric")
+}
+
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+}
+
+fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric")
 }
