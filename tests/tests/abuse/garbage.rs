@@ -96,7 +96,11 @@ fn random_and_oversized_requests_get_4xx_or_a_closed_connection() {
     let rss = RssSampler::start(&lab);
     let normal = lab.normal_traffic();
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let reqs = requests(&mut rng);
+    // Twice over, so the attack lasts long enough to time normal requests.
+    let reqs: Vec<_> = requests(&mut rng)
+        .into_iter()
+        .chain(requests(&mut rng))
+        .collect();
     let (mut by_status, mut closed) = (std::collections::BTreeMap::new(), 0usize);
     let mut bad = Vec::new();
     for (what, bytes) in &reqs {

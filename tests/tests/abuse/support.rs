@@ -8,7 +8,7 @@ use oscontent_testkit::server::Server;
 use oscontent_testkit::tools::v1;
 use std::io::{ErrorKind, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -178,7 +178,7 @@ impl Figures {
             P99_BOUND.as_millis()
         );
         assert!(
-            self.requests >= 10,
+            self.requests >= MIN_PROBES,
             "{what}: only {} requests",
             self.requests
         );
@@ -195,16 +195,20 @@ impl Figures {
 /// object) one after another on a keep-alive client, timing each.
 pub struct Prober {
     stop: Arc<AtomicBool>,
+    done: Arc<AtomicUsize>,
     thread: JoinHandle<(Vec<Duration>, Vec<String>)>,
 }
 
 /// At most this many normal requests per attack (bounded loop).
 const MAX_PROBES: usize = 100_000;
+/// At least this many, so the p99 is the 99th percentile of something.
+pub const MIN_PROBES: usize = 100;
 
 impl Prober {
     fn start(url: String, object: String) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
+        let done = Arc::new(AtomicUsize::new(0));
+        let (flag, count) = (stop.clone(), done.clone());
         let thread = std::thread::spawn(move || {
             let client = reqwest::blocking::Client::builder()
                 .timeout(Duration::from_secs(10))
@@ -224,17 +228,27 @@ impl Prober {
                     .and_then(|r| r.error_for_status())
                     .and_then(|r| r.bytes());
                 times.push(t.elapsed());
+                count.fetch_add(1, Ordering::SeqCst);
                 if let Err(e) = r {
                     failures.push(format!("{path}: {e}"));
                 }
-                std::thread::sleep(Duration::from_millis(20));
+                std::thread::sleep(Duration::from_millis(5));
             }
             (times, failures)
         });
-        Self { stop, thread }
+        Self { stop, done, thread }
     }
 
+    /// Stops the traffic, once it has made at least [`MIN_PROBES`]
+    /// requests (a quick attack still gets a p99 worth the name), or after
+    /// ten more seconds.
     pub fn finish(self) -> Figures {
+        for _ in 0..200 {
+            if self.done.load(Ordering::SeqCst) >= MIN_PROBES {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         self.stop.store(true, Ordering::SeqCst);
         let (mut times, failures) = self.thread.join().unwrap();
         times.sort();
