@@ -6,13 +6,14 @@
 use prometheus::IntCounter;
 use std::io::Write;
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Lines waiting for the writer before new ones are dropped: a few seconds
 /// of a busy server, a few MiB at most.
 pub const QUEUE: usize = 16 * 1024;
-/// How long [`AccessLog::sync`] waits for the writer.
-const SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long [`AccessLog::sync`] waits for the writer: short, as shutdown
+/// waits this long for a stalled stdout within the pod's grace period.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(2);
 
 enum Msg {
     Line(String),
@@ -51,13 +52,25 @@ impl AccessLog {
 
     /// Waits until everything queued so far is written (tests, and the
     /// last lines at shutdown). Bounded: a stalled writer is not waited
-    /// for past a few seconds.
+    /// for past [`SYNC_TIMEOUT`].
     pub fn sync(&self) -> bool {
+        let deadline = Instant::now() + SYNC_TIMEOUT;
         let (done, wait) = mpsc::channel();
-        if self.tx.send(Msg::Sync(done)).is_err() {
-            return false;
+        let mut msg = Msg::Sync(done);
+        // Not `send`: with the queue full and the writer stalled, that
+        // would block for as long as the stall.
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) => break,
+                Err(TrySendError::Full(m)) if Instant::now() < deadline => {
+                    msg = m;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(_) => return false,
+            }
         }
-        wait.recv_timeout(SYNC_TIMEOUT).is_ok()
+        wait.recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .is_ok()
     }
 }
 
@@ -147,6 +160,8 @@ mod tests {
             log.log(format!("line {i}"));
         }
         assert_eq!(dropped.get(), extra as u64);
+        // Waiting for a stalled writer gives up instead of hanging.
+        assert!(!log.sync());
         *w.open.0.lock().unwrap() = true;
         w.open.1.notify_all();
         assert!(log.sync());
