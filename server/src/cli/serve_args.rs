@@ -186,8 +186,8 @@ pub struct ConnectionArgs {
     #[arg(long, default_value_t = 64, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections_per_ip: u32,
     /// Connections accepted past --max-connections that answer only
-    /// /healthz and /readyz (two per client address), so probes still pass
-    /// while the cap is full.
+    /// /healthz, /readyz and /metrics, one request each (two per client
+    /// address, 1 s to send it), so probes still pass while the cap is full.
     #[arg(long, default_value_t = 32, value_name = "N")]
     pub probe_reserve: u32,
     /// Close a connection that sends nothing for this long after it opens.

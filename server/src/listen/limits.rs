@@ -14,8 +14,9 @@ pub struct Limits {
     pub max_connections: usize,
     /// Connections served at once from one client address.
     pub max_per_ip: usize,
-    /// Connections beyond `max_connections` kept for `/healthz` and
-    /// `/readyz` only, so probes still get an answer when the cap is full.
+    /// Connections beyond `max_connections` kept for `/healthz`, `/readyz`
+    /// and `/metrics` only, so probes and scrapes still get an answer when
+    /// the cap is full.
     pub probe_reserve: usize,
     /// Of the probe reserve, how many one client address may hold.
     pub probe_reserve_per_ip: usize,
@@ -62,8 +63,8 @@ impl Default for Limits {
 pub enum Admission {
     /// Served normally.
     Normal,
-    /// Over the cap, inside the probe reserve: only `/healthz` and
-    /// `/readyz` are answered.
+    /// Over the cap, inside the probe reserve: only `/healthz`, `/readyz`
+    /// and `/metrics` are answered, one request a connection.
     ProbeOnly,
     /// Closed at once.
     Refused(Refusal),

@@ -35,6 +35,10 @@ const MAX_H2_HEADER_LIST: u32 = 16 * 1024;
 /// After a failed accept (EMFILE and the like), how long to wait before
 /// the next, so the loop does not spin while descriptors are short.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// A probe-reserve connection must bring its whole request within this,
+/// and serves one request: a kubelet probe sends at once, and an abuser
+/// that lands in the reserve holds its place only this long.
+const RESERVE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Serves `router` on `listener` under `limits` until `shutdown` resolves,
 /// then stops accepting and lets open connections finish their requests.
@@ -48,6 +52,7 @@ pub async fn serve(
     let limits = Arc::new(limits);
     let tracker = Tracker::new(limits.clone());
     let builder = connection_builder(&limits);
+    let reserve_builder = reserve_builder(&limits);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -89,8 +94,15 @@ pub async fn serve(
         let probe_only = slot.admission == Admission::ProbeOnly;
         let router = router.clone();
         let svc = hyper::service::service_fn(move |req| respond(router.clone(), probe_only, req));
-        let conn = graceful.watch(builder.serve_connection(io, svc).into_owned());
-        let (metrics, limits) = (metrics.clone(), limits.clone());
+        let (conn, first_byte, idle) = if probe_only {
+            let conn = reserve_builder.serve_connection(io, svc).into_owned();
+            (conn, RESERVE_TIMEOUT, RESERVE_TIMEOUT)
+        } else {
+            let conn = builder.serve_connection(io, svc).into_owned();
+            (conn, limits.first_byte_timeout, limits.idle_timeout)
+        };
+        let conn = graceful.watch(conn);
+        let metrics = metrics.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let _open = OpenGauge::new(&metrics, probe_only);
@@ -98,7 +110,7 @@ pub async fn serve(
                 r = conn => if let Err(e) = r {
                     tracing::debug!(%peer, "connection: {e}");
                 },
-                why = watch::watchdog(act, limits.first_byte_timeout, limits.idle_timeout) => {
+                why = watch::watchdog(act, first_byte, idle) => {
                     // Dropping the connection closes the socket.
                     tracing::debug!(%peer, reason = why.label(), "closing an inactive connection");
                     metrics.connections_expired.with_label_values(&[why.label()]).inc();
@@ -130,14 +142,25 @@ fn connection_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     b
 }
 
-/// One request. On a probe-reserve connection only the probes are served;
-/// anything else is told to come back, and the connection is closed.
+/// For the probe reserve: one request a connection, its head within
+/// [`RESERVE_TIMEOUT`].
+fn reserve_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
+    let mut b = connection_builder(limits);
+    b.http1()
+        .header_read_timeout(RESERVE_TIMEOUT)
+        .keep_alive(false);
+    b
+}
+
+/// One request. On a probe-reserve connection only the probes and
+/// `/metrics` (which shows the abuse) are served; anything else is told to
+/// come back, and the connection is closed.
 async fn respond(
     router: Router,
     probe_only: bool,
     req: Request<hyper::body::Incoming>,
 ) -> Result<Response<Body>, Infallible> {
-    if probe_only && !matches!(req.uri().path(), "/healthz" | "/readyz") {
+    if probe_only && !matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics") {
         let mut r = Response::new(Body::empty());
         *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         let h = r.headers_mut();

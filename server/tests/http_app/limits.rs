@@ -73,7 +73,7 @@ async fn over_the_cap_only_probes_are_answered_then_connections_are_refused() {
             max_per_ip: 2,
             probe_reserve: 1,
             probe_reserve_per_ip: 1,
-            first_byte_timeout: Duration::from_secs(1),
+            first_byte_timeout: Duration::from_secs(3),
             ..Limits::default()
         },
     )
@@ -103,7 +103,14 @@ async fn over_the_cap_only_probes_are_answered_then_connections_are_refused() {
     let mut reserve = TcpStream::connect(addr).await.unwrap();
     let a = ask(&mut reserve, "/healthz").await;
     assert!(a.starts_with("HTTP/1.1 200"), "{a}");
-    // With the reserve held, the next connection is refused at once.
+    // That one served its one request and is gone; a silent one holds the
+    // reserve (for a second at most)...
+    let (_, closed) = read_until_closed(&mut reserve, Duration::from_millis(500)).await;
+    assert!(closed, "a reserve connection served a second request");
+    assert_eq!(eventually(&server, open, 0.0).await, 0.0);
+    let mut hold = TcpStream::connect(addr).await.unwrap();
+    assert_eq!(eventually(&server, open, 1.0).await, 1.0);
+    // ...and with the reserve held, the next connection is refused at once.
     // (The reset can come back before connect() has even returned.)
     let closed = match TcpStream::connect(addr).await {
         Ok(mut over) => {
@@ -114,15 +121,24 @@ async fn over_the_cap_only_probes_are_answered_then_connections_are_refused() {
         Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
     };
     assert!(closed, "a connection over cap and reserve was kept");
-    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    // The reserve's silent holder goes after a second.
+    let t1 = Instant::now();
+    let (_, closed) = read_until_closed(&mut hold, Duration::from_secs(3)).await;
+    assert!(closed, "a silent reserve connection was kept");
+    assert!(
+        t1.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t1.elapsed()
+    );
 
     // The silent ones are closed at the first-byte timeout.
     for s in &mut silent {
-        let (_, closed) = read_until_closed(s, Duration::from_secs(3)).await;
+        let (_, closed) = read_until_closed(s, Duration::from_secs(5)).await;
         assert!(closed, "a silent connection was kept");
     }
     let waited = t0.elapsed();
-    assert!(waited >= Duration::from_secs(1), "closed early: {waited:?}");
+    assert!(waited >= Duration::from_secs(3), "closed early: {waited:?}");
 
     let refused = (
         "oscontent_http_connections_refused_total",
@@ -133,9 +149,9 @@ async fn over_the_cap_only_probes_are_answered_then_connections_are_refused() {
         "oscontent_http_connections_expired_total",
         &[("reason", "first_byte")][..],
     );
-    assert_eq!(eventually(&server, expired, 2.0).await, 2.0);
+    // The two silent ones, and the reserve's holder.
+    assert_eq!(eventually(&server, expired, 3.0).await, 3.0);
     // The cap is free again: a normal connection gets content.
-    drop(reserve);
     let mut s = TcpStream::connect(addr).await.unwrap();
     let a = ask(&mut s, "/config").await;
     assert!(a.starts_with("HTTP/1.1 200"), "{a}");

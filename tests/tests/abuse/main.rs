@@ -214,3 +214,85 @@ fn ten_thousand_idle_keepalive_connections() {
     rss.finish("idle keep-alive");
     lab.assert_recovered("idle keep-alive");
 }
+
+/// The reproduction: more half-sent requests than the server takes.
+/// Over the cap, probes (on fresh connections, as a kubelet makes them)
+/// still get their answer from the reserve; content does not. (Abusers
+/// that keep refilling the reserve faster than it expires are not
+/// covered: the reserve gives probes a place, not a guarantee.)
+#[test]
+fn probes_are_answered_while_the_connection_cap_is_full() {
+    let _one = one_at_a_time();
+    raise_nofile();
+    let mut lab = Lab::start(&[
+        "--max-connections=1000",
+        "--max-connections-per-ip=100",
+        "--probe-reserve=8",
+        "--header-read-timeout=30",
+        "--idle-timeout=30",
+    ]);
+    let addr = lab.server.addr;
+    let rss = RssSampler::start(&lab);
+    let t0 = Instant::now();
+    let mut abusers = Vec::new();
+    for i in 0..1100 {
+        match connect_from(abuser_ip(i / 100), addr) {
+            Ok(mut s) => {
+                // Refused ones are reset; writing to them may fail.
+                let _ = s.write_all(b"GET /summary HTTP/1.1\r\nHost: x\r\n");
+                abusers.push(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            Err(e) => panic!("connecting: {e}"),
+        }
+    }
+    // Abusers that landed in the probe reserve are dropped within a second.
+    std::thread::sleep(Duration::from_millis(1500));
+    let open = lab.metric("oscontent_http_connections_open", &[("kind", "normal")]);
+    let refused =
+        lab.metric(REFUSED, &[("reason", "total")]) + lab.metric(REFUSED, &[("reason", "per_ip")]);
+    println!(
+        "cap full: 1100 half-sent requests in {:.1} s: {open} held, {refused} refused",
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(open, 1000.0);
+
+    let (mut times, mut statuses) = (Vec::new(), std::collections::BTreeMap::new());
+    for i in 0..100 {
+        let path = ["/healthz", "/readyz"][i % 2];
+        let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let t = Instant::now();
+        let raw =
+            oscontent_testkit::http::raw_exchange(addr, req.as_bytes(), Duration::from_secs(5))
+                .unwrap();
+        times.push(t.elapsed());
+        let status = String::from_utf8_lossy(&raw[..raw.len().min(12)]).into_owned();
+        *statuses.entry(status).or_insert(0) += 1;
+    }
+    times.sort();
+    let p99 = times[98];
+    let content = oscontent_testkit::http::raw_exchange(
+        addr,
+        b"GET /summary HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    println!(
+        "cap full: 100 probes on fresh connections: {statuses:?}, p99 {:.1} ms (bound {} ms); /summary: {:?}",
+        p99.as_secs_f64() * 1e3,
+        P99_BOUND.as_millis(),
+        String::from_utf8_lossy(&content[..content.len().min(12)])
+    );
+    assert_eq!(statuses.get("HTTP/1.1 200"), Some(&100), "{statuses:?}");
+    assert!(p99 < P99_BOUND, "probe p99 {p99:?}");
+    assert!(content.starts_with(b"HTTP/1.1 503"));
+
+    let (t, left) = wait_all_closed(&mut abusers, t0, Duration::from_secs(30) + SLACK + SLACK);
+    println!(
+        "cap full: abusers all closed {:.1} s after the first connected (header-read timeout 30 s), {left} left",
+        t.as_secs_f64()
+    );
+    assert_eq!(left, 0);
+    rss.finish("cap full");
+    lab.assert_recovered("cap full");
+}
