@@ -206,22 +206,3 @@ impl Manifest {
         })
     }
 }
-
-/// `serve --flag=value...` as (flag, value) pairs (xtask's
-/// `deploy::policy::server_flags`).
-pub fn server_flags(args: &[String]) -> std::result::Result<Vec<(String, String)>, String> {
-    let Some((first, rest)) = args.split_first() else {
-        return Err("no args".into());
-    };
-    if first != "serve" {
-        return Err(format!("args must start with \"serve\", not {first:?}"));
-    }
-    rest.iter()
-        .map(
-            |a| match a.strip_prefix("--").and_then(|x| x.split_once('=')) {
-                Some((k, v)) if !k.is_empty() => Ok((format!("--{k}"), v.to_owned())),
-                _ => Err(format!("{a:?} is not --flag=value")),
-            },
-        )
-        .collect()
-}

@@ -2,7 +2,8 @@
 //! directories, the args and env with only the intended substitutions,
 //! and the probes resolved to paths on the listen port.
 
-use crate::manifest::{key_path, server_flags, Manifest, Volume};
+use crate::manifest::{key_path, Manifest, Volume};
+use oscontent_testkit::deploy::server_flags;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 

@@ -1,7 +1,6 @@
 //! Reading the strings the objects carry: quantities, image references and
 //! the server's flags.
 
-use super::contract::SERVE;
 
 /// Bytes in a Kubernetes quantity with a binary or decimal suffix
 /// (`64Mi`, `5Gi`, `1G`, `1000`); None for anything else.
@@ -46,24 +45,7 @@ pub fn pinned(image: &str) -> Result<(), String> {
     }
 }
 
-/// `--flag=value` pairs of the server's args (after `serve`); every flag
-/// must use that form, so that patches and this check read them alike.
-pub fn server_flags(args: &[String]) -> Result<Vec<(String, String)>, String> {
-    let Some((first, rest)) = args.split_first() else {
-        return Err("no args".into());
-    };
-    if first != SERVE {
-        return Err(format!("args must start with {SERVE:?}, not {first:?}"));
-    }
-    rest.iter()
-        .map(
-            |a| match a.strip_prefix("--").and_then(|x| x.split_once('=')) {
-                Some((k, v)) if !k.is_empty() => Ok((format!("--{k}"), v.to_owned())),
-                _ => Err(format!("{a:?} is not --flag=value")),
-            },
-        )
-        .collect()
-}
+pub use oscontent_testkit::deploy::server_flags;
 
 /// Every value given to the flag `name`, in order.
 pub(super) fn flag<'a>(flags: &'a [(String, String)], name: &str) -> Vec<&'a str> {
