@@ -4,7 +4,7 @@
 
 use crate::support::*;
 use oscontent_testkit::*;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -48,32 +48,59 @@ fn staging_with_content(state: &std::path::Path) -> Option<String> {
     })
 }
 
+/// v1 in a registry behind a proxy that stalls the layer (27 MB) after
+/// 8 MiB, and a server builder for it with its state dir.
+struct StalledStream {
+    _reg: Registry,
+    proxy: Proxy,
+    _work: tempfile::TempDir,
+    state: PathBuf,
+    builder: ServerBuilder,
+}
+
+impl StalledStream {
+    fn new(release: &Release) -> Self {
+        let reg = Registry::start();
+        reg.push_release(release, "os:v1", &[]);
+        let proxy = Proxy::builder(&format!("http://{}", reg.host()))
+            .stall_after(8 << 20)
+            .start()
+            .unwrap();
+        let image = format!("docker://{}/os:v1", proxy.host());
+        let work = tempdir();
+        let state = work.path().join("state");
+        let builder = Server::images([&image])
+            .args(["--insecure-registry", &proxy.host(), "--max-backoff", "1"])
+            .state_dir(&state);
+        Self {
+            _reg: reg,
+            proxy,
+            _work: work,
+            state,
+            builder,
+        }
+    }
+
+    /// The staging dir with content once the stream has stalled (bounded).
+    fn wait_stalled(&self) -> Option<String> {
+        wait_for(Duration::from_secs(60), Duration::from_millis(10), || {
+            if self.proxy.stalled() {
+                staging_with_content(&self.state)
+            } else {
+                None
+            }
+        })
+    }
+}
+
 #[test]
 fn a_restart_after_a_killed_stream_leaves_no_staging_leftovers() {
     let v1 = v1();
-    let reg = Registry::start();
-    reg.push_release(v1, "os:v1", &[]);
-    // The layer (27 MB) stalls after 8 MiB.
-    let proxy = Proxy::builder(&format!("http://{}", reg.host()))
-        .stall_after(8 << 20)
-        .start()
-        .unwrap();
-    let image = format!("docker://{}/os:v1", proxy.host());
-    let work = tempdir();
-    let state = work.path().join("state");
-    let builder = Server::images([&image])
-        .args(["--insecure-registry", &proxy.host(), "--max-backoff", "1"])
-        .state_dir(&state);
-
+    let s = StalledStream::new(v1);
+    let builder = s.builder.clone();
+    let state = s.state.clone();
     let mut first = builder.clone().spawn().unwrap();
-    let partial = wait_for(Duration::from_secs(60), Duration::from_millis(10), || {
-        if proxy.stalled() {
-            staging_with_content(&state)
-        } else {
-            None
-        }
-    })
-    .unwrap_or_else(|| {
+    let partial = s.wait_stalled().unwrap_or_else(|| {
         panic!(
             "no partial staging dir while the stream stalled.\nstderr:\n{}",
             first.stderr()
@@ -88,7 +115,7 @@ fn a_restart_after_a_killed_stream_leaves_no_staging_leftovers() {
     );
 
     // Start again on the same state dir: the leftovers go before it listens.
-    proxy.unthrottle();
+    s.proxy.unthrottle();
     let mut second = builder.spawn().unwrap();
     let now = names(&state.join("images"));
     assert!(
@@ -132,31 +159,15 @@ fn tree_bytes(dir: &Path) -> u64 {
 
 #[test]
 fn sigterm_during_a_stalled_stream_exits_promptly_without_leftovers() {
-    let v1 = v1();
-    let reg = Registry::start();
-    reg.push_release(v1, "os:v1", &[]);
-    let proxy = Proxy::builder(&format!("http://{}", reg.host()))
-        .stall_after(8 << 20)
-        .start()
-        .unwrap();
-    let image = format!("docker://{}/os:v1", proxy.host());
-    let work = tempdir();
-    let state = work.path().join("state");
-    let builder = Server::images([&image])
-        .args(["--insecure-registry", &proxy.host(), "--max-backoff", "1"])
-        .args(["--shutdown-timeout", "5"])
-        .state_dir(&state);
+    let s = StalledStream::new(v1());
+    let state = s.state.clone();
+    let builder = s.builder.clone().args(["--shutdown-timeout", "5"]);
     let mut server = builder.clone().spawn().unwrap();
     // Stalled for real: the server has written everything the proxy let
     // through and is blocked reading (its read timeout is 60 s).
-    let staging = wait_for(Duration::from_secs(60), Duration::from_millis(10), || {
-        if proxy.stalled() {
-            staging_with_content(&state)
-        } else {
-            None
-        }
-    })
-    .unwrap_or_else(|| panic!("the stream did not stall.\nstderr:\n{}", server.stderr()));
+    let staging = s
+        .wait_stalled()
+        .unwrap_or_else(|| panic!("the stream did not stall.\nstderr:\n{}", server.stderr()));
     let dir = state.join("images").join(&staging);
     let mut last = (tree_bytes(&dir), Instant::now());
     wait_for(Duration::from_secs(40), Duration::from_millis(100), || {
@@ -184,7 +195,7 @@ fn sigterm_during_a_stalled_stream_exits_promptly_without_leftovers() {
     // Either it removed its staging dir on the way out, or the next start
     // on the same state dir does before it listens.
     if !staging_dirs(&state).is_empty() {
-        proxy.unthrottle();
+        s.proxy.unthrottle();
         let _next = builder.spawn().unwrap();
         let left = staging_dirs(&state);
         assert!(

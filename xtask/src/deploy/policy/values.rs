@@ -1,7 +1,6 @@
 //! Reading the strings the objects carry: quantities, image references and
 //! the server's flags.
 
-
 /// Bytes in a Kubernetes quantity with a binary or decimal suffix
 /// (`64Mi`, `5Gi`, `1G`, `1000`); None for anything else.
 pub fn quantity_bytes(q: &str) -> Option<u64> {
