@@ -175,6 +175,11 @@ struct FixturesArgs {
     /// Where to build [default: target/fixtures/<scale>-<share>, or under $OSCONTENT_FIXTURES_DIR].
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Build the ostree-native images instead (ostree-ext's encapsulator,
+    /// chunked by package, v2 a package-shaped update packed like v1)
+    /// [default dir: native-<scale>-<share>].
+    #[arg(long)]
+    native: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -185,9 +190,16 @@ fn main() -> anyhow::Result<()> {
                 ref_name: a.ref_name,
                 ..FixtureSpec::new(a.scale)
             };
-            let dir = a.dir.unwrap_or_else(|| fixtures::default_dir(&spec));
-            let built = fixtures::ensure(&spec, &dir)?;
-            print!("{}", fixtures::summary(&built));
+            if a.native {
+                let dir = a.dir.unwrap_or_else(|| fixtures::native_default_dir(&spec));
+                print!(
+                    "{}",
+                    fixtures::native_summary(&fixtures::ensure_native(&spec, &dir)?)
+                );
+            } else {
+                let dir = a.dir.unwrap_or_else(|| fixtures::default_dir(&spec));
+                print!("{}", fixtures::summary(&fixtures::ensure(&spec, &dir)?));
+            }
         }
         Cmd::Deps => xtask::deps::ensure()?,
         Cmd::Check => xtask::testrun::check()?,

@@ -36,5 +36,8 @@ pub fn test() -> Result<()> {
     cargo(&["build", "--workspace", "--bins", "--tests"])?;
     let f = fixtures::small().context("building the small fixtures")?;
     eprintln!("xtask: fixtures ready at {}", f.root.display());
+    // Builds xtask/encapsulate (ostree-ext) too, in its own target dir.
+    let n = fixtures::native_small().context("building the small native fixtures")?;
+    eprintln!("xtask: native fixtures ready at {}", n.root.display());
     cargo(&["test", "--workspace", "--no-fail-fast"])
 }
