@@ -15,6 +15,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod access_log;
+pub mod checkout;
 pub mod encapsulate;
 pub mod files;
 pub mod fixtures;
