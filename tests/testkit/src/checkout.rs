@@ -1,8 +1,10 @@
 //! Checked-out trees compared entry by entry: what two ways of getting the
 //! same commit onto a node (ostree-ext's importer, stock `ostree pull`)
 //! must agree on. Every path, its type, mode (setuid and friends
-//! included), uid, gid, content, symlink target and xattrs.
+//! included), uid, gid, content, symlink target and xattrs. And a commit's
+//! closure, the objects a node needs for it.
 
+use crate::objects::{ObjectSet, CONTENT};
 use crate::ostree::Ostree;
 use anyhow::{ensure, Context, Result};
 use sha2::{Digest, Sha256};
@@ -158,9 +160,86 @@ pub fn assert_same_listing(a: &Listing, b: &Listing, a_name: &str, b_name: &str)
     );
 }
 
+/// Every object `commit` reaches (itself, dirtrees, dirmetas, content), as
+/// `ostree ls -R -C` lists them in `repo`.
+pub fn commit_closure(repo: &Ostree, commit: &str) -> Result<ObjectSet> {
+    let ls = repo.run(["ls", "-R", "-C", commit])?;
+    let mut set = parse_ls_checksums(&ls)?;
+    set.0
+        .entry("commit".into())
+        .or_default()
+        .insert(commit.to_owned());
+    Ok(set)
+}
+
+/// The objects named in `ostree ls -R -C` output: directories name their
+/// dirtree then dirmeta, files and symlinks their content object.
+pub fn parse_ls_checksums(ls: &str) -> Result<ObjectSet> {
+    let mut set = ObjectSet::default();
+    let hex = |s: &str| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    for line in ls.lines().filter(|l| !l.trim().is_empty()) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        ensure!(
+            f.len() >= 6 && hex(f[4]),
+            "unexpected `ostree ls -C` line {line:?}"
+        );
+        if line.starts_with('d') {
+            ensure!(hex(f[5]), "directory without dirmeta: {line:?}");
+            set.0
+                .entry("dirtree".into())
+                .or_default()
+                .insert(f[4].to_owned());
+            set.0
+                .entry("dirmeta".into())
+                .or_default()
+                .insert(f[5].to_owned());
+        } else {
+            set.0
+                .entry(CONTENT.into())
+                .or_default()
+                .insert(f[4].to_owned());
+        }
+    }
+    Ok(set)
+}
+
+/// What `a` has and `b` lacks, kind by kind.
+pub fn object_difference(a: &ObjectSet, b: &ObjectSet) -> ObjectSet {
+    let mut out = ObjectSet::default();
+    for (kind, set) in &a.0 {
+        let missing: std::collections::BTreeSet<String> =
+            set.difference(&b.get(kind)).cloned().collect();
+        if !missing.is_empty() {
+            out.0.insert(kind.clone(), missing);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ls_checksums_and_differences() {
+        let (t, m, c) = ("a".repeat(64), "b".repeat(64), "c".repeat(64));
+        let ls = format!(
+            "d00755 0 0      0 {t} {m} /\n-00644 0 0   12 {c} /x\nl00777 0 0 0 {c} /l -> x\n"
+        );
+        let set = parse_ls_checksums(&ls).unwrap();
+        assert_eq!(set.len(), 3);
+        assert!(set.contains("dirtree", &t) && set.contains("dirmeta", &m));
+        assert!(set.contains(CONTENT, &c));
+        for bad in ["d00755 0 0 0 xyz /", "-00644 0 0 12"] {
+            assert!(parse_ls_checksums(bad).is_err(), "{bad}");
+        }
+        let mut other = ObjectSet::default();
+        other.0.entry(CONTENT.into()).or_default().insert(c.clone());
+        let d = object_difference(&set, &other);
+        assert_eq!(d.len(), 2);
+        assert!(!d.contains(CONTENT, &c));
+        assert!(object_difference(&other, &set).is_empty());
+    }
 
     /// Each kind of difference is found, and identical trees give none.
     #[test]

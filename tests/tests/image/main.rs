@@ -14,6 +14,7 @@
 
 mod attacks;
 mod lifecycle;
+mod native;
 mod pull;
 mod refresh;
 mod support;
