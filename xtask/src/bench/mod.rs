@@ -21,6 +21,7 @@ pub mod registry;
 pub mod report;
 pub mod scratch;
 pub mod startup;
+pub mod update_bytes;
 
 pub use interrupt::{check_interrupted, interrupt, interrupted, sleep};
 pub use process::{http_status, run_bounded, server_binary, tail, Stopper};

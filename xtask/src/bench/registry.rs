@@ -99,6 +99,12 @@ impl Registry {
         self.dir.path().join("storage")
     }
 
+    /// Its log: stdout and stderr, the access log (one line per request,
+    /// with the bytes sent) included.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("registry.log")
+    }
+
     /// The registry's process id.
     pub fn pid(&self) -> u32 {
         self.process.id()
