@@ -4,7 +4,7 @@
 use crate::governor::IoMode;
 use crate::pull::error::{exit, PullError};
 use crate::pull::report::{Output, Reporter};
-use crate::pull::{self, PullOptions, Source, VerifyOptions};
+use crate::pull::{self, origin, PullOptions, Source, VerifyOptions};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use oscontent_format::{parse_summary, Checksum, Summary};
@@ -89,6 +89,12 @@ pub struct PullArgs {
     /// Requests (objects) in flight at once.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
+    /// Give up when fetching has not finished within this time (e.g. 90s,
+    /// 30m, 2h; at most 7 days): a server that sends a byte now and then
+    /// cannot hold the node forever. The ref does not move; the next pull
+    /// resumes.
+    #[arg(long, default_value = "1h", value_parser = parse_timeout)]
+    pub timeout: Duration,
     /// Use HTTP/1.1 only (by default HTTP/2 with prior knowledge is tried
     /// first on http:// URLs).
     #[arg(long)]
@@ -112,6 +118,9 @@ pub struct VerifyArgs {
     /// Verify this commit instead of the one the summary names for the ref.
     #[arg(long)]
     pub commit: Option<Checksum>,
+    /// Give up when the checks have not finished within this time.
+    #[arg(long, default_value = "10m", value_parser = parse_timeout)]
+    pub timeout: Duration,
     /// Use HTTP/1.1 only.
     #[arg(long)]
     pub http1: bool,
@@ -120,8 +129,24 @@ pub struct VerifyArgs {
     pub json: bool,
 }
 
-/// `10ms`, `1.5s`, `2m`, or bare seconds.
+/// Longest `--timeout`.
+const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// `10ms`, `1.5s`, `2m`, or bare seconds, up to an hour.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s.trim().ends_with('h') {
+        return Err(format!("duration {s:?} must be at most an hour"));
+    }
+    parse_duration_within(s, Duration::from_secs(3600))
+}
+
+/// A `--timeout`: what [`parse_duration`] takes, hours (`2h`) too, up to
+/// [`MAX_TIMEOUT`].
+pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+    parse_duration_within(s, MAX_TIMEOUT)
+}
+
+fn parse_duration_within(s: &str, max: Duration) -> Result<Duration, String> {
     let s = s.trim();
     let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
         (n, 1e-3)
@@ -131,6 +156,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         (n, 1.0)
     } else if let Some(n) = s.strip_suffix('m') {
         (n, 60.0)
+    } else if let Some(n) = s.strip_suffix('h') {
+        (n, 3600.0)
     } else {
         (s, 1.0)
     };
@@ -138,9 +165,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .trim()
         .parse()
         .map_err(|_| format!("invalid duration {s:?}: want e.g. 10ms, 0.5s, 2m"))?;
-    if !v.is_finite() || v <= 0.0 || v * mult > 3600.0 {
+    if !v.is_finite() || v <= 0.0 || v * mult > max.as_secs_f64() {
         return Err(format!(
-            "duration {s:?} must be positive and at most an hour"
+            "duration {s:?} must be positive and at most {}s",
+            max.as_secs()
         ));
     }
     Ok(Duration::from_secs_f64(v * mult))
@@ -201,6 +229,7 @@ fn run_pull(a: PullArgs) -> u8 {
         io_mode: a.io_mode,
         io_latency_target: a.io_latency_target,
         concurrency: a.concurrency,
+        timeout: a.timeout,
         http1_only: a.http1,
         output,
     };
@@ -218,6 +247,7 @@ fn run_verify(a: VerifyArgs) -> u8 {
         ref_name: a.ref_name,
         commit: a.commit,
         trusted_keys: a.trusted_keys,
+        timeout: a.timeout,
         http1_only: a.http1,
     };
     match pull::verify(&opts, reporter.clone()) {
@@ -244,7 +274,18 @@ fn run_verify(a: VerifyArgs) -> u8 {
 
 fn fetch_summary(url: &str) -> Result<Summary> {
     let u = format!("{}/summary", url.trim_end_matches('/'));
-    let resp = reqwest::blocking::get(&u).with_context(|| format!("fetching {u}"))?;
+    let shown = origin::redact(&u);
+    let client = reqwest::blocking::Client::builder()
+        .redirect(origin::redirect_policy())
+        .timeout(Duration::from_secs(300))
+        .build()
+        .context("starting the HTTP client")?;
+    let resp = client
+        .get(&u)
+        .send()
+        .map_err(reqwest::Error::without_url)
+        .with_context(|| format!("fetching {shown}"))?;
+    let u = shown;
     let status = resp.status();
     anyhow::ensure!(status.is_success(), "fetching {u}: HTTP {status}");
     let bytes = resp.bytes().with_context(|| format!("reading {u}"))?;
@@ -299,6 +340,22 @@ mod tests {
         }
         for bad in ["", "ms", "-1s", "0", "abc", "2h", "nan"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn timeouts() {
+        let ok = [
+            ("90s", 90u64),
+            ("30m", 1800),
+            ("2h", 7200),
+            ("168h", 604800),
+        ];
+        for (s, secs) in ok {
+            assert_eq!(parse_timeout(s).unwrap().as_secs(), secs, "{s}");
+        }
+        for bad in ["", "0", "-1h", "169h", "h", "1d"] {
+            assert!(parse_timeout(bad).is_err(), "{bad:?} accepted");
         }
     }
 }

@@ -5,9 +5,11 @@
 
 use crate::conditional::{self, Precondition, RangeOutcome, Validators};
 use crate::fsutil;
+use crate::listen::access_log::AccessLog;
 use crate::metrics::Metrics;
 use crate::serve::sink::Sink;
-use crate::served::{Layer, Resolved, MAX_METADATA_FILE};
+use crate::served::metadata::{self, digest_etag, MetadataError};
+use crate::served::{Layer, Resolved};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
@@ -16,11 +18,11 @@ use axum::routing::get;
 use axum::Router;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
-use oscontent_format::{Checksum, ObjectName, RepoPath};
+use oscontent_format::{ObjectName, RepoPath};
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
@@ -53,7 +55,7 @@ pub struct Inner {
     pub sink: Arc<Sink>,
     pub metrics: Arc<Metrics>,
     pub config: HttpConfig,
-    access_log: Option<Mutex<Box<dyn Write + Send>>>,
+    access_log: Option<AccessLog>,
     draining: AtomicBool,
 }
 
@@ -75,19 +77,32 @@ impl std::ops::Deref for AppState {
 }
 
 impl AppState {
-    /// Serves what is published into `sink`, with its metrics.
+    /// Serves what is published into `sink`, with its metrics; access log
+    /// lines go to `access_log` from a writer thread of their own.
     pub fn new(
         config: HttpConfig,
         sink: Arc<Sink>,
         access_log: Option<Box<dyn Write + Send>>,
-    ) -> Self {
-        Self(Arc::new(Inner {
-            metrics: sink.metrics().clone(),
+    ) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let metrics = sink.metrics().clone();
+        let access_log = access_log
+            .map(|w| AccessLog::start(w, metrics.access_log_dropped.clone()))
+            .transpose()
+            .context("starting the access log writer")?;
+        Ok(Self(Arc::new(Inner {
+            metrics,
             sink,
             config,
-            access_log: access_log.map(Mutex::new),
+            access_log,
             draining: AtomicBool::new(false),
-        }))
+        })))
+    }
+
+    /// Waits (bounded) until the access log lines of the requests answered
+    /// so far are written; false if the writer is stuck or gone.
+    pub fn sync_access_log(&self) -> bool {
+        self.access_log.as_ref().is_none_or(AccessLog::sync)
     }
 
     /// From now on `/readyz` fails, so load balancers stop sending traffic
@@ -194,10 +209,7 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
             "version": format!("{version:?}"),
             "duration_ms": elapsed.as_secs_f64() * 1e3,
         });
-        let mut w = log.lock().expect("access log poisoned");
-        if let Err(e) = writeln!(w, "{line}").and_then(|_| w.flush()) {
-            tracing::warn!("access log write failed: {e}");
-        }
+        log.log(line.to_string());
     }
     resp
 }
@@ -252,24 +264,11 @@ enum CachePolicy {
     ShortLived,
 }
 
-fn is_small_metadata(p: &RepoPath) -> bool {
-    match p {
-        RepoPath::Config | RepoPath::Summary | RepoPath::SummarySig | RepoPath::Ref { .. } => true,
-        RepoPath::Object(o) => !o.kind.is_immutable(),
-        RepoPath::DeltaIndex { .. } => true,
-        RepoPath::Delta { .. } => false,
-    }
-}
-
 fn policy(p: &RepoPath) -> CachePolicy {
     match p {
         RepoPath::Object(o) if o.kind.is_immutable() => CachePolicy::Immutable,
         _ => CachePolicy::ShortLived,
     }
-}
-
-fn digest_etag(bytes: &[u8]) -> String {
-    format!("\"{}\"", &Checksum::digest(bytes).to_hex()[..32])
 }
 
 /// Serves one repo path. GET and HEAD only.
@@ -324,23 +323,32 @@ async fn serve_repo(
             Ok(respond_bytes(headers, g.bytes, &v, cache, head))
         }
         Resolved::File { layer, root, rel } => {
-            if is_small_metadata(&rp) {
-                let read = tokio::task::spawn_blocking(move || {
-                    fsutil::read_file(&root, &rel, MAX_METADATA_FILE)
-                })
-                .await
-                .map_err(|e| anyhow::anyhow!("read task: {e}"))?
-                .map_err(|e| anyhow::anyhow!("reading {path}: {e}"))?;
+            if let Some(cap) = metadata::cap(&rp) {
+                let g = generation.clone();
+                let read = tokio::task::spawn_blocking(move || g.read_metadata(&root, &rel, cap))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("read task: {e}"))?;
+                let read = match read {
+                    Ok(r) => r,
+                    Err(e @ MetadataError::TooLarge { .. }) => {
+                        st.metrics
+                            .oversized_metadata
+                            .with_label_values(&[classify(path)])
+                            .inc();
+                        return Err(anyhow::Error::from(e).into());
+                    }
+                    Err(e) => return Err(anyhow::Error::from(e).into()),
+                };
                 // Gone between resolve and read (a tool replacing it): 404,
                 // and the client retries.
-                let Some((bytes, meta)) = read else {
+                let Some(f) = read else {
                     return Err(AppError::NotFound);
                 };
                 let v = Validators {
-                    etag: digest_etag(&bytes),
-                    last_modified: meta.modified().ok(),
+                    etag: f.etag,
+                    last_modified: f.modified,
                 };
-                Ok(respond_bytes(headers, bytes.into(), &v, cache, head))
+                Ok(respond_bytes(headers, f.bytes, &v, cache, head))
             } else {
                 let opened = tokio::task::spawn_blocking(move || fsutil::open_file(&root, &rel))
                     .await

@@ -221,7 +221,7 @@ async fn fetch_one(image: &ImageRef, opts: &FetchOptions, staging: &Path) -> Res
     let guard = Arc::new(StagedGuard(Some(staged)));
     let commit: Checksum = commit
         .parse()
-        .with_context(|| format!("image {image}: label {}", source::COMMIT_LABEL))?;
+        .with_context(|| format!("image {image}: its commit label"))?;
     Ok(Current {
         digest,
         release: Release {

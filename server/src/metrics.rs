@@ -1,7 +1,8 @@
 //! `/metrics`, Prometheus text format 0.0.4.
 
 use prometheus::{
-    HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Latency buckets: 100 µs to ~13 s. Objects are served from page cache in
@@ -22,6 +23,19 @@ pub struct Metrics {
     pub generation: IntGauge,
     /// Source checks (first fetch, refreshes): published, unchanged, failed.
     pub source_checks: IntCounterVec,
+    /// Connections open now: `normal`, or `probe_reserve` (over the cap,
+    /// answering probes only).
+    pub connections_open: IntGaugeVec,
+    pub connections_accepted: IntCounter,
+    /// Connections closed at accept: `total` or `per_ip` cap reached, or an
+    /// `accept_error` (descriptors exhausted).
+    pub connections_refused: IntCounterVec,
+    /// Connections the server closed for inactivity: `first_byte`, `idle`.
+    pub connections_expired: IntCounterVec,
+    /// Access log lines dropped because the writer fell behind.
+    pub access_log_dropped: IntCounter,
+    /// Metadata files refused for being over their size cap, by path kind.
+    pub oversized_metadata: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -33,22 +47,16 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "oscontent_http_requests_total",
-                "HTTP requests by path kind and status code",
-            ),
+        let requests = counter_vec(
+            "oscontent_http_requests_total",
+            "HTTP requests by path kind and status code",
             &["kind", "status"],
-        )
-        .expect("valid metric");
-        let response_bytes = IntCounterVec::new(
-            Opts::new(
-                "oscontent_http_response_bytes_total",
-                "Response body bytes sent, by path kind",
-            ),
+        );
+        let response_bytes = counter_vec(
+            "oscontent_http_response_bytes_total",
+            "Response body bytes sent, by path kind",
             &["kind"],
-        )
-        .expect("valid metric");
+        );
         let latency = HistogramVec::new(
             HistogramOpts::new(
                 "oscontent_http_request_duration_seconds",
@@ -67,14 +75,39 @@ impl Metrics {
         .expect("valid metric");
         let generation = IntGauge::new("oscontent_generation", "ID of the generation being served")
             .expect("valid metric");
-        let source_checks = IntCounterVec::new(
-            Opts::new(
-                "oscontent_source_checks_total",
-                "Source checks (first fetch, --refresh-interval, SIGHUP) by outcome: published, unchanged or failed",
-            ),
+        let source_checks = counter_vec(
+            "oscontent_source_checks_total",
+            "Source checks (first fetch, --refresh-interval, SIGHUP) by outcome: published, unchanged or failed",
             &["result"],
-        )
-        .expect("valid metric");
+        );
+        let connections_open = gauge_vec(
+            "oscontent_http_connections_open",
+            "Connections open now: normal, or probe_reserve (over the cap, probes only)",
+            &["kind"],
+        );
+        let connections_accepted = counter(
+            "oscontent_http_connections_accepted_total",
+            "Connections accepted",
+        );
+        let connections_refused = counter_vec(
+            "oscontent_http_connections_refused_total",
+            "Connections closed at accept: total or per_ip cap reached, or accept_error",
+            &["reason"],
+        );
+        let connections_expired = counter_vec(
+            "oscontent_http_connections_expired_total",
+            "Connections the server closed: nothing sent (first_byte) or nothing moved (idle)",
+            &["reason"],
+        );
+        let access_log_dropped = counter(
+            "oscontent_access_log_dropped_total",
+            "Access log lines dropped because the log writer fell behind",
+        );
+        let oversized_metadata = counter_vec(
+            "oscontent_oversized_metadata_total",
+            "Metadata files refused for exceeding their size cap, by path kind",
+            &["kind"],
+        );
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(response_bytes.clone()),
@@ -83,6 +116,12 @@ impl Metrics {
             Box::new(published_refs.clone()),
             Box::new(generation.clone()),
             Box::new(source_checks.clone()),
+            Box::new(connections_open.clone()),
+            Box::new(connections_accepted.clone()),
+            Box::new(connections_refused.clone()),
+            Box::new(connections_expired.clone()),
+            Box::new(access_log_dropped.clone()),
+            Box::new(oversized_metadata.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -95,6 +134,12 @@ impl Metrics {
             published_refs,
             generation,
             source_checks,
+            connections_open,
+            connections_accepted,
+            connections_refused,
+            connections_expired,
+            access_log_dropped,
+            oversized_metadata,
         }
     }
 
@@ -106,4 +151,18 @@ impl Metrics {
             .unwrap_or_default();
         (text, prometheus::TEXT_FORMAT)
     }
+}
+
+// The names and help texts are constants of this file: a bad one is a bug
+// the first test run shows, hence `expect`.
+fn counter(name: &str, help: &str) -> IntCounter {
+    IntCounter::new(name, help).expect("valid metric")
+}
+
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+}
+
+fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric")
 }

@@ -23,6 +23,8 @@ use std::path::{Path, PathBuf};
 pub const VERSION_REF_PREFIX: &str = "version/";
 /// Where an oscontainer keeps its repo.
 pub const OSCONTAINER_REPO: &str = "srv/repo";
+/// Where an ostree-native image keeps its (bare-split-xattrs) repo.
+pub const NATIVE_ROOT_REPO: &str = "sysroot/ostree/repo";
 /// Commits listed when refusing to guess among several.
 const MAX_COMMITS_LISTED: usize = 5;
 /// A repo `config` is a few lines.
@@ -83,6 +85,20 @@ fn check_archive_repo(repo: &Path) -> Result<Option<RepoConfig>> {
         );
     }
     Ok(Some(config))
+}
+
+/// An unpacked ostree-native image (`sysroot/ostree/repo`, a
+/// `bare-split-xattrs` repo, and no `srv/repo`) is not served in place:
+/// say so, and what works, rather than that `srv/repo` is missing.
+fn refuse_native_root(root: &Path, repo: &Path) -> Result<()> {
+    let native = root.join(NATIVE_ROOT_REPO);
+    if !repo.exists() && native.is_dir() {
+        bail!(
+            "{} is an ostree-native image root ({NATIVE_ROOT_REPO}, a bare-split-xattrs repo); --oscontainer serves legacy roots (srv/repo) only: serve the image itself with --image (docker://, oci: or oci-archive:), which converts it while streaming",
+            root.display()
+        );
+    }
+    Ok(())
 }
 
 /// Every commit object in a repo (bounded by the directory listing limits).
@@ -193,6 +209,9 @@ pub fn publish_signed(
     sigs: &SignatureOptions,
 ) -> Result<Generation> {
     let repo = req.source.repo_path();
+    if let Source::Oscontainer(root) = &req.source {
+        refuse_native_root(root, &repo)?;
+    }
     let config = check_archive_repo(&repo)?;
     // Also checked before the state dir was created; the repo may have
     // moved since, and this is cheap.

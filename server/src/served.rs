@@ -7,8 +7,11 @@
 //! What the server derives (the summary, when the repo has none) is cached
 //! under a fingerprint of its inputs and rebuilt only when they change.
 
+pub mod metadata;
+
 use crate::fsutil;
 use anyhow::{Context, Result};
+use metadata::{MetadataCache, MetadataFile, MAX_COMMITMETA, MAX_CONFIG, MAX_REF};
 use oscontent_format::openpgp::VerifiedSig;
 use oscontent_format::{
     self as format, build_summary, Checksum, Commit, DeltaName, ObjectKind, ObjectName,
@@ -20,11 +23,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::SystemTime;
 
-/// Refs, config, summary.sig and commitmeta are small; anything larger is
-/// refused rather than read into memory.
+/// Signature bundle files and delta superblocks read whole; anything
+/// larger is refused rather than read into memory. What the HTTP surface
+/// serves whole has tighter caps, by kind (`metadata.rs`).
 pub const MAX_METADATA_FILE: u64 = 64 << 20;
-/// A ref file holds a checksum and a newline.
-const MAX_REF_FILE: u64 = 4096;
 /// An overlay file that, when present, is the summary served (with
 /// `summary.sig` next to it), instead of a generated one.
 pub const PINNED_SUMMARY: &str = "summary";
@@ -85,6 +87,7 @@ pub struct Generation {
     pub signatures: SignatureReport,
     summary: Mutex<Option<SummaryCache>>,
     commits: Mutex<BTreeMap<Checksum, Commit>>,
+    metadata: MetadataCache,
 }
 
 /// What publication did with signatures (`crate::signing::apply`), kept
@@ -129,6 +132,7 @@ impl Generation {
             signatures: Default::default(),
             summary: Mutex::new(None),
             commits: Mutex::new(BTreeMap::new()),
+            metadata: MetadataCache::default(),
         }
     }
 
@@ -221,12 +225,24 @@ impl Generation {
     /// one. This is what `summary.sig` must sign.
     pub fn served_summary(&self) -> Result<bytes::Bytes> {
         if let Some(Resolved::File { root, rel, .. }) = self.source_summary()? {
-            let (b, _) = fsutil::read_file(&root, &rel, format::summary::MAX_SUMMARY_SIZE as u64)
-                .with_context(|| format!("reading {}/{rel}", root.display()))?
+            let cap = format::summary::MAX_SUMMARY_SIZE as u64;
+            let f = self
+                .read_metadata(&root, &rel, cap)?
                 .with_context(|| format!("{}/{rel} vanished", root.display()))?;
-            return Ok(b.into());
+            return Ok(f.bytes);
         }
         Ok(self.generated_summary()?.bytes)
+    }
+
+    /// A metadata file served whole (`metadata::cap` gives its cap), read
+    /// and hashed once per version of the file for this generation.
+    pub fn read_metadata(
+        &self,
+        root: &Path,
+        rel: &str,
+        cap: u64,
+    ) -> Result<Option<MetadataFile>, metadata::MetadataError> {
+        self.metadata.read(root, rel, cap)
     }
 
     /// The exact bytes of a commit object, checked to hash to its name:
@@ -254,7 +270,7 @@ impl Generation {
     pub fn source_commitmeta(&self, c: &Checksum) -> Result<Option<Vec<u8>>> {
         let rel = ObjectName::new(*c, ObjectKind::CommitMeta).path();
         for root in &self.sources {
-            if let Some((b, _)) = fsutil::read_file(root, &rel, MAX_METADATA_FILE)
+            if let Some((b, _)) = fsutil::read_file(root, &rel, MAX_COMMITMETA)
                 .with_context(|| format!("reading {}/{rel}", root.display()))?
             {
                 return Ok(Some(b));
@@ -266,7 +282,7 @@ impl Generation {
     /// A commit's detached metadata as served (overlay first).
     pub fn served_commitmeta(&self, c: &Checksum) -> Result<Option<Vec<u8>>> {
         let rel = ObjectName::new(*c, ObjectKind::CommitMeta).path();
-        if let Some((b, _)) = fsutil::read_file(&self.overlay, &rel, MAX_METADATA_FILE)
+        if let Some((b, _)) = fsutil::read_file(&self.overlay, &rel, MAX_COMMITMETA)
             .with_context(|| format!("reading {}/{rel}", self.overlay.display()))?
         {
             return Ok(Some(b));
@@ -385,7 +401,7 @@ impl Generation {
     /// `core.collection-id` of the served config (source, else overlay).
     fn collection_id(&self) -> Result<Option<String>> {
         for root in self.all_roots() {
-            if let Some((cfg, _)) = fsutil::read_file(root, "config", MAX_METADATA_FILE)? {
+            if let Some((cfg, _)) = fsutil::read_file(root, "config", MAX_CONFIG)? {
                 // An unreadable config, like an invalid ID, advertises none.
                 let cid = format::RepoConfig::parse(&cfg).map(|c| c.collection_id);
                 return Ok(cid
@@ -531,7 +547,7 @@ fn read_ref(root: &Path, ns: RefNamespace, name: &str) -> Option<FoundRef> {
         return None;
     }
     let rel = format!("{}/{name}", ns.dir());
-    let bytes = match fsutil::read_file(root, &rel, MAX_REF_FILE) {
+    let bytes = match fsutil::read_file(root, &rel, MAX_REF) {
         Ok(Some((b, _))) => b,
         Ok(None) => return None,
         Err(e) => {

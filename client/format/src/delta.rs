@@ -116,20 +116,42 @@ impl Superblock {
                 size: size(f.child_value(2)),
             });
         }
-        Ok(Self {
+        let sb = Self {
             from,
             to,
             commit,
             parts,
             fallbacks,
-        })
+        };
+        if sb.total_size().is_none() || sb.total_uncompressed_size().is_none() {
+            return Err(err("part and fallback sizes overflow 64 bits"));
+        }
+        Ok(sb)
     }
 
-    /// Bytes to download for the whole delta (parts and fallbacks).
-    pub fn total_size(&self) -> u64 {
-        self.parts.iter().map(|p| p.size).sum::<u64>()
-            + self.fallbacks.iter().map(|f| f.size).sum::<u64>()
+    /// Bytes to download for the whole delta (parts and fallbacks);
+    /// `None` when the sizes a remote declared overflow a u64 (which
+    /// [`Superblock::parse`] refuses, so only a hand-built value has it).
+    pub fn total_size(&self) -> Option<u64> {
+        checked_sum(
+            self.parts
+                .iter()
+                .map(|p| p.size)
+                .chain(self.fallbacks.iter().map(|f| f.size)),
+        )
     }
+
+    /// Bytes the parts unpack to (what applying them can write at most,
+    /// besides the fallbacks fetched loose); `None` on overflow.
+    pub fn total_uncompressed_size(&self) -> Option<u64> {
+        checked_sum(self.parts.iter().map(|p| p.uncompressed_size))
+    }
+}
+
+/// The sum, or `None` if it does not fit: sizes come from the remote, so a
+/// wrapped sum would turn a huge delta into a small one.
+fn checked_sum(sizes: impl IntoIterator<Item = u64>) -> Option<u64> {
+    sizes.into_iter().try_fold(0u64, u64::checked_add)
 }
 
 /// Whether fetching the delta costs fewer bytes than fetching loose the
@@ -154,7 +176,8 @@ pub fn delta_is_smaller(sb: &Superblock, is_missing: impl Fn(u8, &Checksum) -> b
             loose_estimate += f.size as f64;
         }
     }
-    (sb.total_size() as f64) <= loose_estimate
+    sb.total_size()
+        .is_some_and(|total| (total as f64) <= loose_estimate)
 }
 
 #[cfg(test)]
@@ -200,6 +223,90 @@ mod tests {
             let s = sb(parts);
             let got = delta_is_smaller(&s, |_, c| !present.contains(&c.as_bytes()[0]));
             assert_eq!(got, *want, "parts {parts:?} present {present:?}");
+        }
+    }
+
+    #[test]
+    fn total_sizes_are_checked() {
+        // (part sizes, fallback sizes, want total_size)
+        type Case<'a> = (&'a [u64], &'a [u64], Option<u64>);
+        let cases: &[Case] = &[
+            (&[], &[], Some(0)),
+            (&[1, 2], &[3], Some(6)),
+            (&[u64::MAX], &[], Some(u64::MAX)),
+            (&[u64::MAX, 1], &[], None),
+            (&[u64::MAX / 2 + 1], &[u64::MAX / 2 + 1], None),
+            (&[1], &[u64::MAX], None),
+        ];
+        for (parts, fallbacks, want) in cases {
+            let mut s = sb(&[]);
+            s.parts = parts
+                .iter()
+                .map(|&size| DeltaPart {
+                    checksum: Checksum::from([0; 32]),
+                    size,
+                    uncompressed_size: size,
+                    objects: vec![],
+                })
+                .collect();
+            s.fallbacks = fallbacks
+                .iter()
+                .map(|&size| DeltaFallback {
+                    objtype: 1,
+                    checksum: Checksum::from([0; 32]),
+                    size,
+                })
+                .collect();
+            assert_eq!(
+                s.total_size(),
+                *want,
+                "parts {parts:?} fallbacks {fallbacks:?}"
+            );
+            if s.total_size().is_none() {
+                // A delta whose size overflows is never the cheaper choice.
+                assert!(!delta_is_smaller(&s, |_, _| true));
+            }
+        }
+        let mut s = sb(&[(u64::MAX / 2, 1), (u64::MAX / 2, 1)]);
+        assert_eq!(s.total_uncompressed_size(), None);
+        s.parts[0].uncompressed_size = 1;
+        assert!(s.total_uncompressed_size().is_some());
+    }
+
+    /// A superblock (GVariant text) with parts of these download sizes.
+    fn superblock_bytes(sizes: &[u64]) -> Vec<u8> {
+        let zeros = format!("[{}]", vec!["0"; 32].join(", "));
+        let parts: Vec<String> = sizes
+            .iter()
+            .map(|s| format!("(uint32 0, @ay {zeros}, uint64 {s}, uint64 1, @ay [])"))
+            .collect();
+        let text = format!(
+            "(@a{{sv}} {{}}, uint64 0, @ay [], @ay {zeros}, \
+             (@a{{sv}} {{}}, @ay [], @a(say) [], '', '', uint64 0, @ay {zeros}, @ay {zeros}), \
+             @ay [], @a(uayttay) [{}], @a(yaytt) [])",
+            parts.join(", ")
+        );
+        let ty = VariantTy::new(SUPERBLOCK_GVARIANT_TYPE).unwrap();
+        Variant::parse(Some(ty), &text).unwrap().data().to_vec()
+    }
+
+    #[test]
+    fn parse_refuses_sizes_that_overflow() {
+        // (part sizes, accepted)
+        let cases: &[(&[u64], bool)] = &[
+            (&[], true),
+            (&[1, 2], true),
+            (&[u64::MAX], true),
+            (&[u64::MAX, 1], false),
+            (&[u64::MAX / 2 + 1, u64::MAX / 2 + 1], false),
+        ];
+        for (sizes, ok) in cases {
+            let got = Superblock::parse(&superblock_bytes(sizes));
+            assert_eq!(got.is_ok(), *ok, "{sizes:?}: {got:?}");
+            if let Ok(sb) = got {
+                assert_eq!(sb.parts.len(), sizes.len());
+                assert!(sb.total_size().is_some());
+            }
         }
     }
 

@@ -16,6 +16,8 @@
 //! - [`commit`]: commit objects.
 //! - [`tree`]: dirtree and dirmeta objects, with size caps and name checks.
 //! - [`content`]: the archive content header (`.filez`).
+//! - [`filez`]: building content objects: the bare content checksum and
+//!   the `.filez` encoder (what the server converts native images with).
 //! - [`summary`]: deterministic summary building and bounded parsing.
 //! - [`delta`]: static delta superblocks.
 //! - [`gpgsigs`]: the `ostree.gpgsigs` container of `.commitmeta` and
@@ -34,6 +36,7 @@ pub mod config;
 pub mod content;
 pub mod delta;
 mod error;
+pub mod filez;
 pub mod gpgsigs;
 pub mod openpgp;
 mod path;

@@ -55,6 +55,19 @@ pub async fn try_delta(
     if !worth_it(ctx, reporter, &name, &sb) {
         return Ok(false);
     }
+    // The parts are downloaded whole, then unpacked: room for both, held
+    // until libostree has applied them.
+    let need = sb
+        .total_size()
+        .zip(sb.total_uncompressed_size())
+        .and_then(|(a, b)| a.checked_add(b))
+        .unwrap_or(u64::MAX);
+    let space = ctx.space.clone();
+    let what = format!("static delta {}", name.summary_name());
+    let _room = tokio::task::spawn_blocking(move || space.reserve(&what, need))
+        .await
+        .map_err(|e| PullError::LocalRepo(anyhow!("space check: {e}")))?
+        .local()?;
     let tmp = download(ctx, &name, &sb_bytes, &sb).await?;
     apply(ctx, tmp.path(), &sb).await?;
     Ok(true)
@@ -124,7 +137,7 @@ fn worth_it(ctx: &Ctx, reporter: &Reporter, name: &DeltaName, sb: &Superblock) -
             "using static delta {} ({} parts, {})",
             name.summary_name(),
             sb.parts.len(),
-            indicatif::HumanBytes(sb.total_size())
+            indicatif::HumanBytes(sb.total_size().unwrap_or(u64::MAX))
         )),
     );
     true

@@ -4,6 +4,7 @@
 //! into a blocking writer through a bounded channel.
 
 use super::error::{PullError, PullResult};
+use super::origin;
 use super::report::Reporter;
 use anyhow::anyhow;
 use bytes::Bytes;
@@ -63,6 +64,10 @@ pub enum FetchError {
     TooLarge { path: String, bytes: u64, max: u64 },
     #[error("{path}: {source:#}")]
     Network { path: String, source: anyhow::Error },
+    /// The server answered with something we refuse to follow (a redirect
+    /// to another origin): asking again would get the same answer.
+    #[error("{path}: {source:#}")]
+    Refused { path: String, source: anyhow::Error },
     /// The consumer refused the bytes (bad checksum, bad format).
     #[error("{0:#}")]
     Corrupt(anyhow::Error),
@@ -100,7 +105,11 @@ pub enum ConsumeError {
 #[derive(Debug)]
 pub struct Fetcher {
     client: reqwest::Client,
+    /// What requests go to; may carry credentials (reqwest turns them
+    /// into a Basic authorization header).
     base: String,
+    /// `base` with any credentials redacted: the only form that is shown.
+    shown: String,
     pub protocol: Protocol,
     permits: Arc<Semaphore>,
     pub counters: Arc<Counters>,
@@ -112,7 +121,7 @@ fn builder() -> reqwest::ClientBuilder {
         .connect_timeout(CONNECT_TIMEOUT)
         .read_timeout(READ_TIMEOUT)
         .tcp_nodelay(true)
-        .redirect(reqwest::redirect::Policy::limited(3))
+        .redirect(origin::redirect_policy())
         .user_agent(concat!("oscontent/", env!("CARGO_PKG_VERSION")))
 }
 
@@ -126,14 +135,16 @@ impl Fetcher {
         reporter: Arc<Reporter>,
     ) -> PullResult<(Self, Bytes)> {
         let base = base.trim_end_matches('/').to_owned();
+        let shown = origin::redact(&base);
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(PullError::Usage(anyhow!(
-                "remote URL {base:?} must start with http:// or https://"
+                "remote URL {shown:?} must start with http:// or https://"
             )));
         }
         let make = |client, protocol| Self {
             client,
             base: base.clone(),
+            shown: shown.clone(),
             protocol,
             permits: Arc::new(Semaphore::new(concurrency.max(1))),
             counters: Arc::new(Counters::default()),
@@ -178,7 +189,7 @@ impl Fetcher {
             .await
             .map_err(FetchError::into_pull)?
             .ok_or_else(|| {
-                PullError::Network(anyhow!("{base}/config: not found: not an ostree remote"))
+                PullError::Network(anyhow!("{shown}/config: not found: not an ostree remote"))
             })?;
         Ok((f, config))
     }
@@ -187,17 +198,23 @@ impl Fetcher {
         if status == 404 {
             return Err(PullError::Network(anyhow!(
                 "{}/config: not found: not an ostree remote",
-                self.base
+                self.shown
             )));
         }
         self.get_bytes("config", MAX_CONFIG_SIZE)
             .await
             .map_err(FetchError::into_pull)?
-            .ok_or_else(|| PullError::Network(anyhow!("{}/config: not found", self.base)))
+            .ok_or_else(|| PullError::Network(anyhow!("{}/config: not found", self.shown)))
     }
 
+    /// The URL of `path`, for messages: credentials redacted.
     pub fn url(&self, path: &str) -> String {
-        format!("{}/{path}", self.base)
+        format!("{}/{path}", self.shown)
+    }
+
+    /// The remote's base URL, for messages: credentials redacted.
+    pub fn shown_base(&self) -> &str {
+        &self.shown
     }
 
     /// Runs `attempt` as often as [`RetryPolicy::DEFAULT`] allows, sleeping
@@ -228,15 +245,25 @@ impl Fetcher {
     }
 
     async fn send(&self, path: &str) -> Result<Option<reqwest::Response>, FetchError> {
-        let resp =
-            self.client
-                .get(self.url(path))
-                .send()
-                .await
-                .map_err(|e| FetchError::Network {
-                    path: path.to_owned(),
-                    source: e.into(),
-                })?;
+        let resp = self
+            .client
+            .get(format!("{}/{path}", self.base))
+            .send()
+            .await
+            .map_err(|e| {
+                let path = path.to_owned();
+                if e.is_redirect() {
+                    FetchError::Refused {
+                        path,
+                        source: e.without_url().into(),
+                    }
+                } else {
+                    FetchError::Network {
+                        path,
+                        source: e.without_url().into(),
+                    }
+                }
+            })?;
         match resp.status().as_u16() {
             200 => Ok(Some(resp)),
             404 => Ok(None),

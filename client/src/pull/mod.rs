@@ -24,11 +24,14 @@ pub mod delta;
 pub mod error;
 pub mod fetch;
 mod finish;
+pub mod inflate;
 mod objects;
 pub mod options;
+pub mod origin;
 pub mod policy;
 mod remote;
 pub mod report;
+pub mod space;
 pub mod store;
 mod target;
 pub mod verify;
@@ -90,8 +93,30 @@ pub fn pull(opts: &PullOptions, reporter: Arc<Reporter>) -> PullResult<()> {
         reporter: reporter.clone(),
     };
     let r = rt.block_on(pull_async(req));
+    // Writer threads still streaming when the deadline struck end as their
+    // bodies close; none of them can link an object that did not verify.
+    rt.shutdown_timeout(SHUTDOWN_GRACE);
     reporter.finish();
     r
+}
+
+/// How long a pull that failed waits for its writer threads to stop.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Runs `work` within `limit` (`--timeout`); past it, a network failure
+/// that says which deadline struck.
+async fn within<T>(
+    limit: std::time::Duration,
+    what: &str,
+    work: impl std::future::Future<Output = PullResult<T>>,
+) -> PullResult<T> {
+    tokio::time::timeout(limit, work).await.map_err(|_| {
+        PullError::Network(anyhow!(
+            "{what} did not finish within --timeout {}s: the server is too slow, or stalls \
+             on purpose; nothing was moved",
+            limit.as_secs_f64()
+        ))
+    })?
 }
 
 /// What the command line cannot check by itself.
@@ -115,6 +140,16 @@ fn check_usage(opts: &PullOptions) -> PullResult<()> {
 /// ends, before the caller finishes its report.
 async fn pull_async(req: PullRequest<'_>) -> PullResult<()> {
     let req = &req;
+    // The deadline covers everything the remote can slow down; the barrier
+    // and the ref move are local, and are not cut off half-way.
+    let (ctx, target, written) = within(req.opts.timeout, "the pull", fetch_all(req)).await?;
+    finish::finish(req, &ctx, &target, &written).await
+}
+
+/// Steps 1 to 4: everything that talks to the remote.
+async fn fetch_all(
+    req: &PullRequest<'_>,
+) -> PullResult<(Arc<Ctx>, target::Target, objects::Written)> {
     let fetcher = connect(req).await?;
     let opts = req.opts;
     let view = remote::resolve_target(
@@ -128,7 +163,7 @@ async fn pull_async(req: PullRequest<'_>) -> PullResult<()> {
     let ctx = object_context(req, fetcher)?;
     let target = target::verify_target(req, &ctx, &view, current).await?;
     let written = objects::write_objects(req, &ctx, &view, &target).await?;
-    finish::finish(req, &ctx, &target, &written).await
+    Ok((ctx, target, written))
 }
 
 /// Connects to the remote, checks that it is an archive repo, and reports
@@ -143,7 +178,7 @@ async fn connect(req: &PullRequest<'_>) -> PullResult<Arc<Fetcher>> {
     reporter.event(
         "start",
         json!({
-            "repo": opts.repo, "url": url, "remote": remote, "ref": opts.ref_name,
+            "repo": opts.repo, "url": fetcher.shown_base(), "remote": remote, "ref": opts.ref_name,
             "protocol": fetcher.protocol.as_str(), "io_mode": opts.io_mode.as_str(),
             "io_latency_target_ms": opts.io_latency_target.as_secs_f64() * 1e3,
             "concurrency": opts.concurrency, "verify": trust.commits,
@@ -185,6 +220,11 @@ fn object_context(req: &PullRequest<'_>, fetcher: Arc<Fetcher>) -> PullResult<Ar
             )),
         );
     }
+    let space = space::SpaceGuard::new(
+        req.store.dir().local()?,
+        req.store.path.display().to_string(),
+        req.store.min_free().local()?,
+    );
     Ok(Arc::new(Ctx::new(
         fetcher,
         req.store.clone(),
@@ -192,6 +232,7 @@ fn object_context(req: &PullRequest<'_>, fetcher: Arc<Fetcher>) -> PullResult<Ar
         progress,
         req.opts.concurrency,
         suspect_since,
+        Arc::new(space),
     )))
 }
 
@@ -202,6 +243,7 @@ pub struct VerifyOptions {
     pub ref_name: String,
     pub commit: Option<Checksum>,
     pub trusted_keys: PathBuf,
+    pub timeout: std::time::Duration,
     pub http1_only: bool,
 }
 
@@ -227,14 +269,14 @@ pub fn verify(opts: &VerifyOptions, reporter: Arc<Reporter>) -> PullResult<Verif
     validate_ref(&opts.ref_name).usage()?;
     let keyring = Keyring::load(&opts.trusted_keys)?;
     let rt = runtime(2)?;
-    rt.block_on(async {
+    let r = rt.block_on(within(opts.timeout, "verify", async {
         let (fetcher, config) = Fetcher::connect(&opts.url, 2, opts.http1_only, reporter).await?;
         check_config(&config)?;
         let summary = fetcher
             .get_bytes("summary", MAX_SUMMARY_SIZE)
             .await
             .map_err(FetchError::into_pull)?
-            .ok_or_else(|| PullError::Network(anyhow!("{}: not found", fetcher.url("summary"))))?;
+            .ok_or_else(|| remote::no_summary(&fetcher.url("summary")))?;
         let sig = fetcher
             .get_bytes("summary.sig", MAX_DETACHED_METADATA_SIZE)
             .await
@@ -276,7 +318,7 @@ pub fn verify(opts: &VerifyOptions, reporter: Arc<Reporter>) -> PullResult<Verif
         )?;
         verify::check_binding(&commit, &opts.ref_name)?;
         Ok(VerifyReport {
-            url: opts.url.clone(),
+            url: fetcher.shown_base().to_owned(),
             ref_name: opts.ref_name.clone(),
             commit: target.to_hex(),
             summary_commit: summary_commit.map(|c| c.to_hex()),
@@ -286,5 +328,7 @@ pub fn verify(opts: &VerifyOptions, reporter: Arc<Reporter>) -> PullResult<Verif
             commit_signature: verify::describe(&csig),
             ref_binding: commit.ref_binding(),
         })
-    })
+    }));
+    rt.shutdown_timeout(SHUTDOWN_GRACE);
+    r
 }

@@ -36,7 +36,7 @@ pub async fn write_objects(
     if complete {
         if let Some(m) = &target.meta {
             // Signatures may have been added since.
-            req.store.write_commitmeta(&target.checksum, m).local()?;
+            write_commitmeta(req, ctx, target, m)?;
         }
         return Ok(Written {
             complete,
@@ -63,9 +63,19 @@ async fn write_commit(req: &PullRequest<'_>, ctx: &Ctx, target: &Target) -> Pull
         .await?;
     }
     if let Some(m) = &target.meta {
-        req.store.write_commitmeta(&target.checksum, m).local()?;
+        write_commitmeta(req, ctx, target, m)?;
     }
     Ok(())
+}
+
+/// The target's detached metadata, as fetched, within the free-space
+/// reserve like every other write.
+fn write_commitmeta(req: &PullRequest<'_>, ctx: &Ctx, target: &Target, m: &[u8]) -> PullResult<()> {
+    let _room = ctx
+        .space
+        .reserve(&format!("commitmeta {}", target.checksum), m.len() as u64)
+        .local()?;
+    req.store.write_commitmeta(&target.checksum, m).local()
 }
 
 /// Runs [`delta_then_walk`] with progress reported as it goes, and once

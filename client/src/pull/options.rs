@@ -32,6 +32,8 @@ pub struct PullOptions {
     pub io_mode: IoMode,
     pub io_latency_target: Duration,
     pub concurrency: usize,
+    /// Fetching (everything before the barrier) must end within this.
+    pub timeout: Duration,
     pub http1_only: bool,
     pub output: Output,
 }
@@ -61,6 +63,9 @@ pub struct Remote {
     /// `Some` for `--remote`: the ref is then written as `NAME:REF`.
     pub name: Option<String>,
     pub trust: Trust,
+    /// The collection the remote is configured with (`collection-id` of
+    /// a configured remote), which bound commits must name.
+    pub collection_id: Option<String>,
 }
 
 /// A pull whose repo, remote and I/O governor are ready: what every step

@@ -37,15 +37,18 @@ pub fn resolve_source(opts: &PullOptions, store: &Store) -> PullResult<Remote> {
                     commits: on,
                     summary: on,
                 },
+                collection_id: None,
             })
         }
         Source::Remote(name) => {
             let url = store.remote_url(name).usage()?;
             let trust = remote_trust(store, name, explicit)?;
+            let collection_id = store.remote_option(name, "collection-id").usage()?;
             Ok(Remote {
                 url,
                 name: Some(name.clone()),
                 trust,
+                collection_id: collection_id.filter(|c| !c.is_empty()),
             })
         }
     }
@@ -156,6 +159,12 @@ async fn fetch_summary(
         .get_bytes("summary", MAX_SUMMARY_SIZE)
         .await
         .map_err(FetchError::into_pull)?;
+    // Hiding the summary must not switch its verification off: stock
+    // ostree refuses the same way ("GPG verification enabled, but no
+    // summary found").
+    if summary_bytes.is_none() && trust.summary {
+        return Err(no_summary(&fetcher.url("summary")));
+    }
     // The signature first: bytes a hostile server made up are reported as
     // what they are (a summary that does not verify), not as a server that
     // cannot write GVariant, and are never parsed.
@@ -175,6 +184,15 @@ async fn fetch_summary(
         .with_context(|| format!("parsing {}", fetcher.url("summary")))
         .net()?;
     Ok((summary, summary_sig))
+}
+
+/// A missing summary where its signature is required: a verification
+/// failure, never a reason to go on unverified.
+pub fn no_summary(url: &str) -> PullError {
+    PullError::Verification(anyhow!(
+        "{url}: no summary found, but summary verification is enabled \
+         (gpg-verify-summary or --trusted-keys); refusing to go on without it"
+    ))
 }
 
 /// The target from `refs/heads/REF`, for a ref the summary does not list.

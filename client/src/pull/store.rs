@@ -7,6 +7,8 @@
 //! is the governor's job and the final barrier's (see ARCHITECTURE.md).
 
 use super::fetch::{BodyReader, ConsumeError};
+use super::inflate::ExactInflate;
+use super::space::{MinFree, SpaceGuard};
 use anyhow::{anyhow, Context, Result};
 use oscontent_format::content::{header_len, ArchiveHeader, HEADER_PREFIX_LEN};
 use oscontent_format::{Checksum, ObjectKind};
@@ -17,6 +19,7 @@ use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 #[derive(Debug, Clone)]
@@ -148,16 +151,31 @@ impl Store {
             .with_context(|| format!("writing detached metadata of {c}"))
     }
 
+    /// The free-space reserve this repo's config asks for.
+    pub fn min_free(&self) -> Result<MinFree> {
+        let kf = self.repo.copy_config();
+        let get = |key: &str| kf.string("core", key).ok().map(|v| v.to_string());
+        MinFree::parse(
+            get("min-free-space-size").as_deref(),
+            get("min-free-space-percent").as_deref(),
+        )
+        .with_context(|| format!("the config of {}", self.path.display()))
+    }
+
     /// Streams an archive content object (`.filez`: header, then raw
     /// deflate) into the repo: the untrusted header is parsed and bounded
-    /// here, the bytes are inflated on the fly, and libostree hashes the
-    /// uncompressed stream as it writes it in this repo's mode; a mismatch
-    /// with `c` fails before the object is linked into `objects/`.
+    /// here (by [`MAX_CONTENT_SIZE`], by `max_size` from the commit's
+    /// `ostree.sizes`, and by the free space `space` keeps), the bytes are
+    /// inflated on the fly to exactly the declared size, and libostree
+    /// hashes the uncompressed stream as it writes it in this repo's mode;
+    /// a mismatch with `c` fails before the object is linked into
+    /// `objects/`.
     pub fn write_content(
         &self,
         c: &Checksum,
         mut body: BodyReader,
-        _len: u64,
+        space: &Arc<SpaceGuard>,
+        max_size: Option<u64>,
     ) -> Result<(), ConsumeError> {
         let mut prefix = [0u8; HEADER_PREFIX_LEN];
         body.read_exact(&mut prefix)
@@ -175,13 +193,29 @@ impl Store {
                 header.size
             )));
         }
+        if let Some(max) = max_size.filter(|m| header.size > *m) {
+            return Err(ConsumeError::Corrupt(anyhow!(
+                "content object {c}: declares {} bytes, but its commit's ostree.sizes says {max}",
+                header.size
+            )));
+        }
         let len = header.content_stream_len();
-        let stream = std::io::Cursor::new(header.content_stream_prefix())
-            .chain(flate2::read::DeflateDecoder::new(body).take(header.size));
+        let _room = space
+            .reserve(&format!("content object {c}"), len)
+            .map_err(ConsumeError::Local)?;
+        let mut inflate = ExactInflate::new(std::io::BufReader::new(body), header.size);
+        inflate
+            .check_empty()
+            .map_err(|e| ConsumeError::Corrupt(anyhow!("content object {c}: {e}")))?;
+        let refusal = inflate.refusal();
+        let stream = std::io::Cursor::new(header.content_stream_prefix()).chain(inflate);
         let input = gio::ReadInputStream::new(stream);
         self.repo
             .write_content(Some(&c.to_hex()), &input, len, no_cancel())
-            .map_err(|e| classify(e, &format!("writing content object {c}")))?;
+            .map_err(|e| match refusal.get() {
+                Some(why) => ConsumeError::Corrupt(anyhow!("content object {c}: {why}")),
+                None => classify(e, &format!("writing content object {c}")),
+            })?;
         Ok(())
     }
 

@@ -67,7 +67,14 @@ pub fn verify_commit(
         Some(b) => parse_gpgsigs(b)
             .with_context(|| format!("detached metadata of {what}"))
             .verification()?,
-        None => Vec::new(),
+        // Said plainly: a hidden `.commitmeta` must read as the missing
+        // signature it is, not as a key problem.
+        None => {
+            return Err(PullError::Verification(anyhow!(
+                "{what} has no detached metadata (no .commitmeta, so no signature), and \
+                 signatures are required"
+            )))
+        }
     };
     openpgp::verify_detached(&keyring.certs, commit_bytes, &sigs, SystemTime::now())
         .map_err(|e| PullError::Verification(anyhow!("signature of {what}: {e}")))
@@ -91,6 +98,32 @@ pub fn verify_summary(
         .map_err(|e| PullError::Verification(anyhow!("summary signature: {e}")))
 }
 
+/// Stock ostree's rule for collections: a commit bound to a collection
+/// (`ostree.collection-binding`) is pulled only from a remote of that
+/// collection. Checked when both are known.
+pub fn check_collection(commit: &Commit, remote: Option<&str>) -> PullResult<()> {
+    let bound = commit.collection_binding();
+    match collection_mismatch(bound.as_deref(), remote) {
+        Some(why) => Err(PullError::Verification(anyhow!(
+            "commit {}: {why}",
+            commit.checksum
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Why a commit bound to `bound` may not come from a remote of collection
+/// `remote`, if it may not.
+pub fn collection_mismatch(bound: Option<&str>, remote: Option<&str>) -> Option<String> {
+    match (bound, remote) {
+        (Some(b), Some(r)) if b != r => Some(format!(
+            "bound to collection {b:?} (ostree.collection-binding), but the remote's \
+             collection is {r:?}"
+        )),
+        _ => None,
+    }
+}
+
 /// Stock ostree's rule: a commit that carries `ostree.ref-binding` may be
 /// pulled only under one of the refs it names.
 pub fn check_binding(commit: &Commit, ref_name: &str) -> PullResult<()> {
@@ -103,5 +136,31 @@ pub fn check_binding(commit: &Commit, ref_name: &str) -> PullResult<()> {
             )))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collection_bindings() {
+        // (commit's binding, remote's collection, refused)
+        let cases = [
+            (None, None, false),
+            (Some("org.example.Os"), None, false),
+            (None, Some("org.example.Os"), false),
+            (Some("org.example.Os"), Some("org.example.Os"), false),
+            (Some("org.example.Os"), Some("org.example.Other"), true),
+            (Some("org.example.Os"), Some("org.example.os"), true),
+            (Some(""), Some("org.example.Os"), true),
+        ];
+        for (bound, remote, refused) in cases {
+            let got = collection_mismatch(bound, remote);
+            assert_eq!(got.is_some(), refused, "{bound:?} from {remote:?}: {got:?}");
+            if let Some(why) = got {
+                assert!(why.contains(remote.unwrap()), "{why}");
+            }
+        }
     }
 }

@@ -13,14 +13,15 @@
 use super::error::{PullError, PullResult, Tag};
 use super::fetch::{ConsumeError, FetchError, Fetcher};
 use super::report::Progress;
+use super::space::SpaceGuard;
 use super::store::{Store, MAX_CONTENT_SIZE};
 use crate::governor::Governor;
 use anyhow::anyhow;
 use oscontent_format::tree::{MAX_DIRMETA_SIZE, MAX_DIRTREE_SIZE};
 use oscontent_format::{check_dirmeta, parse_dirtree, Checksum, DirTree, ObjectKind, ObjectName};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -38,6 +39,11 @@ pub struct Ctx {
     /// Present objects changed since then are checked before they are
     /// trusted (None: no pull was interrupted).
     pub suspect_since: Option<SystemTime>,
+    /// Keeps the repo's free-space reserve for every write of the pull.
+    pub space: Arc<SpaceGuard>,
+    /// Content sizes the target commit declares (`ostree.sizes`), set once
+    /// the commit is verified; a `.filez` may not declare more.
+    content_sizes: OnceLock<HashMap<Checksum, u64>>,
 }
 
 impl Ctx {
@@ -48,6 +54,7 @@ impl Ctx {
         progress: Arc<Progress>,
         concurrency: usize,
         suspect_since: Option<SystemTime>,
+        space: Arc<SpaceGuard>,
     ) -> Self {
         Self {
             fetcher,
@@ -56,7 +63,20 @@ impl Ctx {
             progress,
             concurrency: concurrency.max(1),
             suspect_since,
+            space,
+            content_sizes: OnceLock::new(),
         }
+    }
+
+    /// Records the verified target commit's content sizes (only the first
+    /// call counts: one pull, one target).
+    pub fn set_content_sizes(&self, sizes: HashMap<Checksum, u64>) {
+        let _ = self.content_sizes.set(sizes);
+    }
+
+    /// The size the target commit declares for content object `c`.
+    pub fn content_size(&self, c: &Checksum) -> Option<u64> {
+        self.content_sizes.get().and_then(|m| m.get(c).copied())
     }
 
     /// A handle on the repo for one task (libostree repos are used from
@@ -144,7 +164,9 @@ pub async fn write_metadata(
 ) -> PullResult<()> {
     let store = ctx.store();
     let governor = ctx.governor.clone();
+    let space = ctx.space.clone();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let _room = space.reserve(&format!("{} {c}", kind.extension()), bytes.len() as u64)?;
         store.write_metadata(kind, &c, &bytes, ty)?;
         governor.after_write(store.open_object(kind, &c)?)?;
         Ok(())
@@ -223,10 +245,12 @@ async fn content_job(ctx: Arc<Ctx>, c: Checksum) -> PullResult<()> {
     let path = ObjectName::new(c, ObjectKind::File).path();
     let store = ctx.store();
     let governor = ctx.governor.clone();
+    let space = ctx.space.clone();
+    let max_size = ctx.content_size(&c);
     let written = ctx
         .fetcher
-        .get_streamed(&path, MAX_CONTENT_SIZE, move |body, len| {
-            store.write_content(&c, body, len)?;
+        .get_streamed(&path, MAX_CONTENT_SIZE, move |body, _len| {
+            store.write_content(&c, body, &space, max_size)?;
             let f = store
                 .open_object(ObjectKind::File, &c)
                 .map_err(ConsumeError::Local)?;

@@ -1,6 +1,7 @@
 //! The arguments of `serve` (and the source and registry arguments `sign`
 //! and `mirror` share).
 
+use crate::listen::limits::Limits;
 use crate::publish::Source;
 use crate::signing::{self, SignatureOptions};
 use crate::source::{FetchOptions, ImageRef, Platform};
@@ -120,6 +121,12 @@ pub struct RegistryArgs {
     /// from one second up to this).
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
     pub max_backoff: u64,
+    /// An ostree-native image with derived layers (added after
+    /// `ostree.final-diffid`, e.g. by a Containerfile) is refused, because
+    /// its commit is not what the image runs. With this flag, serve that
+    /// base commit anyway (the derived layers are not fetched).
+    #[arg(long)]
+    pub serve_base_commit: bool,
 }
 
 #[derive(Debug, Args)]
@@ -169,6 +176,66 @@ pub struct ServeArgs {
     pub shutdown_timeout: u64,
     #[command(flatten)]
     pub signing: SignatureArgs,
+    #[command(flatten)]
+    pub connections: ConnectionArgs,
+}
+
+/// Connection caps and timeouts of the HTTP listener. The defaults keep a
+/// pod within its 512 MiB limit under abuse (README, "Abusive clients").
+#[derive(Debug, Args)]
+pub struct ConnectionArgs {
+    /// Connections served at once; more are refused at accept (lowered at
+    /// start to what the open-file limit allows).
+    #[arg(long, default_value_t = 4096, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+    /// Connections served at once from one client address.
+    #[arg(long, default_value_t = 64, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections_per_ip: u32,
+    /// Connections accepted past --max-connections that answer only
+    /// /healthz, /readyz and /metrics, one request each (two per client
+    /// address, 1 s to send it), so probes still pass while the cap is full.
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    pub probe_reserve: u32,
+    /// Close a connection that sends nothing for this long after it opens.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub first_byte_timeout: u64,
+    /// An HTTP/1.1 request head must arrive whole within this; it also
+    /// bounds how long a keep-alive connection waits for its next request.
+    #[arg(long, default_value_t = 20, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout: u64,
+    /// Close a connection on which nothing moved either way for this long
+    /// (idle HTTP/2 connections, clients that stopped reading).
+    #[arg(long, default_value_t = 60, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout: u64,
+    /// HTTP/2 keepalive PING interval; a peer that does not answer within
+    /// as long again is dropped.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub h2_keepalive: u64,
+    /// HTTP/2 streams one connection may have open at once.
+    #[arg(long, default_value_t = 16, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub h2_max_streams: u32,
+    /// Response bytes buffered per HTTP/2 stream for a client that does not
+    /// read.
+    #[arg(long, default_value_t = 32 * 1024, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1024..))]
+    pub h2_send_buffer: u32,
+}
+
+impl ConnectionArgs {
+    pub fn limits(&self) -> Limits {
+        use std::time::Duration;
+        Limits {
+            max_connections: self.max_connections as usize,
+            max_per_ip: self.max_connections_per_ip as usize,
+            probe_reserve: self.probe_reserve as usize,
+            probe_reserve_per_ip: 2,
+            first_byte_timeout: Duration::from_secs(self.first_byte_timeout),
+            header_read_timeout: Duration::from_secs(self.header_read_timeout),
+            idle_timeout: Duration::from_secs(self.idle_timeout),
+            h2_keepalive: Duration::from_secs(self.h2_keepalive),
+            h2_max_streams: self.h2_max_streams,
+            h2_send_buffer: self.h2_send_buffer as usize,
+        }
+    }
 }
 
 impl SourceArgs {
@@ -190,6 +257,7 @@ impl RegistryArgs {
             ca_files: self.ca_files.clone(),
             insecure_registries: self.insecure_registries.clone(),
             registries_conf: self.registries_conf.clone(),
+            serve_base_commit: self.serve_base_commit,
             ..FetchOptions::default()
         }
     }

@@ -56,7 +56,7 @@ pub fn sync_image(
         let commit: Checksum = staged
             .commit
             .parse()
-            .with_context(|| format!("image {image}: label {}", source::COMMIT_LABEL))?;
+            .with_context(|| format!("image {image}: its commit label"))?;
         let release = Release {
             image: image.to_string(),
             repo: staged.root.join(publish::OSCONTAINER_REPO),

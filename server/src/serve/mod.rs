@@ -59,7 +59,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
         },
         sink.clone(),
         access_log,
-    );
+    )?;
+    let limits = listener_limits(&args)?;
     let publisher = start_publishing(&args, &sink, &signals).await?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -70,7 +71,24 @@ async fn serve(args: ServeArgs) -> Result<()> {
     std::io::stdout().flush().ok();
     tracing::info!(%addr, "serving");
     let timeout = Duration::from_secs(args.shutdown_timeout);
-    serve_until_stopped(listener, state, signals, publisher, timeout).await
+    serve_until_stopped(listener, state, limits, signals, publisher, timeout).await
+}
+
+/// The listener's caps, within the open-file limit (raised first to the
+/// hard limit: the usual soft 1,024 is what a few hundred stuck clients
+/// exhausted).
+fn listener_limits(args: &ServeArgs) -> Result<crate::listen::limits::Limits> {
+    use crate::listen::limits;
+    let nofile = limits::raise_nofile().context("raising RLIMIT_NOFILE")?;
+    let l = limits::fit_to_nofile(args.connections.limits(), nofile);
+    tracing::info!(
+        nofile,
+        max_connections = l.max_connections,
+        per_ip = l.max_per_ip,
+        probe_reserve = l.probe_reserve,
+        "connection limits"
+    );
+    Ok(l)
 }
 
 /// Starts the publisher for the source. Local sources and bundles publish
@@ -193,13 +211,14 @@ fn site_publisher(
 async fn serve_until_stopped(
     listener: tokio::net::TcpListener,
     state: AppState,
+    limits: crate::listen::limits::Limits,
     signals: Signals,
     publisher: JoinHandle<()>,
     timeout: Duration,
 ) -> Result<()> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let drain_state = state.clone();
-    let server = tokio::spawn(crate::run(listener, state, async move {
+    let server = tokio::spawn(crate::run(listener, state, limits, async move {
         let _ = rx.await;
     }));
     signals.stopped().await;
@@ -214,6 +233,9 @@ async fn serve_until_stopped(
             tracing::warn!("in-flight requests still running after {timeout:?}; exiting anyway")
         }
     }
+    // The access log's last lines are still queued for its writer thread,
+    // which exiting would cut off.
+    let _ = tokio::task::spawn_blocking(move || drain_state.sync_access_log()).await;
     Ok(())
 }
 

@@ -126,6 +126,22 @@ pub enum SourceError {
         #[source]
         source: io::Error,
     },
+    /// An ostree object in a native image that is not what its name says,
+    /// or is missing from the commit's closure.
+    #[error("{subject}: ostree object {object}: {reason}")]
+    BadObject {
+        subject: Subject,
+        object: String,
+        reason: String,
+    },
+    /// Layers after `ostree.final-diffid`: what the image runs is not the
+    /// commit it carries.
+    #[error("{subject}: {count} derived layer(s) after the ostree layers (label ostree.final-diffid): the image runs content that is not in its ostree commit {commit}, so serving that commit would not serve what the image runs; pass --serve-base-commit to serve the base commit anyway")]
+    DerivedLayers {
+        subject: Subject,
+        count: usize,
+        commit: String,
+    },
     #[error("{subject}: cancelled")]
     Cancelled { subject: Subject },
     #[error("{subject}: the fetch took longer than {after:?}")]
@@ -172,6 +188,8 @@ impl SourceError {
             | SourceError::NoPlatform { .. }
             | SourceError::Invalid { .. }
             | SourceError::Unsupported { .. }
+            | SourceError::BadObject { .. }
+            | SourceError::DerivedLayers { .. }
             | SourceError::Cancelled { .. } => false,
         }
     }
@@ -195,6 +213,8 @@ impl SourceError {
             | SourceError::Unsupported { subject, .. }
             | SourceError::DiskFull { subject, .. }
             | SourceError::Io { subject, .. }
+            | SourceError::BadObject { subject, .. }
+            | SourceError::DerivedLayers { subject, .. }
             | SourceError::Cancelled { subject }
             | SourceError::TimedOut { subject, .. } => Some(subject),
             SourceError::AllSourcesFailed { last, .. } => last.subject(),

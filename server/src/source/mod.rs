@@ -77,9 +77,11 @@
 //! honoured, as reqwest does by default.
 
 pub mod auth;
+pub mod detect;
 mod error;
 mod layout;
 pub mod mirrors;
+pub mod native;
 pub(crate) mod pipeline;
 mod reference;
 mod registry;
@@ -95,10 +97,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The label naming the ostree commit an oscontainer carries.
-pub const COMMIT_LABEL: &str = "com.coreos.ostree-commit";
+pub use detect::ImageFormat;
+/// The label naming the ostree commit a legacy oscontainer carries (a
+/// native image's is [`detect::NATIVE_COMMIT_LABEL`]).
+pub const COMMIT_LABEL: &str = detect::LEGACY_COMMIT_LABEL;
 /// The label naming the release version (it names the ref).
-pub const VERSION_LABEL: &str = "version";
+pub const VERSION_LABEL: &str = detect::VERSION_LABEL;
 
 /// Name prefix of in-progress (unverified) staging directories.
 pub const STAGING_PREFIX: &str = "staging-";
@@ -207,6 +211,10 @@ pub struct FetchOptions {
     /// Longest a whole fetch may take (all endpoints); `None`: no limit
     /// beyond the per-read timeout and the sizes.
     pub total_timeout: Option<Duration>,
+    /// For an ostree-native image with derived layers (after
+    /// `ostree.final-diffid`): stage its base commit (the derived layers are
+    /// not fetched) instead of refusing the image.
+    pub serve_base_commit: bool,
 }
 
 impl Default for FetchOptions {
@@ -221,6 +229,7 @@ impl Default for FetchOptions {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             read_timeout: DEFAULT_READ_TIMEOUT,
             total_timeout: Some(DEFAULT_TOTAL_TIMEOUT),
+            serve_base_commit: false,
         }
     }
 }
@@ -242,12 +251,16 @@ pub struct StagedImage {
     pub compressed_bytes: u64,
     /// Bytes written into files under `root`.
     pub written_bytes: u64,
-    /// The `com.coreos.ostree-commit` label; its `.commit` object exists
-    /// under `srv/repo` (that it is the repo's commit is for the publisher
-    /// to check).
+    /// The commit label (`com.coreos.ostree-commit`, or `ostree.commit`
+    /// for a native image); its `.commit` object exists under `srv/repo`
+    /// (that it is the repo's commit is for the publisher to check).
     pub commit: String,
-    /// The `version` label.
+    /// The version label (`version`; for a native image
+    /// `org.opencontainers.image.version` first).
     pub version: Option<String>,
+    /// Which layout the image had: a native image's `srv/repo` is the
+    /// archive repo its layers were converted into.
+    pub format: ImageFormat,
 }
 
 impl StagedImage {
@@ -309,6 +322,7 @@ pub fn fetch_blocking(
         Ok(s) => tracing::info!(
             image = name,
             manifest = s.manifest_digest,
+            format = %s.format,
             commit = s.commit,
             compressed_bytes = s.compressed_bytes,
             written_bytes = s.written_bytes,

@@ -2,11 +2,12 @@
 //! manifest (through indexes, by platform), verify and read the config,
 //! stream every layer into the staging tree, check the labels, sync.
 
+use super::detect::{self, Detected, ImageFormat};
 use super::error::{SourceError, Subject};
 use super::reference::{normalize_arch, Platform};
-use super::unpack::{Compression, Tree};
+use super::unpack::{Compression, LayerSink, Tree};
 use super::verify::{self, Stop, VerifyingReader};
-use super::{FetchOptions, StagedImage, COMMIT_LABEL, VERSION_LABEL};
+use super::{native, FetchOptions, StagedImage};
 use oci_spec::image::{Descriptor, ImageConfiguration, ImageIndex, ImageManifest};
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -356,10 +357,17 @@ pub fn pull_into(
     let config = read_config(store, image, m.config(), opts)?;
     // Checked before any layer is fetched: no point streaming an image
     // that will be refused.
-    let commit = commit_label(&config, image)?;
+    let detected =
+        detect::detect(&config.labels).map_err(|p| config.label_err(image, p.label, p.reason))?;
     check_layer_totals(m.layers(), image, &resolved.manifest_digest, opts)?;
-    let layer_bytes = apply_layers(store, image, m.layers(), tree, stop, opts)?;
-    check_commit_present(root, image, &config, &commit)?;
+    let (layer_bytes, written_bytes) = match detected.format {
+        ImageFormat::Legacy => {
+            let n = apply_layers(store, image, m.layers(), tree, stop, opts)?;
+            check_commit_present(root, image, &config, &detected.commit)?;
+            (n, tree.written_bytes)
+        }
+        ImageFormat::Native => stage_native(store, image, m, &config, &detected, root, stop, opts)?,
+    };
     tree.sync().map_err(|e| {
         SourceError::from_io(
             &Subject::new(image, "staging"),
@@ -369,15 +377,55 @@ pub fn pull_into(
     })?;
     Ok(StagedImage {
         root: root.to_path_buf(),
-        version: config.labels.get(VERSION_LABEL).cloned(),
+        version: detected.version,
         labels: config.labels,
         manifest_digest: resolved.manifest_digest,
         index_digest: resolved.index_digest,
         config_digest: config.digest,
         compressed_bytes: config.size + layer_bytes,
-        written_bytes: tree.written_bytes,
-        commit,
+        written_bytes,
+        commit: detected.commit,
+        format: detected.format,
     })
+}
+
+/// A native image: its ostree layers converted into `root/srv/repo` and
+/// the commit's closure checked. Derived layers are refused unless the
+/// base commit is asked for, and then are not fetched. Returns the
+/// compressed bytes read and the bytes written.
+#[allow(clippy::too_many_arguments)]
+fn stage_native(
+    store: &mut dyn Store,
+    image: &str,
+    m: &ImageManifest,
+    config: &Config,
+    detected: &Detected,
+    root: &Path,
+    stop: &Stop,
+    opts: &FetchOptions,
+) -> Result<(u64, u64), SourceError> {
+    let layers = m.layers();
+    let base = detect::base_layers(&config.labels, &config.diff_ids, layers.len())
+        .map_err(|p| config.label_err(image, p.label, p.reason))?;
+    let subject = Subject::new(image, format!("config {}", config.digest));
+    let derived = layers.len() - base;
+    if derived > 0 && !opts.serve_base_commit {
+        return Err(SourceError::DerivedLayers {
+            subject,
+            count: derived,
+            commit: detected.commit.clone(),
+        });
+    }
+    if derived > 0 {
+        tracing::warn!(image, derived, commit = detected.commit, "serving the base commit of an image with derived layers (--serve-base-commit); they are not fetched");
+    }
+    let commit = detected.commit.parse().map_err(|_| {
+        config.label_err(image, detect::NATIVE_COMMIT_LABEL, "not a checksum".into())
+    })?;
+    let mut conv = native::Converter::create(root, commit, &subject)?;
+    let n = apply_layers(store, image, &layers[..base], &mut conv, stop, opts)?;
+    conv.finish(&Subject::new(image, ""), &opts.limits)?;
+    Ok((n, conv.written_bytes()))
 }
 
 /// The image config, as far as we need it.
@@ -386,6 +434,8 @@ struct Config {
     /// Its size in bytes, as read.
     size: u64,
     labels: BTreeMap<String, String>,
+    /// `rootfs.diff_ids`: where a native image's ostree layers end.
+    diff_ids: Vec<String>,
 }
 
 impl Config {
@@ -438,30 +488,8 @@ fn read_config(
         digest,
         size: bytes.len() as u64,
         labels,
+        diff_ids: config.rootfs().diff_ids().clone(),
     })
-}
-
-/// The commit the config's label names: there, and a checksum.
-fn commit_label(config: &Config, image: &str) -> Result<String, SourceError> {
-    let commit = config.labels.get(COMMIT_LABEL).ok_or_else(|| {
-        config.label_err(
-            image,
-            COMMIT_LABEL,
-            "missing: not an oscontainer (or built without its commit label)".into(),
-        )
-    })?;
-    if commit.len() != 64
-        || !commit
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        return Err(config.label_err(
-            image,
-            COMMIT_LABEL,
-            format!("{commit:?} is not an ostree commit checksum (64 lowercase hex)"),
-        ));
-    }
-    Ok(commit.clone())
 }
 
 /// The layer count and their total (compressed) size, from the manifest,
@@ -505,7 +533,7 @@ fn apply_layers(
     store: &mut dyn Store,
     image: &str,
     layers: &[Descriptor],
-    tree: &mut Tree,
+    tree: &mut impl LayerSink,
     stop: &Stop,
     opts: &FetchOptions,
 ) -> Result<u64, SourceError> {
@@ -545,7 +573,7 @@ fn check_commit_present(
     if !present {
         return Err(config.label_err(
             image,
-            COMMIT_LABEL,
+            detect::LEGACY_COMMIT_LABEL,
             format!("the image has no commit object {rel} for {commit}"),
         ));
     }

@@ -191,7 +191,8 @@ impl Server {
             HttpConfig::default(),
             sink.clone(),
             Some(Box::new(log.clone())),
-        );
+        )
+        .unwrap();
         Self { state, sink, log }
     }
 
@@ -250,6 +251,8 @@ impl Server {
     }
 
     pub fn access_log(&self) -> Vec<serde_json::Value> {
+        // Lines are written by the log's own thread.
+        assert!(self.state.sync_access_log(), "access log writer stuck");
         let bytes = self.log.0.lock().unwrap().clone();
         String::from_utf8(bytes)
             .unwrap()

@@ -21,10 +21,13 @@ pub mod files;
 pub mod fixtures;
 pub mod http;
 pub mod metrics;
+#[cfg(feature = "format")]
+pub mod native;
 pub mod objects;
 pub mod oci;
 pub mod ostree;
 pub mod process;
+#[cfg(feature = "proxy")]
 pub mod proxy;
 pub mod registry;
 pub mod server;

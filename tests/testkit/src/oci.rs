@@ -126,6 +126,34 @@ impl Tar {
         self.raw(path, EntryType::Link, b"", target)
     }
 
+    /// An entry as ostree-ext writes one: a GNU header with this mode and
+    /// owner, long paths and link targets as GNU extension entries (the
+    /// object paths of a native layer do not fit a ustar header).
+    pub fn gnu(
+        mut self,
+        path: &str,
+        kind: EntryType,
+        data: &[u8],
+        link: &str,
+        mode: u32,
+        owner: (u64, u64),
+    ) -> Self {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_size(data.len() as u64);
+        h.set_mode(mode);
+        h.set_uid(owner.0);
+        h.set_gid(owner.1);
+        h.set_mtime(MTIME);
+        let r = if link.is_empty() {
+            self.b.append_data(&mut h, path, data)
+        } else {
+            self.b.append_link(&mut h, path, link)
+        };
+        r.expect("writing to memory");
+        self
+    }
+
     /// A character device (1, 3 is /dev/null).
     pub fn chardev(self, path: &str) -> Self {
         let mut h = tar_header(path, EntryType::Char, 0, "", 0o666);

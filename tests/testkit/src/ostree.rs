@@ -197,6 +197,28 @@ pub struct TinyCommit<'a> {
     pub seed: u32,
 }
 
+/// The ref tiny oscontainers bind their commit to.
+pub const TINY_REF: &str = "tiny/x86_64/stable";
+
+/// [`tiny_repo`] with one commit (version `version`, bound to `bind_ref` or
+/// to nothing, contents varied by `seed`); returns its checksum.
+pub fn tiny_commit(
+    repo: &Path,
+    version: &str,
+    bind_ref: Option<&str>,
+    seed: u32,
+) -> Result<String> {
+    let mut commits = tiny_repo(
+        repo,
+        &[TinyCommit {
+            version,
+            bind_ref,
+            seed,
+        }],
+    )?;
+    commits.pop().context("tiny_repo made no commit")
+}
+
 /// Creates an archive repo at `repo` with orphan commits (no refs, no
 /// summary), like an oscontainer's. Returns the commit checksums.
 pub fn tiny_repo(repo: &Path, commits: &[TinyCommit<'_>]) -> Result<Vec<String>> {

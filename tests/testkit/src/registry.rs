@@ -31,6 +31,7 @@ pub struct RegistryBuilder {
     auth: Option<(String, String)>,
     tls: Option<(PathBuf, PathBuf)>,
     netns: Option<(String, String)>,
+    storage_in: Option<PathBuf>,
 }
 
 impl RegistryBuilder {
@@ -53,10 +54,28 @@ impl RegistryBuilder {
         self
     }
 
+    /// Keep its storage in a fresh directory under `parent` (benchmarks:
+    /// on a real disk, not tmpfs, so that dropping the page cache makes
+    /// its blobs cold).
+    pub fn storage_in(mut self, parent: &Path) -> Self {
+        self.storage_in = Some(parent.to_owned());
+        self
+    }
+
     /// Starts the registry and waits (bounded) until it accepts
     /// connections.
     pub fn start(self) -> Result<Registry> {
-        let mut dir = tempdir();
+        let mut dir = match &self.storage_in {
+            Some(parent) => {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("creating {}", parent.display()))?;
+                tempfile::Builder::new()
+                    .prefix("registry-")
+                    .tempdir_in(parent)
+                    .with_context(|| format!("creating a registry dir in {}", parent.display()))?
+            }
+            None => tempdir(),
+        };
         let auth = self.auth_config(dir.path())?;
         let tls = match &self.tls {
             Some((cert, key)) => format!(
@@ -284,6 +303,20 @@ impl Registry {
     /// extra copy options (e.g. `--dest-compress-format zstd`); returns
     /// the image reference.
     pub fn push(&self, layout: &Path, tag: &str, name: &str, extra: &[&str]) -> String {
+        self.try_push(layout, tag, name, extra, REGISTRY_TOOL_TIMEOUT)
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    /// [`Registry::push`], bounded by `timeout` (a full-scale image takes
+    /// minutes), with the failure as an error.
+    pub fn try_push(
+        &self,
+        layout: &Path,
+        tag: &str,
+        name: &str,
+        extra: &[&str],
+        timeout: Duration,
+    ) -> Result<String> {
         let src = format!("oci:{}:{tag}", layout.display());
         let dst = self.image(name);
         let creds = self.creds_arg();
@@ -293,8 +326,12 @@ impl Registry {
         }
         args.extend_from_slice(extra);
         args.extend([src.as_str(), dst.as_str()]);
-        self.skopeo(&args);
-        dst
+        check_output(
+            self.command("skopeo").arg("--insecure-policy").args(&args),
+            timeout,
+        )
+        .with_context(|| format!("pushing {src} to {dst}"))?;
+        Ok(dst)
     }
 
     /// Pushes a fixture release (from the shared fixture layout) as

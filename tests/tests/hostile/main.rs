@@ -16,12 +16,11 @@
 #![allow(clippy::unwrap_used)]
 
 mod lab;
-mod proxy;
 
 use lab::{lab, Base, Lab, REF};
+use oscontent_testkit::proxy::{Action, Proxy, Rule};
 use oscontent_testkit::signing::*;
 use oscontent_testkit::*;
-use proxy::{Action, Proxy, Rule};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -489,7 +488,7 @@ fn run(lab: &Lab, attack: &Attack, client: &dyn Client) -> Outcome {
     let dir = tempdir();
     let repo = fork_repo(lab.base(attack.base), &dir.path().join("node")).unwrap();
     let (upstream, rule) = (attack.setup)(lab);
-    let proxy = Proxy::start(&upstream, rule);
+    let proxy = Proxy::start(&upstream, rule).unwrap();
     set_remote_url(&repo, "origin", &proxy.url).unwrap();
     let refs_before = ref_targets(&repo).unwrap();
     assert_eq!(

@@ -463,16 +463,7 @@ fn a_gzip_bomb_hits_the_ratio_limit() {
     const ZEROS: u64 = 128 << 20;
     let work = tempdir();
     let repo = work.path().join("repo");
-    let commit = tiny_repo(
-        &repo,
-        &[TinyCommit {
-            version: "1.0",
-            bind_ref: Some(TINY_REF),
-            seed: 7,
-        }],
-    )
-    .unwrap()
-    .remove(0);
+    let commit = tiny_commit(&repo, "1.0", Some(TINY_REF), 7).unwrap();
     // The repo, then the bomb inside srv/repo (so that a server without the
     // limit would write it, and serve the image).
     let mut head = Tar::new().dir("srv").tree("srv/repo", &repo).finish();

@@ -54,7 +54,10 @@ fn a_restart_after_a_killed_stream_leaves_no_staging_leftovers() {
     let reg = Registry::start();
     reg.push_release(v1, "os:v1", &[]);
     // The layer (27 MB) stalls after 8 MiB.
-    let proxy = StallProxy::start(reg.host().parse().unwrap(), 8 << 20);
+    let proxy = Proxy::builder(&format!("http://{}", reg.host()))
+        .stall_after(8 << 20)
+        .start()
+        .unwrap();
     let image = format!("docker://{}/os:v1", proxy.host());
     let work = tempdir();
     let state = work.path().join("state");
@@ -132,7 +135,10 @@ fn sigterm_during_a_stalled_stream_exits_promptly_without_leftovers() {
     let v1 = v1();
     let reg = Registry::start();
     reg.push_release(v1, "os:v1", &[]);
-    let proxy = StallProxy::start(reg.host().parse().unwrap(), 8 << 20);
+    let proxy = Proxy::builder(&format!("http://{}", reg.host()))
+        .stall_after(8 << 20)
+        .start()
+        .unwrap();
     let image = format!("docker://{}/os:v1", proxy.host());
     let work = tempdir();
     let state = work.path().join("state");

@@ -1,116 +1,323 @@
-//! ostree-native images, made by ostree-ext's own encapsulator (the
-//! `native-*` fixtures), cross-checked against ostree-ext's importer
-//! (`container::store::ImageImporter` into a bare-user repo), which is what
-//! nodes on the container path run today.
+//! Ostree-native images (ostree-ext's tar format): served from a layout
+//! made of a real commit, pulled by stock ostree into what a node has,
+//! equal to the source; and every kind of bad input refused cleanly
+//! (nothing staged, nothing served, a clear error, retried).
 
 use crate::support::*;
-use oscontent_testkit::checkout::{
-    assert_same_listing, checkout, commit_closure, listing, object_difference,
-};
-use oscontent_testkit::encapsulate::import;
-use oscontent_testkit::fixtures::{native_small, NativeFixtures, DEFAULT_REF};
+use oscontent_testkit::native::*;
 use oscontent_testkit::*;
 
-fn fixtures() -> NativeFixtures {
-    native_small().unwrap_or_else(|e| panic!("{e:#}"))
+/// The served, pulled and checked-out commit is the source's: the same
+/// checkout (content, modes, owners, xattrs, symlinks), through the
+/// registry (`docker://`) with the layers split into chunks.
+#[test]
+fn a_native_image_is_served_and_stock_ostree_pulls_the_source_commit() {
+    let img = plain_native_image(1);
+    let reg = Registry::start();
+    reg.push(&img.layout, &img.tag, "os:native", &[]);
+    let image = reg.image("os:native");
+    let server = ready(image_server(&reg, std::slice::from_ref(&image)));
+    assert_eq!(served_ref(&server, TINY_REF), img.commit);
+    pull_and_fsck(&server, TINY_REF, &img.commit);
+    let (_tmp, pulled) = pull_bare(&server, TINY_REF, &img.commit);
+    let want = checkout_listing(&img.source, &img.commit);
+    let got = checkout_listing(&pulled.repo, &img.commit);
+    assert_eq!(got, want, "the pulled checkout differs from the source's");
+    let has = |path: &str, needle: &str| {
+        let e = want
+            .get(path)
+            .unwrap_or_else(|| panic!("{path} in {want:#?}"));
+        assert!(e.contains(needle), "{path}: {e}");
+    };
+    has("usr/bin/hello", "user.oscontent.test=labelled");
+    has("usr/bin/hi", "symlink -> hello");
+    has("etc/blob-link", "symlink -> /usr/lib/tiny/blob");
+    has("etc/secret/key", "owner=1000:27");
+    has("etc/secret", "mode=40700");
+    has("usr/bin/setuid", "mode=104755");
+    has("usr/share/doc/empty", "size=0");
 }
 
-/// The importer, pulling from a registry as a node does, reconstructs the
-/// very commit the encapsulator was given: same checksum, a clean fsck, and
-/// a checkout identical to the source commit's in every path, content,
-/// mode, owner, xattr and symlink target.
-#[test]
-fn the_importer_checks_out_exactly_the_encapsulated_commit() {
-    let f = fixtures();
-    let v1 = &f.releases[0];
-    let reg = Registry::start();
-    let image = reg.push(&f.oci_layout, &v1.version, "native:v1", &[]);
-    let tmp = tempdir();
-    let node = tmp.path().join("node");
-    let imported = import(&node, &image, true).unwrap_or_else(|e| panic!("{e:#}"));
-    assert_eq!(imported.commit, v1.commit);
-    assert_eq!(imported.manifest_digest, v1.image_manifest);
-    assert_eq!(
-        imported.fetched.len(),
-        v1.layers.len(),
-        "a fresh node fetches every layer"
-    );
-    let node = Ostree::at(&node);
-    node.fsck().unwrap();
+/// Serves `img` from its layout; asserts it fails cleanly with `needles`
+/// (and the image) in the error; the error line.
+fn refused(img: &NativeImage, needles: &[&str]) -> String {
+    let image = img.reference();
+    let mut server = Server::images([&image])
+        .args(["--max-backoff", "1"])
+        .spawn()
+        .unwrap();
+    let mut all = vec![image.as_str()];
+    all.extend_from_slice(needles);
+    assert_fails_cleanly(&mut server, &all, &[&img.commit], &[TINY_REF])
+}
 
-    // The shared fixtures are never opened by a tool that may write.
-    let source = tmp.path().join("source-repo");
-    copy_dir(&f.repo, &source).unwrap();
-    checkout(&node, &v1.commit, &tmp.path().join("imported")).unwrap();
-    checkout(
-        &Ostree::at(&source),
-        &v1.commit,
-        &tmp.path().join("committed"),
-    )
-    .unwrap();
-    let imported = listing(&tmp.path().join("imported")).unwrap();
-    let committed = listing(&tmp.path().join("committed")).unwrap();
-    assert_same_listing(&imported, &committed, "ostree-ext import", "ostree commit");
-    // The comparison covered xattrs and special modes for real.
-    let passwd = &imported["usr/bin/passwd"];
-    assert!(
-        passwd.xattrs.contains_key("security.capability"),
-        "{passwd:?}"
+#[test]
+fn a_file_whose_content_is_not_its_name_is_refused_naming_object_and_layer() {
+    let img = native_image(
+        2,
+        Tamper {
+            parts: Some(Box::new(|p: &mut NativeLayers| {
+                let victim = biggest(p);
+                p.files.get_mut(&victim).unwrap().content[1000] ^= 0xff;
+            })),
+            ..Tamper::default()
+        },
     );
-    assert_eq!(passwd.mode & 0o4000, 0o4000, "{passwd:?}");
-    assert!(
-        imported
-            .values()
-            .filter(|e| e.xattrs.contains_key("user.oscontent.fixture"))
-            .count()
-            > 10
+    let victim = biggest(&img.parts);
+    let object = format!("{victim}.file");
+    let layer = img.layer_of(&victim);
+    refused(&img, &[&object, &layer, "content does not match its name"]);
+}
+
+#[test]
+fn a_missing_object_in_the_closure_is_refused() {
+    let img = native_image(
+        3,
+        Tamper {
+            parts: Some(Box::new(|p: &mut NativeLayers| {
+                let victim = biggest(p);
+                p.files.remove(&victim);
+            })),
+            ..Tamper::default()
+        },
+    );
+    // img.parts lost it; the source commit still names it.
+    let gone = biggest(&NativeLayers::read(&img.source, &img.commit).unwrap());
+    refused(
+        &img,
+        &[&format!("{gone}.file"), "missing", "/usr/lib/tiny/blob"],
     );
 }
 
-/// Migration: a node populated by the importer with v1 (a node as it is
-/// today) moves to the server and pulls v2 with stock `ostree pull`. It
-/// fetches exactly the objects v2 has and v1 lacks, and fsck is clean.
-/// The server publishes the repo the images were encapsulated from, which
-/// holds the same commits the native images carry.
 #[test]
-fn a_node_imported_from_the_registry_pulls_only_what_v2_adds() {
-    let f = fixtures();
-    let (v1, v2) = (&f.releases[0], &f.releases[1]);
-    let reg = Registry::start();
-    let image = reg.push(&f.oci_layout, &v1.version, "native:v1", &[]);
-    let tmp = tempdir();
-    let node_path = tmp.path().join("node");
-    import(&node_path, &image, true).unwrap_or_else(|e| panic!("{e:#}"));
-    let node = Ostree::at(&node_path);
-
-    let source = tmp.path().join("source-repo");
-    copy_dir(&f.repo, &source).unwrap();
-    let server = ready(Server::repo(&source).args(["--commit", &v2.commit]));
-    let before = node.objects().unwrap();
-    node.remote_add("oscontent", &server.url, &[]).unwrap();
-    node.pull(&["oscontent", DEFAULT_REF])
-        .unwrap_or_else(|e| panic!("{e:#}\nserver:\n{}", server.stderr()));
-    assert_eq!(
-        node.rev_parse(&format!("oscontent:{DEFAULT_REF}")).unwrap(),
-        v2.commit
+fn an_xattrs_link_to_nothing_is_refused() {
+    let file = {
+        let img = plain_native_image(4);
+        img.parts.files.values().next().unwrap().clone()
+    };
+    let nowhere = native_object_path(&"ab".repeat(32), "file-xattrs");
+    let img = native_image(
+        4,
+        Tamper {
+            tars: Some(Box::new(
+                move |tars: &mut Vec<oscontent_testkit::oci::Tar>| {
+                    let t = std::mem::take(&mut tars[1]);
+                    let link = native_object_path(&file.checksum, "file-xattrs-link");
+                    tars[1] = append_file(hardlink(t, &link, &nowhere), &file);
+                },
+            )),
+            ..Tamper::default()
+        },
     );
-    node.fsck().unwrap();
-    let fetched = object_difference(&node.objects().unwrap(), &before);
-
-    let c1 = commit_closure(&node, &v1.commit).unwrap();
-    let c2 = commit_closure(&node, &v2.commit).unwrap();
-    let new_in_v2 = object_difference(&c2, &c1);
-    assert_eq!(
-        fetched.len(),
-        new_in_v2.len(),
-        "fetched {fetched:?}\nv2 adds {new_in_v2:?}"
+    let link = format!(
+        "{}.file-xattrs-link",
+        img.parts.files.values().next().unwrap().checksum
     );
-    assert_eq!(fetched, new_in_v2);
-    // A package-shaped update: about as many content objects as rewritten files.
-    let content = new_in_v2.get(objects::CONTENT).len() as u64;
+    refused(&img, &[&link, "links to xattrs", "no earlier entry"]);
+}
+
+#[test]
+fn a_commit_that_is_not_the_labels_is_refused() {
+    let other = {
+        let tmp = tempdir();
+        source_commit(&tmp.path().join("r"), TINY_REF, "9", 9).unwrap()
+    };
+    let shown = other.clone();
+    let img = native_image(
+        5,
+        Tamper {
+            labels: Some(Box::new(move |l: &mut Vec<(&'static str, String)>| {
+                l.retain(|(k, _)| *k != NATIVE_COMMIT_LABEL);
+                l.push((NATIVE_COMMIT_LABEL, other));
+            })),
+            ..Tamper::default()
+        },
+    );
+    refused(
+        &img,
+        &[
+            &format!("{}.commit", img.commit),
+            "is not the one its label",
+            &shown,
+        ],
+    );
+}
+
+#[test]
+fn an_escaping_entry_is_refused() {
+    let img = native_image(
+        6,
+        Tamper {
+            tars: Some(Box::new(|tars: &mut Vec<oscontent_testkit::oci::Tar>| {
+                let t = std::mem::take(&mut tars[0]);
+                tars[0] = t.hardlink("usr/bin/evil", "../../../etc/passwd");
+            })),
+            ..Tamper::default()
+        },
+    );
+    refused(&img, &["unsafe tar entry", "usr/bin/evil", "`..`"]);
+}
+
+#[test]
+fn an_image_that_is_neither_format_names_its_labels() {
+    let img = native_image(
+        7,
+        Tamper {
+            labels: Some(Box::new(|l: &mut Vec<(&'static str, String)>| {
+                l.retain(|(k, _)| *k != NATIVE_COMMIT_LABEL);
+            })),
+            ..Tamper::default()
+        },
+    );
+    refused(
+        &img,
+        &[
+            "not an oscontainer",
+            "ostree.final-diffid",
+            "containers.bootc",
+        ],
+    );
+}
+
+/// A derived layer (what a Containerfile adds) is refused by default,
+/// saying how many and what it means; `--serve-base-commit` serves the base.
+#[test]
+fn derived_layers_are_refused_unless_the_base_commit_is_asked_for() {
+    let derived = oscontent_testkit::oci::Tar::new()
+        .dir("usr")
+        .dir("usr/bin")
+        .file("usr/bin/added", b"#!/bin/sh\n");
+    let img = native_image(
+        8,
+        Tamper {
+            derived: vec![derived],
+            ..Tamper::default()
+        },
+    );
+    refused(
+        &img,
+        &[
+            "1 derived layer(s)",
+            "would not serve what the image runs",
+            "--serve-base-commit",
+        ],
+    );
+    let server = ready(Server::images([img.reference()]).args([
+        "--max-backoff",
+        "1",
+        "--serve-base-commit",
+    ]));
+    assert_eq!(served_ref(&server, TINY_REF), img.commit);
+    pull_and_fsck(&server, TINY_REF, &img.commit);
+}
+
+/// A native image's commit signed where the key lives (`sign --image`)
+/// is served with `--trusted-keys` from the bundle (commit and summary
+/// verified), and refused unsigned. The same commit encapsulated with its
+/// signature (`.commitmeta` in the commit layer, as a signed commit is
+/// encapsulated) serves that signature: stock ostree verifies it on pull.
+#[test]
+fn a_signed_native_image_is_verified_from_a_bundle_and_from_its_own_commitmeta() {
+    use oscontent_testkit::signing::{add_signed_remote, keygen, sign};
+    let img = plain_native_image(10);
+    let t = img.work.path();
+    let key = keygen(&t.join("keys"), "release", &[]).unwrap();
+    let public = key.public.display().to_string();
+    let bundle = t.join("bundle");
+    sign(&["--image".to_owned(), img.reference()], &key, &bundle).unwrap();
+    let commitmeta = std::fs::read(bundle.join(format!("{}.commitmeta", img.commit))).unwrap();
+
+    let mut unsigned = Server::images([img.reference()])
+        .args(["--trusted-keys", &public])
+        .spawn()
+        .unwrap();
+    unsigned
+        .wait_stderr_lines("refusing to publish", 1, START_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e:#}"));
     assert!(
-        content > 0 && content <= f.files_rewritten,
-        "{content} of {}",
-        f.files_rewritten
+        unsigned.stderr().contains("no signatures"),
+        "{}",
+        unsigned.stderr()
     );
+    assert_eq!(unsigned.get("/readyz").unwrap().status, 503);
+
+    let mut parts = img.parts.clone();
+    parts
+        .metadata
+        .insert(1, (img.commit.clone(), "commitmeta", commitmeta));
+    let signed = relayout(&img, &parts, &t.join("signed"));
+    let bundle_arg = bundle.display().to_string();
+    // (case, image, server args, whether the summary is signed too)
+    let cases: [(&str, String, Vec<&str>, bool); 2] = [
+        (
+            "bundle",
+            img.reference(),
+            vec!["--signatures", &bundle_arg, "--trusted-keys", &public],
+            true,
+        ),
+        ("commitmeta in the image", signed, vec![], false),
+    ];
+    for (name, image, args, summary_signed) in cases {
+        let server = ready(Server::images([&image]).args(args));
+        assert_eq!(served_ref(&server, TINY_REF), img.commit, "{name}");
+        let tmp = tempdir();
+        let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
+        add_signed_remote(&repo, "os", &server.url, &key.public, summary_signed).unwrap();
+        repo.pull(&["os", TINY_REF])
+            .unwrap_or_else(|e| panic!("{name}: verified pull: {e:#}"));
+        assert_eq!(
+            repo.rev_parse(&format!("os:{TINY_REF}")).unwrap(),
+            img.commit
+        );
+        repo.fsck().unwrap();
+    }
+}
+
+/// `mirror` takes native images like legacy ones: into a bundle (converted
+/// and verified on the way) served with `--bundle`, and into an OCI layout
+/// copy served with `--image`.
+#[test]
+fn native_images_mirror_into_bundles_and_layouts() {
+    use oscontent_testkit::signing::server_command;
+    let img = plain_native_image(11);
+    let t = img.work.path();
+    let bundle = t.join("bundle");
+    let copy = t.join("copy");
+    for dest in [
+        format!("bundle:{}", bundle.display()),
+        format!("oci:{}:{}", copy.display(), img.tag),
+    ] {
+        check_output(
+            &mut server_command(["mirror", &img.reference(), &dest]),
+            TOOL_TIMEOUT,
+        )
+        .unwrap_or_else(|e| panic!("mirror to {dest}: {e:#}"));
+    }
+    let bundle_arg = bundle.display().to_string();
+    let servers = [
+        Server::images(Vec::<String>::new()).args(["--bundle", &bundle_arg]),
+        Server::images([format!("oci:{}:{}", copy.display(), img.tag)]),
+    ];
+    for b in servers {
+        let server = ready(b);
+        assert_eq!(served_ref(&server, TINY_REF), img.commit);
+        pull_and_fsck(&server, TINY_REF, &img.commit);
+    }
+}
+
+/// An unpacked native image root is not served in place: the refusal says
+/// what it is and what to do instead.
+#[test]
+fn an_unpacked_native_root_is_refused_with_directions() {
+    let tmp = tempdir();
+    let root = tmp.path().join("root");
+    let repo = root.join("sysroot/ostree/repo");
+    Ostree::init(&repo, "bare-user").unwrap();
+    let refusal = Server::oscontainer(&root)
+        .start_expect_failure()
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let err = refusal.error();
+    for needle in ["ostree-native image root", "sysroot/ostree/repo", "--image"] {
+        assert!(err.contains(needle), "{needle:?} in {err}");
+    }
 }

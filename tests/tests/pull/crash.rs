@@ -4,7 +4,7 @@
 //! still lacks. A final run completes.
 
 use super::support::*;
-use oscontent_testkit::proxy::{FaultProxy, Faults};
+use oscontent_testkit::proxy::Faults;
 use oscontent_testkit::*;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -63,7 +63,7 @@ fn sigkill_at_20_points_then_resume() {
     let tmp = tempdir();
     let server = Server::release(v2);
     // HTTP/1.1 through the proxy, whose counter says how far the pull got.
-    let proxy = FaultProxy::start(server.addr, Faults::default()).unwrap();
+    let (proxy, faults) = Faults::default().start(&server.url).unwrap();
     let repo = repo_at_v1(&tmp.path().join("repo")).unwrap();
     let total_new = {
         let a = list_objects(&v1.repo).unwrap();
@@ -85,13 +85,13 @@ fn sigkill_at_20_points_then_resume() {
     for (i, at) in plan.iter().enumerate() {
         let before = present(&repo);
         let log0 = server.access_log().unwrap().len();
-        let fwd0 = proxy.forwarded();
+        let fwd0 = faults.forwarded();
         let (mut child, lines) = spawn(&repo, &proxy.url);
         let deadline = Instant::now() + KILL_WAIT;
         let mut finished = false;
         loop {
             let hit = match at {
-                KillAt::Objects(n) => proxy.forwarded() >= fwd0 + n,
+                KillAt::Objects(n) => faults.forwarded() >= fwd0 + n,
                 KillAt::Event(name) => lines
                     .try_iter()
                     .any(|l| l.contains(&format!("\"event\":\"{name}\""))),
@@ -172,7 +172,7 @@ fn torn_objects_left_by_a_power_cut_are_fetched_again() {
     let (v1, v2) = (v1(), v2());
     let tmp = tempdir();
     let server = Server::release(v2);
-    let proxy = FaultProxy::start(server.addr, Faults::default()).unwrap();
+    let (proxy, _) = Faults::default().start(&server.url).unwrap();
     let repo = repo_at_v1(&tmp.path().join("repo")).unwrap();
     let old = present(&repo);
 

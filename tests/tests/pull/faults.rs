@@ -2,7 +2,7 @@
 //! proxy that speaks only HTTP/1.1 (so the HTTP/2 attempt falls back).
 
 use super::support::*;
-use oscontent_testkit::proxy::{FaultProxy, Faults};
+use oscontent_testkit::proxy::Faults;
 use oscontent_testkit::*;
 use std::sync::atomic::Ordering;
 
@@ -11,16 +11,14 @@ fn retries_past_503s_and_resets_then_completes() {
     let v1 = v1();
     let tmp = tempdir();
     let server = Server::release(v1);
-    let proxy = FaultProxy::start(
-        server.addr,
-        Faults {
-            fail_first: 3,
-            fail_path_every: 200,
-            fail_each: 2,
-            reset_every: 97,
-            ..Default::default()
-        },
-    )
+    let (proxy, faults) = Faults {
+        fail_first: 3,
+        fail_path_every: 200,
+        fail_each: 2,
+        reset_every: 97,
+        ..Default::default()
+    }
+    .start(&server.url)
     .unwrap();
     let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
     let out = run_client(&pull_args(
@@ -31,16 +29,12 @@ fn retries_past_503s_and_resets_then_completes() {
     ));
     let evs = expect_ok(&out, "pull through faults");
 
-    let s = &proxy.stats;
-    assert!(
-        s.h2_prefaces.load(Ordering::SeqCst) >= 1,
-        "no HTTP/2 attempt"
-    );
+    assert!(proxy.h2_prefaces() >= 1, "no HTTP/2 attempt");
     assert_eq!(event(&evs, "start")["protocol"], "HTTP/1.1");
-    let injected = s.injected_503.load(Ordering::SeqCst);
+    let injected = faults.injected_503.load(Ordering::SeqCst);
     // 3 at the start, then 2 for each of the ~14 chosen paths.
     assert!(injected >= 3 + 2 * 10, "only {injected} 503s injected");
-    let resets = s.injected_resets.load(Ordering::SeqCst);
+    let resets = proxy.cuts();
     assert!(resets >= 10, "only {resets} resets injected");
     let retries: Vec<_> = evs.iter().filter(|e| e["event"] == "retry").collect();
     assert_eq!(
@@ -73,13 +67,11 @@ fn gives_up_with_exit_2_when_the_server_keeps_failing() {
     let v1 = v1();
     let tmp = tempdir();
     let server = Server::release(v1);
-    let proxy = FaultProxy::start(
-        server.addr,
-        Faults {
-            fail_first: usize::MAX,
-            ..Default::default()
-        },
-    )
+    let (proxy, faults) = Faults {
+        fail_first: usize::MAX,
+        ..Default::default()
+    }
+    .start(&server.url)
     .unwrap();
     let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
     let out = run_client(&pull_args(&repo.repo, &proxy.url, fixture_ref(), &[]));
@@ -89,7 +81,7 @@ fn gives_up_with_exit_2_when_the_server_keeps_failing() {
     assert_eq!(err["kind"], "network");
     assert!(err["message"].as_str().unwrap().contains("503"), "{err}");
     // Bounded attempts: the commit object was tried MAX_ATTEMPTS times.
-    assert_eq!(proxy.stats.matched.load(Ordering::SeqCst), 5);
+    assert_eq!(faults.matched.load(Ordering::SeqCst), 5);
     assert!(repo.refs().unwrap().is_empty());
     repo.fsck().unwrap();
 }

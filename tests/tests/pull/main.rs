@@ -10,7 +10,9 @@
 #![allow(clippy::unwrap_used)]
 
 mod crash;
+mod diskfill;
 mod faults;
 mod fetch;
+mod guard;
 mod support;
 mod trust;

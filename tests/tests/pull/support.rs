@@ -1,6 +1,7 @@
 //! Helpers shared by the pull suites.
 
 use anyhow::{ensure, Context, Result};
+use oscontent_testkit::proxy::{Action, Proxy};
 use oscontent_testkit::*;
 use serde_json::Value;
 use sha2::Digest;
@@ -165,4 +166,15 @@ pub fn repo_at_v1(path: &Path) -> Result<Ostree> {
     r.run(["refs", "--create", fixture_ref(), &v1().commit])?;
     ensure!(ref_target(&r, fixture_ref()).as_deref() == Some(v1().commit.as_str()));
     Ok(r)
+}
+
+/// A server that lies: `root` (a repo directory) served as stock ostree
+/// lays it out, except where `rule` says otherwise.
+pub fn serve_lying(root: &Path, rule: oscontent_testkit::proxy::Rule) -> Proxy {
+    Proxy::serve_dir(root, rule).unwrap()
+}
+
+/// [`serve_lying`] rewriting exactly `path`.
+pub fn serve_lying_about(root: &Path, path: &str, action: Action) -> Proxy {
+    serve_lying(root, oscontent_testkit::proxy::only(path, action))
 }

@@ -235,16 +235,7 @@ fn sign_key_covers_images_and_live_repo_changes() {
     // --repo is live: a ref another tool adds is signed (and verified) by
     // the next publication, which the server makes on its own.
     let live = tmp.path().join("live");
-    let first = tiny_repo(
-        &live,
-        &[TinyCommit {
-            version: "1",
-            bind_ref: Some(TINY_REF),
-            seed: 22,
-        }],
-    )
-    .unwrap()
-    .remove(0);
+    let first = tiny_commit(&live, "1", Some(TINY_REF), 22).unwrap();
     let r = Ostree::at(&live);
     r.run(["refs", &format!("--create={TINY_REF}"), &first])
         .unwrap();

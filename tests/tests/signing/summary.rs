@@ -45,16 +45,7 @@ fn rich_repo(dir: &std::path::Path) -> (std::path::PathBuf, Vec<String>) {
 /// that summary is what is served, so that is what gets signed.
 fn repo_with_own_summary(dir: &std::path::Path) -> (std::path::PathBuf, String) {
     let own = dir.join("own");
-    let own_commit = tiny_repo(
-        &own,
-        &[TinyCommit {
-            version: "4.0",
-            bind_ref: Some("os/own"),
-            seed: 40,
-        }],
-    )
-    .unwrap()
-    .remove(0);
+    let own_commit = tiny_commit(&own, "4.0", Some("os/own"), 40).unwrap();
     let o = Ostree::at(&own);
     o.run(["refs", "--create=os/own", &own_commit]).unwrap();
     o.run(["summary", "-u"]).unwrap();
@@ -212,16 +203,7 @@ fn a_bundle_for_other_sources_signs_nothing_served() {
     let tmp = tempdir();
     let k = keys();
     let repo = tmp.path().join("repo");
-    let commit = tiny_repo(
-        &repo,
-        &[TinyCommit {
-            version: "3.0",
-            bind_ref: None,
-            seed: 3,
-        }],
-    )
-    .unwrap()
-    .remove(0);
+    let commit = tiny_commit(&repo, "3.0", None, 3).unwrap();
     let source = vec!["--repo".to_owned(), repo.display().to_string()];
     let bundle = tmp.path().join("bundle");
     // Signed for a publication under one ref; served under two: same

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The ref tiny commits are bound to.
-pub const TINY_REF: &str = "tiny/x86_64/stable";
 /// How often servers under test look for new signatures.
 pub const POLL: &str = "1";
 /// Bound on waiting for a server to notice new signatures.
@@ -25,16 +24,7 @@ pub fn tiny_oscontainer(dir: &Path, seed: u32) -> Tiny {
     let repo = root.join("srv/repo");
     std::fs::create_dir_all(&repo).unwrap();
     let version = format!("1.{seed}");
-    let commit = tiny_repo(
-        &repo,
-        &[TinyCommit {
-            version: &version,
-            bind_ref: Some(TINY_REF),
-            seed,
-        }],
-    )
-    .unwrap()
-    .remove(0);
+    let commit = tiny_commit(&repo, &version, Some(TINY_REF), seed).unwrap();
     Tiny {
         root,
         repo,

@@ -5,8 +5,6 @@
 //!
 //! - [`scratch::ScratchFs`]: an isolated XFS filesystem on a direct-io loop
 //!   device, with the device's write counters from `/proc/diskstats`;
-//! - [`registry::Registry`]: a real `docker-registry` on 127.0.0.1, and
-//!   `skopeo` pushes into it;
 //! - process helpers with time bounds ([`run_bounded`], [`Stopper`]);
 //! - Ctrl-C handling ([`interrupt()`]): signals become a flag that every
 //!   wait loop polls, so the `Drop`s that unmount, detach and kill run;
@@ -17,14 +15,14 @@
 pub mod interrupt;
 pub mod io;
 pub mod process;
-pub mod registry;
 pub mod report;
 pub mod scratch;
 pub mod startup;
 pub mod update_bytes;
 
 pub use interrupt::{check_interrupted, interrupt, interrupted, sleep};
-pub use process::{http_status, run_bounded, server_binary, tail, Stopper};
+pub use oscontent_testkit::process::Stopper;
+pub use process::{http_status, run_bounded, server_binary, stopper, tail};
 pub use report::{bench_dir, git_state, load, mib, results_path, utc_stamp, Summary};
 
 use anyhow::{bail, Context, Result};

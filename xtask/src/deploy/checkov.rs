@@ -295,7 +295,7 @@ fn run_report(cmd: &mut Command) -> Result<String> {
         .stderr(err.reopen()?)
         .spawn()
         .with_context(|| format!("spawning {what}"))?;
-    let mut child = crate::bench::Stopper::new(child, "checkov");
+    let mut child = crate::bench::stopper(child, "checkov");
     let status = child.wait_bounded(SCAN_TIMEOUT)?;
     let size = out.as_file().metadata()?.len();
     ensure!(size <= MAX_REPORT_BYTES, "checkov's report is {size} bytes");

@@ -40,7 +40,7 @@ pub(super) fn place(comps: &[&[u8]]) -> Place {
 }
 
 /// Splits a tar path into components, refusing what could escape.
-pub(super) fn components(p: &[u8]) -> Result<Vec<&[u8]>, &'static str> {
+pub(in crate::source) fn components(p: &[u8]) -> Result<Vec<&[u8]>, &'static str> {
     if p.is_empty() {
         return Err("empty path");
     }
@@ -61,7 +61,7 @@ pub(super) fn components(p: &[u8]) -> Result<Vec<&[u8]>, &'static str> {
     Ok(out)
 }
 
-pub(super) fn show(p: &[u8]) -> String {
+pub(in crate::source) fn show(p: &[u8]) -> String {
     String::from_utf8_lossy(p).into_owned()
 }
 
@@ -70,7 +70,7 @@ pub(super) fn join(comps: &[&[u8]]) -> Vec<u8> {
 }
 
 /// A corrupt tar stream.
-pub(super) fn invalid(subject: &Subject, e: io::Error) -> SourceError {
+pub(in crate::source) fn invalid(subject: &Subject, e: io::Error) -> SourceError {
     SourceError::Invalid {
         subject: subject.clone(),
         reason: format!("tar: {e}"),
@@ -78,7 +78,7 @@ pub(super) fn invalid(subject: &Subject, e: io::Error) -> SourceError {
 }
 
 /// An entry refused for what it would do to the tree.
-pub(super) fn unsafe_entry(subject: &Subject, path: &[u8], why: String) -> SourceError {
+pub(in crate::source) fn unsafe_entry(subject: &Subject, path: &[u8], why: String) -> SourceError {
     SourceError::UnsafeEntry {
         subject: subject.clone(),
         path: show(path),
@@ -147,7 +147,7 @@ pub(super) struct Entry<'a> {
 
 /// A tar header with the extension headers before it applied.
 #[derive(Debug, Clone)]
-pub(super) struct Header {
+pub(in crate::source) struct Header {
     pub kind: tar::EntryType,
     /// The size in the ustar header.
     pub size: u64,
@@ -157,6 +157,11 @@ pub(super) struct Header {
     pub link: Option<Vec<u8>>,
     /// Seconds since the epoch (0 if unreadable).
     pub mtime: i64,
+    /// Owner and permission bits from the ustar header (0 if unreadable;
+    /// a native image's content objects take them from here).
+    pub uid: u64,
+    pub gid: u64,
+    pub mode: u32,
 }
 
 /// Extension headers waiting for the entry they describe.
@@ -201,7 +206,7 @@ fn strip_nuls(mut v: Vec<u8>) -> Vec<u8> {
 
 /// Reads the tar entries of one layer, keeping extension headers for the
 /// entry they describe.
-pub(super) struct Decoder<'a> {
+pub(in crate::source) struct Decoder<'a> {
     subject: &'a Subject,
     limits: &'a Limits,
     pending: Pending,
@@ -261,6 +266,9 @@ impl<'a> Decoder<'a> {
                 .link
                 .or_else(|| h.link_name_bytes().map(|c| c.into_owned())),
             mtime: h.mtime().unwrap_or(0).min(i64::MAX as u64) as i64,
+            uid: h.uid().unwrap_or(0),
+            gid: h.gid().unwrap_or(0),
+            mode: h.mode().unwrap_or(0),
         }))
     }
 
@@ -333,7 +341,11 @@ pub(super) fn classify<'h>(
 
 /// The rules for every entry, even outside `srv/repo`: no sizes we would
 /// misread, no sparse files, no overlong paths.
-fn check_anywhere(h: &Header, subject: &Subject, limits: &Limits) -> Result<(), SourceError> {
+pub(in crate::source) fn check_anywhere(
+    h: &Header,
+    subject: &Subject,
+    limits: &Limits,
+) -> Result<(), SourceError> {
     if h.pax_size.is_some_and(|s| s != h.size) {
         return Err(SourceError::Unsupported {
             subject: subject.clone(),

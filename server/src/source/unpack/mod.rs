@@ -36,7 +36,7 @@
 //! (decompressed size, ratio, entry count).
 
 mod apply;
-mod decode;
+pub(in crate::source) mod decode;
 mod limits;
 
 use super::error::{SourceError, Subject};
@@ -44,6 +44,7 @@ use super::verify::VerifyingReader;
 use super::Limits;
 use apply::{Applier, Fs};
 use decode::Decoder;
+pub(in crate::source) use decode::Header;
 use limits::Counted;
 use std::io::{self, Read};
 use std::path::Path;
@@ -96,29 +97,94 @@ impl Tree {
         subject: &Subject,
         limits: &Limits,
     ) -> Result<(), SourceError> {
-        let count = blob.count_handle();
-        let mut limit_hit = None;
-        let result = {
-            let counted = Counted {
-                inner: decompress(blob, compression, subject)?,
-                compressed: || count.get(),
-                layer: 0,
-                total: &mut self.decompressed,
-                limits,
-                subject,
-                failure: &mut limit_hit,
-            };
-            apply_entries(
-                &self.fs,
-                &mut self.written_bytes,
-                &mut self.entries,
-                tar::Archive::new(counted),
-                subject,
-                limits,
-            )
+        let mut applier = Applier::new(&self.fs, subject, &mut self.written_bytes);
+        let mut totals = StreamTotals {
+            entries: &mut self.entries,
+            decompressed: &mut self.decompressed,
         };
-        result.map_err(|e| root_cause(blob, limit_hit, e))
+        each_entry(
+            blob,
+            compression,
+            subject,
+            limits,
+            &mut totals,
+            &mut |h, data| match decode::classify(h, subject, limits)? {
+                Some(e) => applier.apply(&e, &mut &mut *data),
+                None => Ok(()),
+            },
+        )
     }
+}
+
+/// Where a layer's entries go: the legacy [`Tree`], or the conversion of
+/// an ostree-native image ([`crate::source::native::Converter`]).
+pub(in crate::source) trait LayerSink {
+    /// Applies one layer, read (compressed) from `blob`; the caller still
+    /// has to `blob.finish()` to verify the digest.
+    fn apply_layer<R: Read>(
+        &mut self,
+        blob: &mut VerifyingReader<R>,
+        compression: Compression,
+        subject: &Subject,
+        limits: &Limits,
+    ) -> Result<(), SourceError>;
+}
+
+impl LayerSink for Tree {
+    fn apply_layer<R: Read>(
+        &mut self,
+        blob: &mut VerifyingReader<R>,
+        compression: Compression,
+        subject: &Subject,
+        limits: &Limits,
+    ) -> Result<(), SourceError> {
+        Tree::apply_layer(self, blob, compression, subject, limits)
+    }
+}
+
+/// What the layers of one image add up to, checked against the limits.
+#[derive(Debug)]
+pub(in crate::source) struct StreamTotals<'a> {
+    /// Tar entries, all layers.
+    pub entries: &'a mut u64,
+    /// Decompressed bytes, all layers.
+    pub decompressed: &'a mut u64,
+}
+
+/// Decompresses one layer and hands each entry (extension headers applied,
+/// counted and bounded) to `on_entry` with its data. The layout of the
+/// image (legacy `srv/repo`, or an ostree-native repo) is `on_entry`'s
+/// business; the stream's limits and the error reported when the stream
+/// itself is at fault are this function's.
+pub(in crate::source) fn each_entry<R: Read>(
+    blob: &mut VerifyingReader<R>,
+    compression: Compression,
+    subject: &Subject,
+    limits: &Limits,
+    totals: &mut StreamTotals<'_>,
+    on_entry: &mut dyn FnMut(&Header, &mut dyn Read) -> Result<(), SourceError>,
+) -> Result<(), SourceError> {
+    let count = blob.count_handle();
+    let mut limit_hit = None;
+    let result = {
+        let counted = Counted {
+            inner: decompress(blob, compression, subject)?,
+            compressed: || count.get(),
+            layer: 0,
+            total: totals.decompressed,
+            limits,
+            subject,
+            failure: &mut limit_hit,
+        };
+        read_entries(
+            totals.entries,
+            tar::Archive::new(counted),
+            subject,
+            limits,
+            on_entry,
+        )
+    };
+    result.map_err(|e| root_cause(blob, limit_hit, e))
 }
 
 /// The decompressed stream of a layer.
@@ -166,28 +232,23 @@ fn root_cause<R: Read>(
     e
 }
 
-/// Decodes each entry of a layer's tar stream and applies what is to be
-/// applied.
-fn apply_entries<R: Read>(
-    fs: &Fs,
-    written: &mut u64,
+/// Decodes each entry of a layer's tar stream and hands it on.
+fn read_entries<R: Read>(
     entries: &mut u64,
     mut archive: tar::Archive<R>,
     subject: &Subject,
     limits: &Limits,
+    on_entry: &mut dyn FnMut(&Header, &mut dyn Read) -> Result<(), SourceError>,
 ) -> Result<(), SourceError> {
     let invalid = |e| decode::invalid(subject, e);
     let mut decoder = Decoder::new(subject, limits);
-    let mut applier = Applier::new(fs, subject, written);
     for entry in archive.entries().map_err(invalid)?.raw(true) {
         let mut entry = entry.map_err(invalid)?;
         limits::count_entry(entries, limits, subject)?;
         let Some(header) = decoder.header(&mut entry)? else {
             continue;
         };
-        if let Some(e) = decode::classify(&header, subject, limits)? {
-            applier.apply(&e, &mut entry)?;
-        }
+        on_entry(&header, &mut entry)?;
     }
     decoder.finish()
 }

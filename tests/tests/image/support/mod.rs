@@ -5,13 +5,15 @@
 #![allow(dead_code)]
 
 mod failure;
+mod native;
 mod pull;
 
 pub use failure::*;
+pub use native::*;
 pub use pull::*;
 
 pub use oscontent_testkit::oci::*;
-pub use oscontent_testkit::proxy::StallProxy;
+pub use oscontent_testkit::proxy::Proxy;
 pub use oscontent_testkit::registry::{write_authfile, Registry};
 use oscontent_testkit::*;
 use std::path::{Path, PathBuf};
@@ -19,7 +21,6 @@ use std::process::Command;
 use std::time::Duration;
 
 /// Ref bound into the hand-made images' commits.
-pub const TINY_REF: &str = "tiny/x86_64/stable";
 /// Bound on one skopeo / gzip / umoci run.
 pub const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a failing server may take to log an error (one attempt).
@@ -73,16 +74,7 @@ pub fn crafted(seed: u32, extra: impl FnOnce(Tar) -> Tar) -> Crafted {
     let work = tempdir();
     let version = format!("1.{seed}");
     let repo = work.path().join("repo");
-    let commit = tiny_repo(
-        &repo,
-        &[TinyCommit {
-            version: &version,
-            bind_ref: Some(TINY_REF),
-            seed,
-        }],
-    )
-    .unwrap()
-    .remove(0);
+    let commit = tiny_commit(&repo, &version, Some(TINY_REF), seed).unwrap();
     let tar = extra(Tar::new().dir("srv").tree("srv/repo", &repo)).finish();
     let layout = work.path().join("oci");
     let tag = "crafted".to_owned();

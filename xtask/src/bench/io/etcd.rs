@@ -11,7 +11,7 @@
 //! trials: it always runs for 60 s and reports only a verdict over its
 //! whole run, which cannot be windowed by an update.
 
-use super::super::{check_interrupted, Stopper};
+use super::super::{check_interrupted, stopper, Stopper};
 use super::neighbour::Op;
 use anyhow::{bail, Context, Result};
 use base64::Engine as _;
@@ -65,7 +65,7 @@ impl Etcd {
             .stderr(out)
             .spawn()
             .context("starting etcd")?;
-        let mut process = Stopper::new(child, "etcd");
+        let mut process = stopper(child, "etcd");
         process.grace = Duration::from_secs(10);
         let addr: SocketAddr = format!("127.0.0.1:{cp}").parse()?;
         let start = Instant::now();

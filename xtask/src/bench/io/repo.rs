@@ -3,7 +3,7 @@
 //! pull added to the repo.
 
 use super::super::scratch::{ScratchFs, ScratchOptions};
-use super::super::{check_interrupted, run_bounded, Stopper};
+use super::super::{check_interrupted, run_bounded, stopper, Stopper};
 use crate::fixtures::Release;
 use anyhow::{bail, Context, Result};
 use std::collections::HashSet;
@@ -118,7 +118,7 @@ impl Server {
             .stderr(err)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
-        let mut process = Stopper::new(child, "oscontent-server");
+        let mut process = stopper(child, "oscontent-server");
         process.grace = Duration::from_secs(10);
         let stdout = process.child_mut().stdout.take().context("server stdout")?;
         let (tx, rx) = std::sync::mpsc::channel();

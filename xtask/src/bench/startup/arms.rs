@@ -3,7 +3,7 @@
 
 use super::results::{Arm, Trial};
 use crate::bench::scratch::{self, DiskStats, ScratchFs, Usage};
-use crate::bench::{check_interrupted, http_status, run_bounded, Stopper};
+use crate::bench::{check_interrupted, http_status, run_bounded, stopper, Stopper};
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -43,7 +43,7 @@ pub(super) fn oscontent(
     let start = Instant::now();
     let child = Command::new(bin)
         .args(["--log-format", "json", "serve", "--image"])
-        .arg(format!("docker://{image}"))
+        .arg(image)
         .arg("--state-dir")
         .arg(&state)
         .args(["--listen", "127.0.0.1:0", "--insecure-registry", host])
@@ -52,7 +52,7 @@ pub(super) fn oscontent(
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
-    let mut server = Stopper::new(child, "oscontent-server");
+    let mut server = stopper(child, "oscontent-server");
     let stdout = server.child_mut().stdout.take().context("server stdout")?;
     let stderr = server.child_mut().stderr.take().context("server stderr")?;
     let address = first_line(stdout);
@@ -273,7 +273,7 @@ pub(super) fn pull_extract(
                 "--quiet",
                 "--src-tls-verify=false",
             ])
-            .arg(format!("docker://{image}"))
+            .arg(image)
             .arg(format!("oci:{}:{tag}", layout.display())),
         log,
         timeout,

@@ -42,6 +42,8 @@ pub const BYTES_TARGET: f64 = 1.05;
 pub const TIME_TARGET: f64 = 1.0;
 /// Repository the fixture is pushed to.
 pub(super) const REPO: &str = "oscontent/fixture";
+/// How long pushing the fixture may take (a 1 GiB image on a slow disk).
+const PUSH_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 /// Options of `cargo xtask bench startup`.
 #[derive(Debug, Clone)]
 pub struct StartupOptions {
@@ -58,11 +60,11 @@ pub struct StartupOptions {
     pub strict: bool,
 }
 
-use crate::bench::registry::Registry;
 use crate::bench::scratch::{self, ScratchFs, ScratchOptions};
 use crate::bench::{check_interrupted, report, Summary};
 use crate::fixtures::{self, FixtureSpec, Release, Scale};
 use anyhow::{bail, Context, Result};
+use oscontent_testkit::registry::Registry;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
@@ -176,14 +178,22 @@ fn setup(opts: &StartupOptions, server_bin: PathBuf, logs: PathBuf) -> Result<Se
         .clone();
     check_interrupted()?;
 
-    let registry = Registry::start(&crate::bench::bench_dir()?.join("tmp"))?;
+    let registry = Registry::builder()
+        .storage_in(&crate::bench::bench_dir()?.join("tmp"))
+        .start()?;
     eprintln!(
         "xtask: pushing {} ({}) to the registry at {} (not timed)",
         release.version,
         crate::bench::mib(release.image_bytes as f64),
         registry.host()
     );
-    let image = registry.push_oci(&fx.oci_layout, &release.version, REPO)?;
+    let image = registry.try_push(
+        &fx.oci_layout,
+        &release.version,
+        &format!("{REPO}:{}", release.version),
+        &[],
+        PUSH_TIMEOUT,
+    )?;
     Ok(Setup {
         server_bin,
         release,

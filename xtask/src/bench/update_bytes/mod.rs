@@ -15,7 +15,6 @@
 
 pub mod report;
 
-use super::registry::Registry;
 use super::scratch::ScratchFs;
 use super::{check_interrupted, http_status, require, utc_stamp};
 use anyhow::{bail, ensure, Context, Result};
@@ -23,6 +22,7 @@ use oscontent_testkit::encapsulate::import;
 use oscontent_testkit::fixtures::{
     ensure_native, native_default_dir, FixtureSpec, Scale, DEFAULT_REF,
 };
+use oscontent_testkit::registry::Registry;
 use oscontent_testkit::ServerProcess;
 use report::{blob_bytes_sent, ArmResult, Report, UpdateResult};
 use std::path::{Path, PathBuf};
@@ -31,6 +31,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// Server start, image streaming and verification included (full scale).
 const READY_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// One push of a full-scale release into the registry.
+const PUSH_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 /// One pull of a full-scale release.
 const PULL_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
@@ -103,15 +105,12 @@ fn one_update(opts: &Options, share: f64, server: &Path, client: &Path) -> Resul
         bail!("native fixtures with {} releases", f.releases.len());
     };
     let base = super::bench_dir()?;
-    let reg = Registry::start(&base)?;
-    let img1 = format!(
-        "docker://{}",
-        reg.push_oci(&f.oci_layout, &v1.version, "native")?
-    );
-    let img2 = format!(
-        "docker://{}",
-        reg.push_oci(&f.oci_layout, &v2.version, "native")?
-    );
+    let reg = Registry::builder().storage_in(&base.join("tmp")).start()?;
+    let push = |version: &str| {
+        let name = format!("native:{version}");
+        reg.try_push(&f.oci_layout, version, &name, &[], PUSH_TIMEOUT)
+    };
+    let (img1, img2) = (push(&v1.version)?, push(&v2.version)?);
     // Three nodes, each with v1 and v2 (bare-user stores content
     // uncompressed), and room to spare.
     let size = 4 * (v1.tree_bytes + v2.tree_bytes) + (1 << 30);
@@ -200,18 +199,18 @@ fn importer_arm(
 ) -> Result<ArmResult> {
     let node = scratch.path().join("importer");
     import(&node, img1, true)?;
-    let log_before = std::fs::metadata(reg.log_path()).map_or(0, |m| m.len());
+    let log_before = reg.log().len();
     let (imported, written, seconds) = measured(scratch, || import(&node, img2, true))?;
     ensure!(
         imported.commit == v2,
         "the importer got {} for v2 ({v2})",
         imported.commit
     );
-    let log = std::fs::read(reg.log_path()).context("reading the registry log")?;
-    let since = String::from_utf8_lossy(&log[(log_before as usize).min(log.len())..]).into_owned();
+    let log = reg.log();
+    let since = log.get(log_before..).unwrap_or_default();
     Ok(ArmResult {
         arm: "importer".into(),
-        downloaded_bytes: blob_bytes_sent(&since),
+        downloaded_bytes: blob_bytes_sent(since),
         reported_bytes: Some(imported.fetched_bytes),
         written_bytes: written,
         seconds,

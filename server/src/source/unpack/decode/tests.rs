@@ -39,6 +39,9 @@ fn header(kind: tar::EntryType, path: &str, link: Option<&str>) -> Header {
         path: path.as_bytes().to_vec(),
         link: link.map(|l| l.as_bytes().to_vec()),
         mtime: 7,
+        uid: 0,
+        gid: 0,
+        mode: 0o644,
     }
 }
 

@@ -1,5 +1,7 @@
 //! `cargo xtask test`: every check and test, in the order CI runs them.
 
+mod suites;
+
 use crate::cargo::cargo;
 use crate::{deps, fixtures};
 use anyhow::{Context, Result};
@@ -55,5 +57,14 @@ pub fn test() -> Result<()> {
         "--target-dir",
         &target,
     ])?;
-    cargo(&["test", "--workspace", "--no-fail-fast"])
+    suites::run(test_jobs())
+}
+
+/// Test executables run at once: `OSCONTENT_TEST_JOBS`, else 2 (the
+/// suites wait on child processes, so two share 2 cores well).
+fn test_jobs() -> usize {
+    std::env::var("OSCONTENT_TEST_JOBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
 }

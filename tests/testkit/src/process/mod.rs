@@ -1,6 +1,10 @@
 //! Bounded child processes and bounded waits: every wait has a deadline and
 //! every read a size limit.
 
+mod child;
+
+pub use child::{run_logged, tail, Stopper};
+
 use anyhow::{bail, ensure, Context, Result};
 use std::io::Read;
 use std::process::{Command, Output, Stdio};

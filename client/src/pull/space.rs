@@ -1,0 +1,291 @@
+//! Free space on the repo's filesystem. libostree keeps its
+//! `min-free-space-percent` / `min-free-space-size` reserve only inside a
+//! transaction, and a pull writes outside one (ARCHITECTURE.md, "Writing
+//! objects"), so the reserve is kept here, for the whole pull: before an
+//! object is written, the space it declares, plus what the objects still
+//! being written declared, must fit above the reserve. A hostile server
+//! that declares more than fits is refused before a byte is written.
+
+use anyhow::{anyhow, bail, Context, Result};
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::sync::{Arc, Mutex};
+
+/// libostree's default when the repo sets neither key.
+pub const DEFAULT_MIN_FREE_PERCENT: u32 = 3;
+
+/// The reserve a repo's config asks for (libostree's rules and syntax).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MinFree {
+    /// `core.min-free-space-percent`: of the filesystem's size, 0 to 99.
+    Percent(u32),
+    /// `core.min-free-space-size`: `NMB`, `NGB` or `NTB` (binary units).
+    Bytes(u64),
+}
+
+impl MinFree {
+    /// From the two keys as written in `config` (`None`: absent). As in
+    /// libostree, they are exclusive, and a repo with neither keeps 3%.
+    pub fn parse(size: Option<&str>, percent: Option<&str>) -> Result<Self> {
+        match (size, percent) {
+            (Some(_), Some(_)) => {
+                bail!("min-free-space-percent and min-free-space-size are mutually exclusive")
+            }
+            (Some(s), None) => parse_size(s.trim())
+                .map(MinFree::Bytes)
+                .ok_or_else(|| anyhow!("invalid min-free-space-size {s:?}: want e.g. 500MB, 2GB")),
+            (None, Some(p)) => match p.trim().parse::<u32>() {
+                Ok(n) if n <= 99 => Ok(MinFree::Percent(n)),
+                _ => bail!("invalid min-free-space-percent {p:?}: want 0 to 99"),
+            },
+            (None, None) => Ok(MinFree::Percent(DEFAULT_MIN_FREE_PERCENT)),
+        }
+    }
+
+    /// The bytes to keep free on a filesystem of `fs_bytes`.
+    pub fn reserve(self, fs_bytes: u64) -> u64 {
+        match self {
+            MinFree::Percent(p) => fs_bytes / 100 * u64::from(p),
+            MinFree::Bytes(b) => b,
+        }
+    }
+
+    pub fn describe(self) -> String {
+        match self {
+            MinFree::Percent(p) => format!("min-free-space-percent={p}"),
+            MinFree::Bytes(b) => format!("min-free-space-size={} MiB", b >> 20),
+        }
+    }
+}
+
+/// `^[0-9]+[MGT]B$`, in MiB, GiB or TiB as libostree reads it; `None`
+/// when malformed or too large for 64 bits.
+fn parse_size(s: &str) -> Option<u64> {
+    let num = s.strip_suffix('B')?;
+    let (digits, shift) = match num.as_bytes().last()? {
+        b'M' => (&num[..num.len() - 1], 20),
+        b'G' => (&num[..num.len() - 1], 30),
+        b'T' => (&num[..num.len() - 1], 40),
+        _ => return None,
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    n.checked_mul(1u64 << shift)
+}
+
+/// What a filesystem reports, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsSpace {
+    /// Size of the filesystem.
+    pub total: u64,
+    /// Free to unprivileged writers (`f_bavail`).
+    pub available: u64,
+    pub block: u64,
+}
+
+/// Whether `need` more bytes, with `in_flight` already promised, fit above
+/// `reserve` on `fs`; the refusal says why, with the numbers.
+pub fn check_fit(fs: FsSpace, reserve: u64, in_flight: u64, need: u64) -> Result<(), String> {
+    let wanted = in_flight.saturating_add(need).saturating_add(reserve);
+    if wanted <= fs.available {
+        return Ok(());
+    }
+    Err(format!(
+        "needs {need} bytes, {in_flight} more are being written, and {reserve} must stay free; \
+         only {} of {} bytes are free",
+        fs.available, fs.total
+    ))
+}
+
+/// Bytes an object of `len` stream bytes may take on disk: whole blocks,
+/// one more for its inode and directory entry, and room for recompression
+/// in an archive repo (deflate can grow incompressible data slightly).
+pub fn on_disk(len: u64, block: u64) -> u64 {
+    let block = block.max(512);
+    let grown = len.saturating_add(len / 1024);
+    grown
+        .div_ceil(block)
+        .saturating_add(1)
+        .saturating_mul(block)
+}
+
+/// The repo's free-space guard, shared by every writer of one pull.
+#[derive(Debug)]
+pub struct SpaceGuard {
+    dir: File,
+    shown: String,
+    min_free: MinFree,
+    /// Bytes promised to objects being written now.
+    in_flight: Mutex<u64>,
+}
+
+/// Space promised to one object; given back when dropped (the object is
+/// then on disk, or gone).
+#[derive(Debug)]
+pub struct Reservation {
+    guard: Arc<SpaceGuard>,
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut n = self
+            .guard
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *n = n.saturating_sub(self.bytes);
+    }
+}
+
+impl SpaceGuard {
+    pub fn new(dir: File, shown: String, min_free: MinFree) -> Self {
+        Self {
+            dir,
+            shown,
+            min_free,
+            in_flight: Mutex::new(0),
+        }
+    }
+
+    fn stat(&self) -> Result<FsSpace> {
+        let st = rustix::fs::fstatvfs(self.dir.as_fd())
+            .with_context(|| format!("statvfs {}", self.shown))?;
+        let block = st.f_frsize.max(1);
+        Ok(FsSpace {
+            total: st.f_blocks.saturating_mul(block),
+            available: st.f_bavail.saturating_mul(block),
+            block,
+        })
+    }
+
+    /// Promises room for `what`, whose stream is `len` bytes, or says why
+    /// it does not fit (naming `what` and the numbers).
+    pub fn reserve(self: &Arc<Self>, what: &str, len: u64) -> Result<Reservation> {
+        let fs = self.stat()?;
+        let need = on_disk(len, fs.block);
+        let reserve = self.min_free.reserve(fs.total);
+        // Under the lock, so that two writers cannot both take the last room.
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        check_fit(fs, reserve, *in_flight, need).map_err(|why| {
+            anyhow!(
+                "{what} ({len} bytes declared) does not fit on {} while keeping the repo's \
+                 {}: it {why}",
+                self.shown,
+                self.min_free.describe()
+            )
+        })?;
+        *in_flight += need;
+        Ok(Reservation {
+            guard: self.clone(),
+            bytes: need,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn min_free_settings() {
+        // (min-free-space-size, min-free-space-percent, parsed)
+        let cases: &[(Option<&str>, Option<&str>, Option<MinFree>)] = &[
+            (None, None, Some(MinFree::Percent(3))),
+            (None, Some("0"), Some(MinFree::Percent(0))),
+            (None, Some("99"), Some(MinFree::Percent(99))),
+            (None, Some(" 10 "), Some(MinFree::Percent(10))),
+            (None, Some("100"), None),
+            (None, Some("-1"), None),
+            (None, Some("5%"), None),
+            (Some("500MB"), None, Some(MinFree::Bytes(500 << 20))),
+            (Some("2GB"), None, Some(MinFree::Bytes(2 << 30))),
+            (Some("1TB"), None, Some(MinFree::Bytes(1 << 40))),
+            (Some("0MB"), None, Some(MinFree::Bytes(0))),
+            (Some("500"), None, None),
+            (Some("500KB"), None, None),
+            (Some("MB"), None, None),
+            (Some("1.5GB"), None, None),
+            (Some("-1GB"), None, None),
+            (Some("99999999999TB"), None, None),
+            (Some("1GB"), Some("3"), None),
+        ];
+        for (size, pct, want) in cases {
+            let got = MinFree::parse(*size, *pct).ok();
+            assert_eq!(got, *want, "size {size:?} percent {pct:?}");
+        }
+        assert_eq!(MinFree::Percent(3).reserve(1000), 30);
+        assert_eq!(MinFree::Percent(0).reserve(1 << 40), 0);
+        assert_eq!(MinFree::Percent(99).reserve(u64::MAX), u64::MAX / 100 * 99);
+        assert_eq!(MinFree::Bytes(7).reserve(1), 7);
+    }
+
+    #[test]
+    fn fitting() {
+        let fs = FsSpace {
+            total: 1000,
+            available: 500,
+            block: 1,
+        };
+        // (reserve, in flight, need, fits)
+        let cases = [
+            (0, 0, 500, true),
+            (0, 0, 501, false),
+            (30, 0, 470, true),
+            (30, 0, 471, false),
+            (30, 400, 70, true),
+            (30, 400, 71, false),
+            (0, u64::MAX, 1, false),
+            (u64::MAX, 0, 0, false),
+            (0, 0, u64::MAX, false),
+        ];
+        for (reserve, in_flight, need, fits) in cases {
+            let got = check_fit(fs, reserve, in_flight, need);
+            assert_eq!(got.is_ok(), fits, "{reserve} {in_flight} {need}: {got:?}");
+            if let Err(why) = got {
+                assert!(
+                    why.contains(&need.to_string()) && why.contains("500"),
+                    "{why}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn disk_footprint() {
+        // (stream bytes, block, at least, at most)
+        let cases = [
+            (0, 4096, 4096, 4096),
+            (1, 4096, 8192, 8192),
+            (4096, 4096, 8192, 12288),
+            (1 << 30, 4096, (1 << 30) + 4096, (1 << 30) + (1 << 21)),
+            (u64::MAX, 4096, u64::MAX - 4096, u64::MAX),
+            (100, 0, 1024, 1024),
+        ];
+        for (len, block, lo, hi) in cases {
+            let got = on_disk(len, block);
+            assert!(
+                (lo..=hi).contains(&got),
+                "{len} in blocks of {block}: {got}"
+            );
+        }
+    }
+
+    #[test]
+    fn reservations_add_up_and_are_given_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = File::open(dir.path()).unwrap();
+        let g = Arc::new(SpaceGuard::new(f, "t".into(), MinFree::Percent(0)));
+        let free = g.stat().unwrap().available;
+        let a = g.reserve("a", free / 2).unwrap();
+        // The second half no longer fits beside the first...
+        let e = g.reserve("b", free / 2 + free / 8).unwrap_err();
+        assert!(format!("{e:#}").contains("b ("), "{e:#}");
+        // ...until the first is given back.
+        drop(a);
+        assert_eq!(*g.in_flight.lock().unwrap(), 0);
+        assert!(g.reserve("b", free / 2).is_ok());
+    }
+}

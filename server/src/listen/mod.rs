@@ -1,0 +1,203 @@
+//! The HTTP listener: the accept loop axum's own `serve` does not give us.
+//! Every connection gets hyper's timer (so its header-read timeout works),
+//! a first-byte and an idle watchdog, HTTP/2 keepalive pings and small
+//! HTTP/2 buffers, and a place under the total and per-client caps; over
+//! the cap, a small reserve of connections answers only the probes. The
+//! access log's writer lives here too (`access_log.rs`).
+
+pub mod access_log;
+pub mod limits;
+pub mod watch;
+
+use crate::metrics::Metrics;
+use axum::body::Body;
+use axum::Router;
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use limits::{Admission, Limits, Tracker};
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tower::ServiceExt;
+use watch::{Activity, Watched};
+
+/// The longest HTTP/1.1 request head (request line and headers) read;
+/// ostree's and our client's are a few hundred bytes.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+/// The most HTTP/1.1 request headers.
+const MAX_HEADERS: usize = 64;
+/// The largest HTTP/2 header list a client may send.
+const MAX_H2_HEADER_LIST: u32 = 16 * 1024;
+/// After a failed accept (EMFILE and the like), how long to wait before
+/// the next, so the loop does not spin while descriptors are short.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// A probe-reserve connection must bring its whole request within this,
+/// and serves one request: a kubelet probe sends at once, and an abuser
+/// that lands in the reserve holds its place only this long.
+const RESERVE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Serves `router` on `listener` under `limits` until `shutdown` resolves,
+/// then stops accepting and lets open connections finish their requests.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let limits = Arc::new(limits);
+    let tracker = Tracker::new(limits.clone());
+    let builder = connection_builder(&limits);
+    let reserve_builder = reserve_builder(&limits);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            () = &mut shutdown => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!("accepting a connection: {e}");
+                metrics
+                    .connections_refused
+                    .with_label_values(&["accept_error"])
+                    .inc();
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let slot = match tracker.admit(peer.ip()) {
+            Ok(s) => s,
+            Err(why) => {
+                metrics
+                    .connections_refused
+                    .with_label_values(&[why.label()])
+                    .inc();
+                refuse(stream);
+                continue;
+            }
+        };
+        metrics.connections_accepted.inc();
+        // Without TCP_NODELAY, Nagle plus the client's delayed ACK adds
+        // ~40 ms to every small response on a keep-alive connection.
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY: {e}");
+        }
+        let act = Activity::new();
+        let io = TokioIo::new(Watched::new(stream, act.clone()));
+        let probe_only = slot.admission == Admission::ProbeOnly;
+        let router = router.clone();
+        let svc = hyper::service::service_fn(move |req| respond(router.clone(), probe_only, req));
+        let (conn, first_byte, idle) = if probe_only {
+            let conn = reserve_builder.serve_connection(io, svc).into_owned();
+            (conn, RESERVE_TIMEOUT, RESERVE_TIMEOUT)
+        } else {
+            let conn = builder.serve_connection(io, svc).into_owned();
+            (conn, limits.first_byte_timeout, limits.idle_timeout)
+        };
+        let conn = graceful.watch(conn);
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let _open = OpenGauge::new(&metrics, probe_only);
+            tokio::select! {
+                r = conn => if let Err(e) = r {
+                    tracing::debug!(%peer, "connection: {e}");
+                },
+                why = watch::watchdog(act, first_byte, idle) => {
+                    // Dropping the connection closes the socket.
+                    tracing::debug!(%peer, reason = why.label(), "closing an inactive connection");
+                    metrics.connections_expired.with_label_values(&[why.label()]).inc();
+                }
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// hyper's per-connection settings from `limits`.
+fn connection_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
+    let mut b = auto::Builder::new(TokioExecutor::new());
+    b.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(MAX_HEAD_BYTES.max(8192))
+        .max_headers(MAX_HEADERS)
+        .keep_alive(true);
+    b.http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.h2_keepalive)
+        .keep_alive_timeout(limits.h2_keepalive)
+        .max_concurrent_streams(limits.h2_max_streams)
+        .max_send_buf_size(limits.h2_send_buffer)
+        .max_header_list_size(MAX_H2_HEADER_LIST);
+    b
+}
+
+/// For the probe reserve: one request a connection, its head within
+/// [`RESERVE_TIMEOUT`].
+fn reserve_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
+    let mut b = connection_builder(limits);
+    b.http1()
+        .header_read_timeout(RESERVE_TIMEOUT)
+        .keep_alive(false);
+    b
+}
+
+/// One request. On a probe-reserve connection only the probes and
+/// `/metrics` (which shows the abuse) are served; anything else is told to
+/// come back, and the connection is closed.
+async fn respond(
+    router: Router,
+    probe_only: bool,
+    req: Request<hyper::body::Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    if probe_only && !matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics") {
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        let h = r.headers_mut();
+        h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        return Ok(r);
+    }
+    router.oneshot(req.map(Body::new)).await
+}
+
+/// Closes a refused connection at once, with a reset: nothing of it stays
+/// in TIME_WAIT on our side, and the client learns immediately.
+fn refuse(stream: TcpStream) {
+    if let Err(e) = stream.set_zero_linger() {
+        tracing::debug!("SO_LINGER: {e}");
+    }
+}
+
+/// The open-connections gauge, decremented when the connection ends.
+struct OpenGauge(prometheus::IntGauge);
+
+impl OpenGauge {
+    fn new(m: &Metrics, probe_only: bool) -> Self {
+        let kind = if probe_only {
+            "probe_reserve"
+        } else {
+            "normal"
+        };
+        let g = m.connections_open.with_label_values(&[kind]);
+        g.inc();
+        Self(g)
+    }
+}
+
+impl Drop for OpenGauge {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}

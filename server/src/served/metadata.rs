@@ -1,0 +1,228 @@
+//! The small metadata files served whole (`config`, `summary`,
+//! `summary.sig`, refs, `.commitmeta`, delta indexes): each capped at a
+//! size that fits what it holds, and read and hashed once per version of
+//! the file, not per request. Every request shares the same `Bytes`, so a
+//! hundred slow readers of one file hold one copy.
+
+use crate::fsutil;
+use bytes::Bytes;
+use oscontent_format::{summary::MAX_SUMMARY_SIZE, Checksum, ObjectKind, RepoPath};
+use std::collections::HashMap;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+use std::time::SystemTime;
+
+/// A ref file holds a checksum and a newline.
+pub const MAX_REF: u64 = 4096;
+/// `config` is a short key file.
+pub const MAX_CONFIG: u64 = 1 << 20;
+/// Detached metadata: a few signatures and small keys.
+pub const MAX_COMMITMETA: u64 = 1 << 20;
+/// `summary.sig`: signatures only.
+pub const MAX_SUMMARY_SIG: u64 = 1 << 20;
+/// A delta index: the deltas to one commit.
+pub const MAX_DELTA_INDEX: u64 = 1 << 20;
+/// What one generation's cache holds at most: the largest file it may be
+/// asked for (a 64 MiB summary) plus room for the rest. Past it the cache
+/// starts again empty, which only costs re-reads.
+const CACHE_BUDGET: usize = 96 << 20;
+/// Entries at most (one per ref, config, commitmeta... of the generation).
+const CACHE_ENTRIES: usize = 16 * 1024;
+
+/// The cap for a path served whole, or `None` for what is streamed
+/// (objects other than detached metadata, delta parts and superblocks).
+pub fn cap(p: &RepoPath) -> Option<u64> {
+    match p {
+        RepoPath::Config => Some(MAX_CONFIG),
+        RepoPath::Summary => Some(MAX_SUMMARY_SIZE as u64),
+        RepoPath::SummarySig => Some(MAX_SUMMARY_SIG),
+        RepoPath::Ref { .. } => Some(MAX_REF),
+        RepoPath::Object(o) if o.kind == ObjectKind::CommitMeta => Some(MAX_COMMITMETA),
+        RepoPath::DeltaIndex { .. } => Some(MAX_DELTA_INDEX),
+        RepoPath::Object(_) | RepoPath::Delta { .. } => None,
+    }
+}
+
+/// A strong validator from the bytes themselves.
+pub fn digest_etag(bytes: &[u8]) -> String {
+    format!("\"{}\"", &Checksum::digest(bytes).to_hex()[..32])
+}
+
+/// A metadata file as served.
+#[derive(Debug, Clone)]
+pub struct MetadataFile {
+    pub bytes: Bytes,
+    pub etag: String,
+    pub modified: Option<SystemTime>,
+}
+
+/// Why a metadata file could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum MetadataError {
+    #[error("{rel} in {root} is {len} bytes, over the {cap}-byte cap for this kind of file")]
+    TooLarge {
+        root: PathBuf,
+        rel: String,
+        len: u64,
+        cap: u64,
+    },
+    #[error("reading {rel} in {root}: {source}")]
+    Io {
+        root: PathBuf,
+        rel: String,
+        source: std::io::Error,
+    },
+}
+
+/// Which version of a file a cache entry is: a file replaced, rewritten
+/// or touched gets a new identity.
+type Identity = (u64, u64, u64, i64, i64, i64, i64);
+
+fn identity(m: &std::fs::Metadata) -> Identity {
+    (
+        m.dev(),
+        m.ino(),
+        m.len(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    )
+}
+
+#[derive(Debug, Default)]
+struct Entries {
+    map: HashMap<(PathBuf, String), (Identity, MetadataFile)>,
+    bytes: usize,
+}
+
+/// A generation's metadata files, by root and path.
+#[derive(Debug, Default)]
+pub struct MetadataCache(Mutex<Entries>);
+
+impl MetadataCache {
+    /// `root/rel` whole, if it exists, from the cache while the file is
+    /// unchanged. Over `cap` bytes is an error that names the file.
+    pub fn read(
+        &self,
+        root: &Path,
+        rel: &str,
+        cap: u64,
+    ) -> Result<Option<MetadataFile>, MetadataError> {
+        let io = |source| MetadataError::Io {
+            root: root.to_owned(),
+            rel: rel.to_owned(),
+            source,
+        };
+        let too_large = |len| MetadataError::TooLarge {
+            root: root.to_owned(),
+            rel: rel.to_owned(),
+            len,
+            cap,
+        };
+        let Some((file, meta)) = fsutil::open_file(root, rel).map_err(io)? else {
+            return Ok(None);
+        };
+        if meta.len() > cap {
+            return Err(too_large(meta.len()));
+        }
+        let id = identity(&meta);
+        let key = (root.to_owned(), rel.to_owned());
+        if let Some((_, hit)) = self.lock().map.get(&key).filter(|(i, _)| *i == id) {
+            return Ok(Some(hit.clone()));
+        }
+        // Read outside the lock: a big summary must not stall every other
+        // metadata request of the generation.
+        let mut buf = Vec::with_capacity(meta.len() as usize);
+        file.take(cap + 1).read_to_end(&mut buf).map_err(io)?;
+        if buf.len() as u64 > cap {
+            return Err(too_large(buf.len() as u64));
+        }
+        let entry = MetadataFile {
+            etag: digest_etag(&buf),
+            bytes: buf.into(),
+            modified: meta.modified().ok(),
+        };
+        self.insert(key, id, entry.clone());
+        Ok(Some(entry))
+    }
+
+    fn insert(&self, key: (PathBuf, String), id: Identity, entry: MetadataFile) {
+        let mut e = self.lock();
+        let size = entry.bytes.len();
+        if e.bytes + size > CACHE_BUDGET || e.map.len() >= CACHE_ENTRIES {
+            e.map.clear();
+            e.bytes = 0;
+        }
+        e.bytes += size;
+        if let Some((_, old)) = e.map.insert(key, (id, entry)) {
+            e.bytes -= old.bytes.len();
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        // Every update is complete before the guard drops: a panic
+        // elsewhere cannot leave a half-made entry.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_by_path_kind() {
+        let c = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        #[rustfmt::skip]
+        let cases = [
+            ("config", Some(MAX_CONFIG)),
+            ("summary", Some(MAX_SUMMARY_SIZE as u64)),
+            ("summary.sig", Some(MAX_SUMMARY_SIG)),
+            ("refs/heads/os/stable", Some(MAX_REF)),
+            (&format!("objects/{}/{}.commitmeta", &c[..2], &c[2..]), Some(MAX_COMMITMETA)),
+            (&format!("objects/{}/{}.commit", &c[..2], &c[2..]), None),
+            (&format!("objects/{}/{}.filez", &c[..2], &c[2..]), None),
+        ];
+        for (path, want) in cases {
+            let p = RepoPath::parse(path).unwrap();
+            assert_eq!(cap(&p), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn a_file_is_read_once_per_version_and_capped() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = MetadataCache::default();
+        std::fs::write(d.path().join("config"), "one\n").unwrap();
+        let a = cache.read(d.path(), "config", 16).unwrap().unwrap();
+        let b = cache.read(d.path(), "config", 16).unwrap().unwrap();
+        // Shared, not copied: the same allocation.
+        assert_eq!(a.bytes.as_ptr(), b.bytes.as_ptr());
+        assert_eq!(a.etag, digest_etag(b"one\n"));
+
+        // Replaced (a new inode): the new bytes.
+        std::fs::write(d.path().join("new"), "two!\n").unwrap();
+        std::fs::rename(d.path().join("new"), d.path().join("config")).unwrap();
+        let c = cache.read(d.path(), "config", 16).unwrap().unwrap();
+        assert_eq!(&c.bytes[..], b"two!\n");
+
+        std::fs::write(d.path().join("config"), vec![b'x'; 17]).unwrap();
+        let e = cache.read(d.path(), "config", 16).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                MetadataError::TooLarge {
+                    len: 17,
+                    cap: 16,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("config"), "{e}");
+        assert!(cache.read(d.path(), "absent", 16).unwrap().is_none());
+    }
+}

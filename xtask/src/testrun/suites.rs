@@ -1,0 +1,293 @@
+//! Runs the workspace's test executables two at a time.
+//!
+//! `cargo test` runs one test binary after another, and the end-to-end
+//! suites spend most of their time waiting on child processes (servers,
+//! registries, `ostree`), so the machine's cores idle. Two cargo processes
+//! cannot share the target directory either: the second waits on the
+//! first's lock for its whole run. So this asks cargo for the executables
+//! it built and runs them itself, longest first, each with the
+//! environment and working directory `cargo test` would give it, its
+//! output kept in a log and printed whole when it ends.
+
+use crate::cargo::{bin_dir, target_dir};
+use crate::fixtures;
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Bound on one test executable.
+const SUITE_TIMEOUT: Duration = Duration::from_secs(25 * 60);
+/// The slowest suites, started first so that the short ones fill the gaps
+/// at the end (measured: image ~95 s, pull ~65 s, mirror ~60 s).
+const SLOW_FIRST: &[&str] = &["image", "pull", "mirror", "hostile", "signing", "serve"];
+
+/// One test executable as cargo reported it.
+#[derive(Debug, Clone)]
+struct Executable {
+    /// `package-folder/target` for messages and log names.
+    name: String,
+    path: PathBuf,
+    /// The package's directory: cargo runs tests there.
+    manifest_dir: PathBuf,
+}
+
+/// How one executable ended.
+#[derive(Debug)]
+struct Outcome {
+    name: String,
+    passed: bool,
+    took: Duration,
+    /// Tests passed, failed and ignored, from its `test result:` lines.
+    counts: [u64; 3],
+}
+
+/// Lists the test executables (building them if needed), runs them `jobs`
+/// at a time, then the doc tests; fails if any failed, after all ran.
+pub fn run(jobs: usize) -> Result<()> {
+    let mut queue = executables()?;
+    queue.sort_by_key(|e| {
+        let target = e.name.rsplit('/').next().unwrap_or_default();
+        SLOW_FIRST
+            .iter()
+            .position(|s| *s == target)
+            .unwrap_or(SLOW_FIRST.len())
+    });
+    let logs = target_dir().join("test-logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    eprintln!(
+        "xtask: running {} test executables, {jobs} at a time (logs in {})",
+        queue.len(),
+        logs.display()
+    );
+    let queue = Arc::new(Mutex::new(queue.into_iter()));
+    let outcomes = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..jobs.max(1))
+        .map(|_| {
+            let (queue, outcomes, logs) = (queue.clone(), outcomes.clone(), logs.clone());
+            std::thread::spawn(move || {
+                // The guard must not live through the run (a `while let`
+                // scrutinee's temporaries would, in edition 2021).
+                let next = || queue.lock().ok().and_then(|mut q| q.next());
+                while let Some(exe) = next() {
+                    let outcome = run_one(&exe, &logs);
+                    if let Ok(mut o) = outcomes.lock() {
+                        o.push(outcome);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join()
+            .map_err(|_| anyhow::anyhow!("a test runner thread panicked"))?;
+    }
+    let doc = crate::cargo::cargo(&["test", "--workspace", "--doc", "--quiet"]);
+    let outcomes = std::mem::take(&mut *outcomes.lock().map_err(|_| anyhow::anyhow!("poisoned"))?);
+    report(&outcomes);
+    let failed: Vec<_> = outcomes
+        .iter()
+        .filter(|o| !o.passed)
+        .map(|o| &o.name)
+        .collect();
+    if !failed.is_empty() {
+        bail!("test executables failed: {failed:?}");
+    }
+    doc.context("doc tests")
+}
+
+/// Runs one executable with its output in `logs/NAME.log`, then prints the
+/// log (whole on failure, its result lines on success).
+fn run_one(exe: &Executable, logs: &Path) -> Outcome {
+    let log = logs.join(format!("{}.log", exe.name.replace('/', "-")));
+    let start = Instant::now();
+    let passed = match spawn_logged(exe, &log) {
+        Ok(status) => status,
+        Err(e) => {
+            eprintln!("xtask: {}: {e:#}", exe.name);
+            false
+        }
+    };
+    let took = start.elapsed();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let shown: String = if passed {
+        text.lines()
+            .filter(|l| l.starts_with("test result:") || l.contains(" attacks tried, "))
+            .map(|l| format!("    {l}\n"))
+            .collect()
+    } else {
+        text.clone()
+    };
+    eprintln!(
+        "xtask: {} {} in {:.0} s\n{shown}",
+        exe.name,
+        if passed { "passed" } else { "FAILED" },
+        took.as_secs_f64()
+    );
+    Outcome {
+        name: exe.name.clone(),
+        passed,
+        took,
+        counts: counts(&text),
+    }
+}
+
+/// Whether the executable passed, bounded by [`SUITE_TIMEOUT`].
+fn spawn_logged(exe: &Executable, log: &Path) -> Result<bool> {
+    let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let mut cmd = Command::new(&exe.path);
+    cmd.current_dir(&exe.manifest_dir)
+        .env("CARGO_MANIFEST_DIR", &exe.manifest_dir)
+        .env("OSCONTENT_BIN_DIR", bin_dir())
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out);
+    let child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", exe.path.display()))?;
+    let mut child = oscontent_testkit::process::Stopper::new(child, &exe.name);
+    child.grace = Duration::from_secs(10);
+    Ok(child.wait_bounded(SUITE_TIMEOUT)?.success())
+}
+
+/// Passed, failed and ignored tests summed over libtest's `test result:`
+/// lines ("test result: ok. 8 passed; 0 failed; 1 ignored; ...").
+fn counts(log: &str) -> [u64; 3] {
+    let mut total = [0; 3];
+    for line in log.lines().filter(|l| l.starts_with("test result:")) {
+        for part in line.split(['.', ';']) {
+            let mut words = part.split_whitespace();
+            let (Some(n), Some(what)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let slot = match what {
+                "passed" => 0,
+                "failed" => 1,
+                "ignored" => 2,
+                _ => continue,
+            };
+            total[slot] += n.parse::<u64>().unwrap_or(0);
+        }
+    }
+    total
+}
+
+/// Each executable's time, slowest first, and the totals.
+fn report(outcomes: &[Outcome]) {
+    let sum = |i: usize| outcomes.iter().map(|o| o.counts[i]).sum::<u64>();
+    eprintln!(
+        "xtask: {} tests passed, {} failed, {} ignored in {} executables",
+        sum(0),
+        sum(1),
+        sum(2),
+        outcomes.len()
+    );
+    let mut sorted: Vec<_> = outcomes.iter().collect();
+    sorted.sort_by_key(|o| std::cmp::Reverse(o.took));
+    eprintln!("xtask: test executables, slowest first:");
+    for o in sorted {
+        eprintln!(
+            "    {:>6.1} s  {}  {}",
+            o.took.as_secs_f64(),
+            if o.passed { "ok    " } else { "FAILED" },
+            o.name
+        );
+    }
+}
+
+/// The test executables of the workspace, from cargo's build messages.
+fn executables() -> Result<Vec<Executable>> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "test",
+            "--workspace",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(fixtures::workspace_root())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo test --no-run")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "cargo test --no-run failed: {}",
+        out.status
+    );
+    parse_messages(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Test executables in cargo's JSON messages (one object per line).
+fn parse_messages(stdout: &str) -> Result<Vec<Executable>> {
+    let mut found = Vec::new();
+    for line in stdout.lines().filter(|l| l.starts_with('{')) {
+        let m: serde_json::Value = serde_json::from_str(line).context("a cargo JSON message")?;
+        if m["reason"] != "compiler-artifact" || m["profile"]["test"] != true {
+            continue;
+        }
+        let Some(path) = m["executable"].as_str() else {
+            continue;
+        };
+        let manifest = m["manifest_path"].as_str().context("manifest_path")?;
+        let target = m["target"]["name"].as_str().context("target name")?;
+        // A crate's lib and bin may share a name: say which.
+        let kind = match m["target"]["kind"][0].as_str() {
+            Some(k @ ("lib" | "bin")) => format!(" ({k})"),
+            _ => String::new(),
+        };
+        let pkg_dir = Path::new(manifest)
+            .parent()
+            .context("manifest without a directory")?;
+        let folder = pkg_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        found.push(Executable {
+            name: format!("{folder}/{target}{kind}"),
+            path: PathBuf::from(path),
+            manifest_dir: pkg_dir.to_owned(),
+        });
+    }
+    anyhow::ensure!(!found.is_empty(), "cargo reported no test executables");
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_test_executables_only() {
+        let lines = [
+            r#"{"reason":"compiler-artifact","manifest_path":"/w/tests/Cargo.toml","target":{"name":"image","kind":["test"]},"profile":{"test":true},"executable":"/t/debug/deps/image-1"}"#,
+            r#"{"reason":"compiler-artifact","manifest_path":"/w/server/Cargo.toml","target":{"name":"oscontent_server","kind":["lib"]},"profile":{"test":false},"executable":null}"#,
+            r#"{"reason":"compiler-artifact","manifest_path":"/w/server/Cargo.toml","target":{"name":"oscontent-server","kind":["bin"]},"profile":{"test":false},"executable":"/t/debug/oscontent-server"}"#,
+            r#"{"reason":"build-finished","success":true}"#,
+        ];
+        let found = parse_messages(&lines.join("\n")).unwrap();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].name, "tests/image");
+        assert_eq!(found[0].manifest_dir, Path::new("/w/tests"));
+    }
+
+    #[test]
+    fn counts_libtest_results() {
+        let table = [
+            ("test result: ok. 8 passed; 0 failed; 1 ignored; 0 measured", [8, 0, 1]),
+            (
+                "test result: FAILED. 2 passed; 3 failed; 0 ignored\ntest result: ok. 1 passed; 0 failed; 0 ignored",
+                [3, 3, 0],
+            ),
+            ("no result at all", [0, 0, 0]),
+        ];
+        for (log, want) in table {
+            assert_eq!(counts(log), want, "{log}");
+        }
+    }
+
+    #[test]
+    fn no_executables_is_an_error() {
+        assert!(parse_messages(r#"{"reason":"build-finished","success":true}"#).is_err());
+    }
+}
