@@ -1,7 +1,8 @@
 //! ostree-native images, made by ostree-ext's own encapsulator (the
 //! `native-*` fixtures), cross-checked against ostree-ext's importer
 //! (`container::store::ImageImporter` into a bare-user repo), which is what
-//! nodes on the container path run today.
+//! nodes on the container path run today, and against stock `ostree pull`
+//! from the server streaming the same images.
 
 use crate::support::*;
 use oscontent_testkit::checkout::{
@@ -15,10 +16,11 @@ fn fixtures() -> NativeFixtures {
     native_small().unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-/// The importer, pulling from a registry as a node does, reconstructs the
-/// very commit the encapsulator was given: same checksum, a clean fsck, and
-/// a checkout identical to the source commit's in every path, content,
-/// mode, owner, xattr and symlink target.
+/// The importer, pulling from a registry as a node does, and stock `ostree
+/// pull` from the server streaming the same image both reconstruct the very
+/// commit the encapsulator was given: same checksum, a clean fsck, and
+/// checkouts identical to the source commit's in every path, content, mode,
+/// owner, xattr and symlink target.
 #[test]
 fn the_importer_checks_out_exactly_the_encapsulated_commit() {
     let f = fixtures();
@@ -51,6 +53,16 @@ fn the_importer_checks_out_exactly_the_encapsulated_commit() {
     let imported = listing(&tmp.path().join("imported")).unwrap();
     let committed = listing(&tmp.path().join("committed")).unwrap();
     assert_same_listing(&imported, &committed, "ostree-ext import", "ostree commit");
+    let server = ready(image_server(&reg, std::slice::from_ref(&image)));
+    let (_pulled_tmp, pulled) = pull_and_fsck(&server, DEFAULT_REF, &v1.commit);
+    checkout(&pulled, &v1.commit, &tmp.path().join("pulled")).unwrap();
+    let pulled = listing(&tmp.path().join("pulled")).unwrap();
+    assert_same_listing(
+        &imported,
+        &pulled,
+        "ostree-ext import",
+        "ostree pull from oscontent",
+    );
     // The comparison covered xattrs and special modes for real.
     let passwd = &imported["usr/bin/passwd"];
     assert!(
@@ -70,8 +82,7 @@ fn the_importer_checks_out_exactly_the_encapsulated_commit() {
 /// Migration: a node populated by the importer with v1 (a node as it is
 /// today) moves to the server and pulls v2 with stock `ostree pull`. It
 /// fetches exactly the objects v2 has and v1 lacks, and fsck is clean.
-/// The server publishes the repo the images were encapsulated from, which
-/// holds the same commits the native images carry.
+/// The server streams v2's native image from the registry.
 #[test]
 fn a_node_imported_from_the_registry_pulls_only_what_v2_adds() {
     let f = fixtures();
@@ -83,9 +94,8 @@ fn a_node_imported_from_the_registry_pulls_only_what_v2_adds() {
     import(&node_path, &image, true).unwrap_or_else(|e| panic!("{e:#}"));
     let node = Ostree::at(&node_path);
 
-    let source = tmp.path().join("source-repo");
-    copy_dir(&f.repo, &source).unwrap();
-    let server = ready(Server::repo(&source).args(["--commit", &v2.commit]));
+    let image2 = reg.push(&f.oci_layout, &v2.version, "native:v2", &[]);
+    let server = ready(image_server(&reg, &[image2]));
     let before = node.objects().unwrap();
     node.remote_add("oscontent", &server.url, &[]).unwrap();
     node.pull(&["oscontent", DEFAULT_REF])
