@@ -49,6 +49,11 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "a real etcd as an optional benchmark neighbour",
     ),
     (
+        "libzstd-dev",
+        "ostree-ext's zstd (pkg-config) in xtask/encapsulate",
+    ),
+    ("libssl-dev", "ostree-ext's openssl in xtask/encapsulate"),
+    (
         "xfsprogs",
         "isolated XFS filesystems on loop devices for benchmarks",
     ),

@@ -56,6 +56,31 @@ enum BenchCmd {
     /// against the neighbour alone. Writes target/bench/io-<time>.json and
     /// SVG charts.
     Io(IoArgs),
+    /// Bytes a node downloads and writes for v1 -> v2 of an ostree-native
+    /// image (5% and 30% package-shaped updates): ostree-ext's importer from
+    /// a registry, stock `ostree pull` and `oscontent pull` from the server.
+    /// Writes target/bench/update-bytes-<time>.json.
+    UpdateBytes(UpdateBytesArgs),
+}
+
+#[derive(Args)]
+struct UpdateBytesArgs {
+    /// Fixture scale: full (about 1 GiB; the real benchmark) or small.
+    #[arg(long, value_enum, default_value_t = Scale::Full)]
+    scale: Scale,
+    /// Update shares, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [0.05, 0.3])]
+    share: Vec<f64>,
+    /// What the server serves: the native images (`image`) or the archive
+    /// repo they were encapsulated from (`repo`, same commits).
+    #[arg(long, value_enum, default_value_t = xtask::bench::update_bytes::ServerSource::Image)]
+    server_source: xtask::bench::update_bytes::ServerSource,
+    /// This oscontent-server binary instead of building the release one.
+    #[arg(long, value_name = "PATH")]
+    server_bin: Option<PathBuf>,
+    /// This oscontent client binary instead of building the release one.
+    #[arg(long, value_name = "PATH")]
+    client_bin: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -175,6 +200,11 @@ struct FixturesArgs {
     /// Where to build [default: target/fixtures/<scale>-<share>, or under $OSCONTENT_FIXTURES_DIR].
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Build the ostree-native images instead (ostree-ext's encapsulator,
+    /// chunked by package, v2 a package-shaped update packed like v1)
+    /// [default dir: native-<scale>-<share>].
+    #[arg(long)]
+    native: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -185,9 +215,16 @@ fn main() -> anyhow::Result<()> {
                 ref_name: a.ref_name,
                 ..FixtureSpec::new(a.scale)
             };
-            let dir = a.dir.unwrap_or_else(|| fixtures::default_dir(&spec));
-            let built = fixtures::ensure(&spec, &dir)?;
-            print!("{}", fixtures::summary(&built));
+            if a.native {
+                let dir = a.dir.unwrap_or_else(|| fixtures::native_default_dir(&spec));
+                print!(
+                    "{}",
+                    fixtures::native_summary(&fixtures::ensure_native(&spec, &dir)?)
+                );
+            } else {
+                let dir = a.dir.unwrap_or_else(|| fixtures::default_dir(&spec));
+                print!("{}", fixtures::summary(&fixtures::ensure(&spec, &dir)?));
+            }
         }
         Cmd::Deps => xtask::deps::ensure()?,
         Cmd::Check => xtask::testrun::check()?,
@@ -207,6 +244,15 @@ fn main() -> anyhow::Result<()> {
                     server_bin: a.server_bin,
                     drop_caches: !a.warm,
                     strict: a.strict,
+                })?
+            }
+            BenchCmd::UpdateBytes(a) => {
+                xtask::bench::update_bytes::run(&xtask::bench::update_bytes::Options {
+                    scale: a.scale,
+                    shares: a.share,
+                    server_source: a.server_source,
+                    server_bin: a.server_bin,
+                    client_bin: a.client_bin,
                 })?
             }
             BenchCmd::Io(a) => xtask::bench::io::io(&xtask::bench::io::IoOptions {

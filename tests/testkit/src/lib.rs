@@ -15,7 +15,9 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod access_log;
+pub mod checkout;
 pub mod deploy;
+pub mod encapsulate;
 pub mod files;
 pub mod fixtures;
 pub mod http;

@@ -18,6 +18,7 @@ pub mod process;
 pub mod report;
 pub mod scratch;
 pub mod startup;
+pub mod update_bytes;
 
 pub use interrupt::{check_interrupted, interrupt, interrupted, sleep};
 pub use oscontent_testkit::process::Stopper;

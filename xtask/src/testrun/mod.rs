@@ -6,9 +6,14 @@ use crate::cargo::cargo;
 use crate::{deps, fixtures};
 use anyhow::{Context, Result};
 
+/// The encapsulator's own cargo project (see xtask/encapsulate/Cargo.toml).
+const ENCAPSULATE_MANIFEST: &str = "xtask/encapsulate/Cargo.toml";
+
 /// Formatting and lints; part of `test` so CI enforces them.
 pub fn check() -> Result<()> {
     cargo(&["fmt", "--all", "--check"])?;
+    // Its own workspace, which `--all` does not reach.
+    cargo(&["fmt", "--manifest-path", ENCAPSULATE_MANIFEST, "--check"])?;
     cargo(&[
         "clippy",
         "--workspace",
@@ -38,6 +43,20 @@ pub fn test() -> Result<()> {
     cargo(&["build", "--workspace", "--bins", "--tests"])?;
     let f = fixtures::small().context("building the small fixtures")?;
     eprintln!("xtask: fixtures ready at {}", f.root.display());
+    // Builds xtask/encapsulate (ostree-ext) too, in its own target dir.
+    let n = fixtures::native_small().context("building the small native fixtures")?;
+    eprintln!("xtask: native fixtures ready at {}", n.root.display());
+    // Its unit tests reuse the dependencies the fixtures just built.
+    let target = crate::cargo::target_dir().join("encapsulate");
+    let target = target.to_string_lossy();
+    cargo(&[
+        "test",
+        "--locked",
+        "--manifest-path",
+        ENCAPSULATE_MANIFEST,
+        "--target-dir",
+        &target,
+    ])?;
     suites::run(test_jobs())
 }
 
