@@ -184,6 +184,10 @@ struct DemoArgs {
     /// Keep serving v2 after the update, until Ctrl-C.
     #[arg(long)]
     keep_serving: bool,
+    /// Oscontainer format: ostree-native images (what current nodes run)
+    /// or the legacy `/srv/repo` oscontainer.
+    #[arg(long, value_enum, default_value_t = xtask::demo::Format::Native)]
+    format: xtask::demo::Format,
 }
 
 #[derive(Args)]
@@ -233,6 +237,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::Demo(a) => xtask::demo::demo(&xtask::demo::DemoOptions {
             scale: a.scale,
             share: a.share,
+            format: a.format,
             keep_serving: a.keep_serving,
         })?,
         Cmd::Bench(b) => match b.cmd {

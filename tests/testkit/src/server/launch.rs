@@ -11,6 +11,7 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::http::http1;
 use crate::process::{poll, strip_ansi, MAX_READ};
 
 /// What the server prints, alone on its first stdout line, once it listens.
@@ -96,6 +97,39 @@ impl ServerProcess {
     pub fn stderr(&self) -> String {
         let bytes = self.stderr.lock().unwrap_or_else(|e| e.into_inner());
         strip_ansi(&String::from_utf8_lossy(&bytes))
+    }
+
+    /// Waits until `/readyz` answers 200, at most `timeout`; fails if the
+    /// server exits first.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let client = http1();
+        let deadline = Instant::now() + timeout;
+        let mut last = String::new();
+        for _ in 0..10_000 {
+            if let Some(s) = self.try_wait()? {
+                bail!(
+                    "server exited ({s}) before becoming ready.\nstderr:\n{}",
+                    self.stderr()
+                );
+            }
+            match client
+                .get(format!("{}/readyz", self.url))
+                .timeout(Duration::from_secs(5))
+                .send()
+            {
+                Ok(r) if r.status() == 200 => return Ok(()),
+                Ok(r) => last = format!("HTTP {}", r.status()),
+                Err(e) => last = e.to_string(),
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!(
+            "server not ready within {timeout:?} (last /readyz: {last}).\nstderr:\n{}",
+            self.stderr()
+        )
     }
 
     /// The exit status, if the process has exited (`None` while it runs or

@@ -4,7 +4,7 @@ use anyhow::{anyhow, bail, ensure, Result};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitStatus;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::access_log::{read_access_log, AccessEntry};
 use crate::http::{fetch, http1, raw_request, HttpResponse, RawResponse};
@@ -51,34 +51,7 @@ impl Server {
     /// Waits until `/readyz` answers 200, at most `timeout`; fails if the
     /// server exits first.
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
-        let client = http1();
-        let deadline = Instant::now() + timeout;
-        let mut last = String::new();
-        for _ in 0..10_000 {
-            if let Some(s) = self.try_status()? {
-                bail!(
-                    "server exited ({s}) before becoming ready.\nstderr:\n{}",
-                    self.stderr()
-                );
-            }
-            match client
-                .get(self.url_for("/readyz"))
-                .timeout(Duration::from_secs(5))
-                .send()
-            {
-                Ok(r) if r.status() == 200 => return Ok(()),
-                Ok(r) => last = format!("HTTP {}", r.status()),
-                Err(e) => last = e.to_string(),
-            }
-            if Instant::now() >= deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        bail!(
-            "server not ready within {timeout:?} (last /readyz: {last}).\nstderr:\n{}",
-            self.stderr()
-        )
+        self.proc.wait_ready(timeout)
     }
 
     fn try_status(&mut self) -> Result<Option<ExitStatus>> {
