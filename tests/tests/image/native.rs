@@ -4,8 +4,10 @@
 //! (nothing staged, nothing served, a clear error, retried).
 
 use crate::support::*;
+use oscontent_testkit::checkout::{assert_same_listing, checkout, listing};
 use oscontent_testkit::native::*;
 use oscontent_testkit::*;
+use std::path::Path;
 
 /// The served, pulled and checked-out commit is the source's: the same
 /// checkout (content, modes, owners, xattrs, symlinks), through the
@@ -20,22 +22,49 @@ fn a_native_image_is_served_and_stock_ostree_pulls_the_source_commit() {
     assert_eq!(served_ref(&server, TINY_REF), img.commit);
     pull_and_fsck(&server, TINY_REF, &img.commit);
     let (_tmp, pulled) = pull_bare(&server, TINY_REF, &img.commit);
-    let want = checkout_listing(&img.source, &img.commit);
-    let got = checkout_listing(&pulled.repo, &img.commit);
-    assert_eq!(got, want, "the pulled checkout differs from the source's");
-    let has = |path: &str, needle: &str| {
-        let e = want
-            .get(path)
-            .unwrap_or_else(|| panic!("{path} in {want:#?}"));
-        assert!(e.contains(needle), "{path}: {e}");
+    let co = tempdir();
+    checkout(
+        &Ostree::at(&img.source),
+        &img.commit,
+        &co.path().join("want"),
+    )
+    .unwrap();
+    checkout(
+        &Ostree::at(&pulled.repo),
+        &img.commit,
+        &co.path().join("got"),
+    )
+    .unwrap();
+    let want = listing(&co.path().join("want")).unwrap();
+    let got = listing(&co.path().join("got")).unwrap();
+    assert_same_listing(&got, &want, "the pulled checkout", "the source's");
+    let entry = |path: &str| {
+        want.get(path)
+            .unwrap_or_else(|| panic!("{path} not in the source checkout"))
     };
-    has("usr/bin/hello", "user.oscontent.test=labelled");
-    has("usr/bin/hi", "symlink -> hello");
-    has("etc/blob-link", "symlink -> /usr/lib/tiny/blob");
-    has("etc/secret/key", "owner=1000:27");
-    has("etc/secret", "mode=40700");
-    has("usr/bin/setuid", "mode=104755");
-    has("usr/share/doc/empty", "size=0");
+    assert_eq!(
+        entry("usr/bin/hello").xattrs.get("user.oscontent.test"),
+        Some(&b"labelled".to_vec())
+    );
+    assert_eq!(
+        entry("usr/bin/hi").target.as_deref(),
+        Some(Path::new("hello"))
+    );
+    assert_eq!(
+        entry("etc/blob-link").target.as_deref(),
+        Some(Path::new("/usr/lib/tiny/blob"))
+    );
+    let key = entry("etc/secret/key");
+    assert_eq!((key.uid, key.gid), (1000, 27));
+    assert_eq!(
+        (entry("etc/secret").kind, entry("etc/secret").mode),
+        ("dir", 0o700)
+    );
+    assert_eq!(entry("usr/bin/setuid").mode, 0o4755);
+    assert_eq!(
+        entry("usr/share/doc/empty").sha256.as_deref(),
+        Some(sha256_hex(b"").as_str())
+    );
 }
 
 /// Serves `img` from its layout; asserts it fails cleanly with `needles`

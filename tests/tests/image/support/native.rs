@@ -7,8 +7,6 @@ use super::TINY_REF;
 use oscontent_testkit::native::*;
 use oscontent_testkit::oci::{write_layout, Layer, Tar};
 use oscontent_testkit::*;
-use std::collections::BTreeMap;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// A native image in an OCI layout, and what it was made from.
@@ -144,64 +142,6 @@ pub fn relayout(img: &NativeImage, parts: &NativeLayers, dir: &Path) -> String {
 /// A native image exactly as the format writes it.
 pub fn plain_native_image(seed: u32) -> NativeImage {
     native_image(seed, Tamper::default())
-}
-
-/// Every path of a checkout: kind, mode, owner, size, SHA-256 of the
-/// content or the symlink target, and the user xattrs.
-pub fn checkout_listing(repo: &Path, commit: &str) -> BTreeMap<String, String> {
-    let tmp = tempdir();
-    let dest = tmp.path().join("co");
-    Ostree::at(repo)
-        .run(["checkout", commit, &dest.display().to_string()])
-        .unwrap();
-    let mut out = BTreeMap::new();
-    let mut stack = vec![dest.clone()];
-    while let Some(dir) = stack.pop() {
-        assert!(out.len() < 10_000, "checkout too big");
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let p = e.unwrap().path();
-            let m = std::fs::symlink_metadata(&p).unwrap();
-            let what = if m.is_dir() {
-                stack.push(p.clone());
-                "dir".to_owned()
-            } else if m.file_type().is_symlink() {
-                format!("symlink -> {}", std::fs::read_link(&p).unwrap().display())
-            } else {
-                format!("file {}", sha256_hex(&std::fs::read(&p).unwrap()))
-            };
-            let xattrs: Vec<String> = user_xattrs(&p);
-            let rel = p.strip_prefix(&dest).unwrap().display().to_string();
-            out.insert(
-                rel,
-                format!(
-                    "{what} mode={:o} owner={}:{} size={} xattrs={xattrs:?}",
-                    m.mode(),
-                    m.uid(),
-                    m.gid(),
-                    if m.is_dir() { 0 } else { m.len() }
-                ),
-            );
-        }
-    }
-    out
-}
-
-/// `user.*` xattrs of a path (not followed), as `name=value`.
-fn user_xattrs(p: &Path) -> Vec<String> {
-    let mut names = vec![0u8; 4096];
-    let n = rustix::fs::llistxattr(p, &mut names).unwrap_or(0);
-    let mut out = Vec::new();
-    for name in names[..n]
-        .split(|&b| b == 0)
-        .filter(|n| n.starts_with(b"user."))
-    {
-        let name = String::from_utf8_lossy(name).into_owned();
-        let mut v = vec![0u8; 4096];
-        let len = rustix::fs::lgetxattr(p, name.as_str(), &mut v).unwrap();
-        out.push(format!("{name}={}", String::from_utf8_lossy(&v[..len])));
-    }
-    out.sort();
-    out
 }
 
 /// Stock `ostree pull` of `r` from the server into a bare repo (owners,
