@@ -265,7 +265,11 @@ impl<'a> Decoder<'a> {
             link: ext
                 .link
                 .or_else(|| h.link_name_bytes().map(|c| c.into_owned())),
-            mtime: h.mtime().unwrap_or(0).min(i64::MAX as u64) as i64,
+            // Beyond year 9999 no HTTP date can say it (and it is nonsense).
+            mtime: h
+                .mtime()
+                .unwrap_or(0)
+                .min(crate::conditional::MAX_HTTP_DATE_SECS) as i64,
             uid: h.uid().unwrap_or(0),
             gid: h.gid().unwrap_or(0),
             mode: h.mode().unwrap_or(0),

@@ -332,3 +332,18 @@ fn extension_headers_name_the_next_entry() {
         "{e}"
     );
 }
+
+#[test]
+fn mtimes_past_year_9999_are_clamped() {
+    let max = crate::conditional::MAX_HTTP_DATE_SECS;
+    for (mtime, want) in [(42, 42), (max, max), (max + 1, max), (1 << 40, max)] {
+        let mut b = tar::Builder::new(Vec::new());
+        // GNU: base-256 numbers, so any mtime fits.
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        h.set_mtime(mtime);
+        b.append_data(&mut h, "srv/repo/config", &b"x"[..]).unwrap();
+        let got = decode(&b.into_inner().unwrap(), &Limits::default()).unwrap();
+        assert_eq!(got[0].mtime, want as i64, "{mtime}");
+    }
+}
