@@ -13,6 +13,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod attacks;
+mod derived;
 mod lifecycle;
 mod native;
 mod pull;

@@ -11,7 +11,10 @@
 //!   outside `srv/repo` (no sane writer produces one);
 //! - GNU sparse entries are an error (unsupported);
 //! - everything outside `srv/repo` is skipped (its data is still
-//!   decompressed, and counted against the limits).
+//!   decompressed, and counted against the limits);
+//! - so is what the server derives itself: `srv/repo/{summary,summary.sig}`,
+//!   `refs/`, `deltas/` and `delta-indexes/` (an image's own would win over
+//!   the derived ones: an old signed summary replayed, a bound ref moved).
 //!
 //! Inside `srv/repo` (and for `srv`, `srv/repo` themselves):
 //! - `srv` and `srv/repo` must be directories;

@@ -28,6 +28,23 @@ fn places() {
     assert_eq!(p("srv/repo/"), Place::Repo);
     assert_eq!(p("srv/repo/objects"), Place::Inside);
     assert_eq!(p("srv/repository"), Place::Outside);
+    for derived in [
+        "srv/repo/summary",
+        "srv/repo/summary.sig",
+        "srv/repo/refs",
+        "srv/repo/refs/heads/os/stable",
+        "srv/repo/deltas/aa/bb/superblock",
+        "srv/repo/delta-indexes/aa/b.index",
+    ] {
+        assert_eq!(p(derived), Place::Derived, "{derived}");
+    }
+    for inside in [
+        "srv/repo/config",
+        "srv/repo/summary.sig.x",
+        "srv/repo/objects/refs",
+    ] {
+        assert_eq!(p(inside), Place::Inside, "{inside}");
+    }
     assert_eq!(p("usr/srv/repo"), Place::Outside);
 }
 
