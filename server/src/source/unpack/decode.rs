@@ -338,13 +338,18 @@ pub(super) fn classify<'h>(
     let comps = components(&h.path).map_err(|why| refuse(why.into()))?;
     let depth = comps.len();
     let here = place(&comps);
+    // The (empty) ref directories stay: stock ostree cannot open a repo
+    // without `refs/heads`, and a directory points nowhere.
+    let ref_dir = here == Place::Derived
+        && comps.get(2) == Some(&&b"refs"[..])
+        && h.kind == tar::EntryType::Directory;
     let Some(at) = At::new(comps) else {
         return Ok(None);
     };
     if let Some(target) = at.name.strip_prefix(WHITEOUT) {
         return whiteout(h, at, target, subject);
     }
-    if dropped(here) || here == Place::Root {
+    if (dropped(here) && !ref_dir) || here == Place::Root {
         return Ok(None);
     }
     if depth > limits.max_depth {

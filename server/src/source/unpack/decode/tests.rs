@@ -364,3 +364,28 @@ fn mtimes_past_year_9999_are_clamped() {
         assert_eq!(got[0].mtime, want as i64, "{mtime}");
     }
 }
+
+#[test]
+fn what_the_server_derives_is_dropped_but_ref_dirs_stay() {
+    use tar::EntryType::{Directory, Regular, Symlink};
+    let cases = [
+        (Regular, "srv/repo/summary", Got::Skip),
+        (Regular, "srv/repo/summary.sig", Got::Skip),
+        (Regular, "srv/repo/refs/heads/os/stable", Got::Skip),
+        (Symlink, "srv/repo/refs/heads/x", Got::Skip),
+        (Regular, "srv/repo/deltas/aa/bb/superblock", Got::Skip),
+        (Directory, "srv/repo/deltas/aa", Got::Skip),
+        (Regular, "srv/repo/delta-indexes/aa/b.index", Got::Skip),
+        (Directory, "srv/repo/refs", Got::Apply(Kind::Dir)),
+        (Directory, "srv/repo/refs/heads", Got::Apply(Kind::Dir)),
+        (
+            Regular,
+            "srv/repo/config",
+            Got::Apply(Kind::File { mtime: 7 }),
+        ),
+    ];
+    for (kind, path, want) in cases {
+        let h = header(kind, path, (kind == Symlink).then_some("y"));
+        assert_eq!(got(&h, &limits()), want, "{path}");
+    }
+}
