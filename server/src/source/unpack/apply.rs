@@ -28,6 +28,9 @@ fn walk_err(e: Errno) -> bool {
 #[derive(Debug)]
 pub(super) struct Fs {
     root: OwnedFd,
+    /// Directories created for parents no entry named: each costs an
+    /// inode like an entry, so they count against the entry limit.
+    implicit_dirs: std::cell::Cell<u64>,
 }
 
 impl Fs {
@@ -38,7 +41,15 @@ impl Fs {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        Ok(Self { root })
+        Ok(Self {
+            root,
+            implicit_dirs: std::cell::Cell::new(0),
+        })
+    }
+
+    /// Parent directories created so far that no entry named.
+    pub fn implicit_dirs(&self) -> u64 {
+        self.implicit_dirs.get()
     }
 
     /// Flushes the whole filesystem.
@@ -56,7 +67,8 @@ impl Fs {
                 Ok(d) => d,
                 Err(Errno::NOENT) if create => {
                     match rustix::fs::mkdirat(&dir, *c, Mode::from_raw_mode(0o755)) {
-                        Ok(()) | Err(Errno::EXIST) => {}
+                        Ok(()) => self.implicit_dirs.set(self.implicit_dirs.get() + 1),
+                        Err(Errno::EXIST) => {}
                         Err(e) => return Err(e),
                     }
                     rustix::fs::openat(&dir, *c, DIR_FLAGS, Mode::empty())?

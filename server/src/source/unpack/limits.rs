@@ -65,6 +65,27 @@ impl<R: Read, C: Fn() -> u64> Read for Counted<'_, R, C> {
     }
 }
 
+/// Entries plus the parent directories they created, against the entry
+/// limit: inodes are what runs out first on a small state volume.
+pub(super) fn count_dirs(
+    entries: u64,
+    implicit_dirs: u64,
+    limits: &Limits,
+    subject: &Subject,
+) -> Result<(), SourceError> {
+    if entries.saturating_add(implicit_dirs) > limits.max_entries {
+        return Err(SourceError::LimitExceeded {
+            subject: subject.clone(),
+            limit: "tar entries",
+            detail: format!(
+                "more than {} entries and directories ({entries} entries, {implicit_dirs} parent directories created for them)",
+                limits.max_entries
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Counts one more tar entry (all layers) against the entry limit.
 pub(super) fn count_entry(
     entries: &mut u64,
@@ -177,5 +198,26 @@ mod tests {
         check_extension(50, "PAX", &l, &s).unwrap();
         let e = check_extension(51, "PAX", &l, &s).unwrap_err().to_string();
         assert!(e.contains("a PAX header of 51 bytes (limit 50)"), "{e}");
+    }
+
+    #[test]
+    fn created_parents_count_as_entries() {
+        // (entries, implicit directories, refused) against max_entries = 2.
+        let cases = [
+            (1, 0, false),
+            (2, 0, false),
+            (1, 1, false),
+            (1, 2, true),
+            (0, 3, true),
+            (u64::MAX, u64::MAX, true),
+        ];
+        let subject = Subject::new("img", "layer 1/1");
+        for (entries, dirs, refused) in cases {
+            let got = count_dirs(entries, dirs, &limits(), &subject);
+            assert_eq!(got.is_err(), refused, "{entries} + {dirs}");
+            if let Err(e) = got {
+                assert!(e.to_string().contains("parent directories"), "{e}");
+            }
+        }
     }
 }
