@@ -18,4 +18,5 @@ mod lifecycle;
 mod native;
 mod pull;
 mod refresh;
+mod space;
 mod support;
