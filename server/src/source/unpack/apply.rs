@@ -47,6 +47,18 @@ impl Fs {
         })
     }
 
+    /// Free and total bytes and inodes of the staging filesystem (free
+    /// for an unprivileged writer, as `df` shows them).
+    pub fn space(&self) -> io::Result<super::limits::Space> {
+        let v = rustix::fs::fstatvfs(&self.root)?;
+        Ok(super::limits::Space {
+            free_bytes: v.f_bavail.saturating_mul(v.f_frsize),
+            total_bytes: v.f_blocks.saturating_mul(v.f_frsize),
+            free_inodes: v.f_favail,
+            total_inodes: v.f_files,
+        })
+    }
+
     /// Parent directories created so far that no entry named.
     pub fn implicit_dirs(&self) -> u64 {
         self.implicit_dirs.get()

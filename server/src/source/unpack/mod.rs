@@ -119,10 +119,16 @@ impl Tree {
             &mut totals,
             &mut |h, data| {
                 applied += 1;
-                match decode::classify(h, subject, limits)? {
-                    Some(e) => applier.apply(&e, &mut &mut *data)?,
-                    None => return Ok(()),
-                }
+                let Some(e) = decode::classify(h, subject, limits)? else {
+                    return Ok(());
+                };
+                // Checked before each write, not once per image: the
+                // volume is shared with what is being served.
+                let space = fs
+                    .space()
+                    .map_err(|err| SourceError::from_io(subject, "the staging directory", err))?;
+                limits::check_space(&decode::show(&h.path), h.size, space, subject)?;
+                applier.apply(&e, &mut &mut *data)?;
                 limits::count_dirs(applied, fs.implicit_dirs(), limits, subject)
             },
         )
