@@ -22,6 +22,16 @@ pub struct Validators {
     pub last_modified: Option<SystemTime>,
 }
 
+/// 9999-12-31T23:59:59Z, the last instant an HTTP date can name.
+pub const MAX_HTTP_DATE_SECS: u64 = 253_402_300_799;
+
+/// `t` within what an HTTP date can say (1970 to 9999): a file's mtime is
+/// whatever an image or a repo's writer set, and `httpdate` panics outside
+/// that range, which would drop the response.
+pub fn clamp_http_date(t: SystemTime) -> SystemTime {
+    UNIX_EPOCH + std::time::Duration::from_secs(secs(t).min(MAX_HTTP_DATE_SECS))
+}
+
 fn secs(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -206,6 +216,36 @@ mod tests {
 
     fn at(offset: i64) -> String {
         httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs((T0 as i64 + offset) as u64))
+    }
+
+    #[test]
+    fn http_dates_clamped_into_range() {
+        let cases: &[(SystemTime, &str)] = &[
+            (
+                UNIX_EPOCH - Duration::from_secs(1),
+                "Thu, 01 Jan 1970 00:00:00 GMT",
+            ),
+            (UNIX_EPOCH, "Thu, 01 Jan 1970 00:00:00 GMT"),
+            (
+                UNIX_EPOCH + Duration::from_secs(T0),
+                "Tue, 14 Nov 2023 22:13:20 GMT",
+            ),
+            (
+                UNIX_EPOCH + Duration::from_secs(MAX_HTTP_DATE_SECS),
+                "Fri, 31 Dec 9999 23:59:59 GMT",
+            ),
+            (
+                UNIX_EPOCH + Duration::from_secs(MAX_HTTP_DATE_SECS + 1),
+                "Fri, 31 Dec 9999 23:59:59 GMT",
+            ),
+            (
+                UNIX_EPOCH + Duration::from_secs(u64::from(u32::MAX) << 16),
+                "Fri, 31 Dec 9999 23:59:59 GMT",
+            ),
+        ];
+        for (t, want) in cases {
+            assert_eq!(httpdate::fmt_http_date(clamp_http_date(*t)), *want, "{t:?}");
+        }
     }
 
     #[test]

@@ -395,7 +395,10 @@ fn base_headers(h: &mut HeaderMap, v: &Validators, cache: HeaderValue) {
     if let Some(lm) = v.last_modified {
         h.insert(
             header::LAST_MODIFIED,
-            HeaderValue::from_str(&httpdate::fmt_http_date(lm)).expect("ascii"),
+            HeaderValue::from_str(&httpdate::fmt_http_date(
+                crate::conditional::clamp_http_date(lm),
+            ))
+            .expect("ascii"),
         );
     }
     h.insert(header::CACHE_CONTROL, cache);

@@ -500,3 +500,47 @@ fn clean_staging_removes_leftovers_only() {
     assert!(outside.path().join("keep").exists());
     source::clean_staging(&p.join("absent")).unwrap();
 }
+
+/// Entries under `dir`, itself included (bounded: the test's own tree).
+fn count_tree(dir: &Path) -> u64 {
+    1 + std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let p = e.unwrap().path();
+            if p.is_dir() && !p.is_symlink() {
+                count_tree(&p)
+            } else {
+                1
+            }
+        })
+        .sum::<u64>()
+}
+
+#[test]
+fn parent_directories_an_entry_creates_count_against_the_entry_limit() {
+    let work = tempfile::tempdir().unwrap();
+    let deep: String = (0..30).map(|i| format!("d{i}/")).collect();
+    let with_file = |path: &str| {
+        let w = work.path().join(path.len().to_string());
+        let layer = Layer::gz(Tar::new().file(path, b"x").finish());
+        let (image, _) = crafted(&w, vec![layer], None);
+        (image, count_tree(&w.join("src/repo")))
+    };
+    let (shallow, repo_entries) = with_file("srv/repo/f");
+    let (deep, _) = with_file(&format!("srv/repo/{deep}f"));
+    // `srv`, the repo's entries and the file, with room for a few more:
+    // the shallow image fits, the deep one's 30 parents do not.
+    let mut o = opts(&[]);
+    o.limits = Limits {
+        max_entries: repo_entries + 10,
+        ..Limits::default()
+    };
+    let parent = work.path().join("staging");
+    fetch(&shallow, &o, &parent).unwrap();
+    source::clean_staging(&parent).unwrap();
+    assert_failed(
+        fetch(&deep, &o, &parent),
+        &parent,
+        &["tar entries", "parent directories", "layer 2/2"],
+    );
+}

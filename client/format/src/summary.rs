@@ -7,6 +7,7 @@
 use crate::checksum::Checksum;
 use crate::error::FormatError;
 use crate::path::DeltaName;
+use crate::refname::validate_collection_id;
 use crate::variant::{check_size, parse_normal, ty};
 use ostree::glib::{prelude::ToVariant, Variant, VariantDict};
 use std::collections::BTreeMap;
@@ -249,13 +250,20 @@ pub fn parse_summary(bytes: &[u8]) -> Result<Summary, FormatError> {
     if let Some(m) = meta.lookup_value(KEY_COLLECTION_MAP, Some(ty("a{sa(s(taya{sv}))}"))) {
         for e in m.iter() {
             let cid = e.child_value(0).str().unwrap_or_default().to_owned();
+            // The key becomes a directory (`refs/mirrors/CID/…`) wherever
+            // the summary is mirrored: `../..` must never get that far.
+            validate_collection_id(&cid).map_err(|e| verr(format!("{KEY_COLLECTION_MAP}: {e}")))?;
             collection_map.insert(cid, parse_ref_list(&e.child_value(1))?);
         }
+    }
+    let collection_id = get_s(KEY_COLLECTION_ID);
+    if let Some(c) = &collection_id {
+        validate_collection_id(c).map_err(|e| verr(format!("{KEY_COLLECTION_ID}: {e}")))?;
     }
     Ok(Summary {
         refs,
         collection_map,
-        collection_id: get_s(KEY_COLLECTION_ID),
+        collection_id,
         deltas,
         indexed_deltas: get_b(KEY_INDEXED_DELTAS),
         last_modified: get_t(KEY_LAST_MODIFIED),
@@ -346,6 +354,59 @@ mod tests {
             // Garbage either fails or parses to nothing; it never panics.
             if let Ok(p) = parse_summary(junk) {
                 assert!(p.refs.is_empty());
+            }
+        }
+    }
+
+    /// Summaries as a hostile upstream would forge them: every name that
+    /// could become a path must pass the grammar, and the refusal names it.
+    #[test]
+    fn refuses_names_outside_the_grammar() {
+        let good = sample().refs[0].clone();
+        let with_map = |cid: &str, name: &str| Summary {
+            collection_map: BTreeMap::from([(
+                cid.to_owned(),
+                vec![SummaryRef {
+                    name: name.into(),
+                    ..good.clone()
+                }],
+            )]),
+            ..sample()
+        };
+        let with_cid = |cid: &str| Summary {
+            collection_id: Some(cid.into()),
+            ..sample()
+        };
+        let cases: Vec<(Summary, Option<&str>)> = vec![
+            (with_map("org.example.Os", "os/stable"), None),
+            (with_cid("org.example.Os"), None),
+            (with_map("../../tmp/x", "os/stable"), Some("../../tmp/x")),
+            (
+                with_map("org.example/../..", "a"),
+                Some("org.example/../.."),
+            ),
+            (with_map("/abs.path", "a"), Some("/abs.path")),
+            (with_map("single", "a"), Some("single")),
+            (with_map("org.1x", "a"), Some("org.1x")),
+            (with_map("", "a"), Some("\"\"")),
+            (with_map("org.example.Os", "../../x"), Some("../../x")),
+            (with_map("org.example.Os", "a/../../x"), Some("a/../../x")),
+            (with_cid("../x"), Some("../x")),
+        ];
+        for (s, refused) in cases {
+            let got = parse_summary(&build_summary(&s).unwrap());
+            match refused {
+                None => {
+                    let got = got.unwrap();
+                    assert_eq!(
+                        (got.collection_map, got.collection_id),
+                        (s.collection_map, s.collection_id)
+                    );
+                }
+                Some(name) => {
+                    let e = got.unwrap_err().to_string();
+                    assert!(e.contains(name), "{name}: {e}");
+                }
             }
         }
     }

@@ -127,7 +127,16 @@ pub struct RegistryArgs {
     /// base commit anyway (the derived layers are not fetched).
     #[arg(long)]
     pub serve_base_commit: bool,
+    /// Most bytes an image may decompress to, all layers together (what
+    /// is skipped counts too). The default stays below the deployed 5 GiB
+    /// state volume, so a hostile image fails the fetch, not the disk.
+    #[arg(long, default_value_t = DEFAULT_MAX_IMAGE_BYTES, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_image_bytes: u64,
 }
+
+/// 4 GiB: below the 5 GiB state volume of deploy/, which also holds the
+/// generation being served while the next is staged.
+pub const DEFAULT_MAX_IMAGE_BYTES: u64 = 4 << 30;
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -258,6 +267,10 @@ impl RegistryArgs {
             insecure_registries: self.insecure_registries.clone(),
             registries_conf: self.registries_conf.clone(),
             serve_base_commit: self.serve_base_commit,
+            limits: crate::source::Limits {
+                max_decompressed_bytes: self.max_image_bytes,
+                ..crate::source::Limits::default()
+            },
             ..FetchOptions::default()
         }
     }

@@ -17,7 +17,7 @@
 
 use super::remote::Remote;
 use anyhow::{bail, Context, Result};
-use oscontent_format::{check_dirmeta, Checksum, ObjectKind, ObjectName};
+use oscontent_format::{check_dirmeta, Checksum, ObjectKind, ObjectName, RepoPath};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
@@ -227,6 +227,18 @@ fn verify_object(path: &Path, obj: &ObjectName, entry: &FileEntry) -> Result<(),
     }
 }
 
+/// `root/rel`, once `rel` passes the archive layout's grammar. Names of
+/// refs, collections and deltas come from remote data (a summary, a
+/// bundle): the grammar has no `..`, no absolute path and no empty
+/// component, so whatever passes it stays under `root`.
+pub fn layout_path(root: &Path, rel: &str) -> Result<PathBuf> {
+    anyhow::ensure!(
+        RepoPath::parse(rel).is_some(),
+        "refusing to write {rel:?}: not a path of the ostree archive layout"
+    );
+    Ok(root.join(rel))
+}
+
 /// The destination directory.
 #[derive(Debug)]
 pub struct Store {
@@ -369,7 +381,7 @@ impl Store {
     }
 
     fn persist(&self, tmp: tempfile::NamedTempFile, rel: &str) -> Result<()> {
-        let dest = self.root.join(rel);
+        let dest = layout_path(&self.root, rel)?;
         if let Some(p) = dest.parent() {
             std::fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))?;
         }
@@ -410,7 +422,7 @@ impl Store {
                 return Ok(0);
             }
         }
-        let path = self.root.join(rel);
+        let path = layout_path(&self.root, rel)?;
         if path.is_file() {
             let want = sha256.to_hex();
             let e = match self.known.get(rel) {
@@ -461,7 +473,7 @@ impl Store {
             sha256: hex::encode(Sha256::digest(bytes)),
             size: bytes.len() as u64,
         };
-        let dest = self.root.join(rel);
+        let dest = layout_path(&self.root, rel)?;
         if std::fs::read(&dest).ok().as_deref() == Some(bytes) {
             self.record(rel, entry);
             return Ok(());

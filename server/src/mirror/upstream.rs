@@ -206,7 +206,7 @@ impl SiteMirror {
 /// The remote's own files, verbatim, into a generation overlay.
 fn write_overlay(dir: &Path, meta: &Metadata) -> Result<()> {
     let write = |rel: &str, bytes: &[u8]| -> Result<()> {
-        let p = dir.join(rel);
+        let p = super::store::layout_path(dir, rel)?;
         if let Some(parent) = p.parent() {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating {}", parent.display()))?;

@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod conditionals;
+mod dates;
 mod limits;
 mod operations;
 mod paths;

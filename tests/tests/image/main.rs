@@ -13,9 +13,11 @@
 #![allow(clippy::unwrap_used)]
 
 mod attacks;
+mod derived;
 mod importer;
 mod lifecycle;
 mod native;
 mod pull;
 mod refresh;
+mod space;
 mod support;

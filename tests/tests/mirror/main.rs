@@ -7,12 +7,15 @@
 //!   `ostree pull` verifying the original signer's signatures; plus a
 //!   chained site server fed by the hub over the link.
 //! - `layout`: image → OCI layout copies (digests, incremental, resume).
+//! - `hostile_upstream`: a summary naming a collection `../..` writes
+//!   nothing outside the state dir or bundle (`serve --upstream`, `mirror`).
 
 // Test code: outside #[test] functions too, a panic that names the value is
 // the failure report (clippy.toml allows it inside them).
 #![allow(clippy::unwrap_used)]
 
 mod airgap;
+mod hostile_upstream;
 mod layout;
 mod netns;
 mod support;

@@ -28,6 +28,9 @@ fn walk_err(e: Errno) -> bool {
 #[derive(Debug)]
 pub(super) struct Fs {
     root: OwnedFd,
+    /// Directories created for parents no entry named: each costs an
+    /// inode like an entry, so they count against the entry limit.
+    implicit_dirs: std::cell::Cell<u64>,
 }
 
 impl Fs {
@@ -38,7 +41,27 @@ impl Fs {
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )?;
-        Ok(Self { root })
+        Ok(Self {
+            root,
+            implicit_dirs: std::cell::Cell::new(0),
+        })
+    }
+
+    /// Free and total bytes and inodes of the staging filesystem (free
+    /// for an unprivileged writer, as `df` shows them).
+    pub fn space(&self) -> io::Result<super::limits::Space> {
+        let v = rustix::fs::fstatvfs(&self.root)?;
+        Ok(super::limits::Space {
+            free_bytes: v.f_bavail.saturating_mul(v.f_frsize),
+            total_bytes: v.f_blocks.saturating_mul(v.f_frsize),
+            free_inodes: v.f_favail,
+            total_inodes: v.f_files,
+        })
+    }
+
+    /// Parent directories created so far that no entry named.
+    pub fn implicit_dirs(&self) -> u64 {
+        self.implicit_dirs.get()
     }
 
     /// Flushes the whole filesystem.
@@ -56,7 +79,8 @@ impl Fs {
                 Ok(d) => d,
                 Err(Errno::NOENT) if create => {
                     match rustix::fs::mkdirat(&dir, *c, Mode::from_raw_mode(0o755)) {
-                        Ok(()) | Err(Errno::EXIST) => {}
+                        Ok(()) => self.implicit_dirs.set(self.implicit_dirs.get() + 1),
+                        Err(Errno::EXIST) => {}
                         Err(e) => return Err(e),
                     }
                     rustix::fs::openat(&dir, *c, DIR_FLAGS, Mode::empty())?

@@ -16,7 +16,7 @@ const WHITEOUT: &[u8] = b".wh.";
 const OPAQUE: &[u8] = b".wh..wh..opq";
 
 /// Where an entry's path falls relative to `srv/repo`.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Place {
     /// `.` (the layer root).
     Root,
@@ -26,7 +26,27 @@ pub(super) enum Place {
     Repo,
     /// Below `srv/repo`.
     Inside,
+    /// What the server derives itself (see [`DERIVED`]): dropped like
+    /// what is outside `srv/repo`.
+    Derived,
     Outside,
+}
+
+/// Top-level names in `srv/repo` the server derives from the commit and
+/// the deltas it publishes: an image's own would otherwise win, so a
+/// hostile image could point a bound ref at an older commit or replay an
+/// old, validly signed summary. `delta-indexes` describe `deltas`.
+const DERIVED: [&[u8]; 5] = [
+    b"summary",
+    b"summary.sig",
+    b"refs",
+    b"deltas",
+    b"delta-indexes",
+];
+
+/// Dropped at unpack: outside `srv/repo`, or derived by the server.
+fn dropped(p: Place) -> bool {
+    matches!(p, Place::Outside | Place::Derived)
 }
 
 pub(super) fn place(comps: &[&[u8]]) -> Place {
@@ -34,6 +54,7 @@ pub(super) fn place(comps: &[&[u8]]) -> Place {
         [] => Place::Root,
         [a] if *a == KEEP[0] => Place::Srv,
         [a, b] if *a == KEEP[0] && *b == KEEP[1] => Place::Repo,
+        [a, b, c, ..] if *a == KEEP[0] && *b == KEEP[1] && DERIVED.contains(c) => Place::Derived,
         [a, b, ..] if *a == KEEP[0] && *b == KEEP[1] => Place::Inside,
         _ => Place::Outside,
     }
@@ -265,7 +286,11 @@ impl<'a> Decoder<'a> {
             link: ext
                 .link
                 .or_else(|| h.link_name_bytes().map(|c| c.into_owned())),
-            mtime: h.mtime().unwrap_or(0).min(i64::MAX as u64) as i64,
+            // Beyond year 9999 no HTTP date can say it (and it is nonsense).
+            mtime: h
+                .mtime()
+                .unwrap_or(0)
+                .min(crate::conditional::MAX_HTTP_DATE_SECS) as i64,
             uid: h.uid().unwrap_or(0),
             gid: h.gid().unwrap_or(0),
             mode: h.mode().unwrap_or(0),
@@ -313,13 +338,18 @@ pub(super) fn classify<'h>(
     let comps = components(&h.path).map_err(|why| refuse(why.into()))?;
     let depth = comps.len();
     let here = place(&comps);
+    // The (empty) ref directories stay: stock ostree cannot open a repo
+    // without `refs/heads`, and a directory points nowhere.
+    let ref_dir = here == Place::Derived
+        && comps.get(2) == Some(&&b"refs"[..])
+        && h.kind == tar::EntryType::Directory;
     let Some(at) = At::new(comps) else {
         return Ok(None);
     };
     if let Some(target) = at.name.strip_prefix(WHITEOUT) {
         return whiteout(h, at, target, subject);
     }
-    if here == Place::Outside || here == Place::Root {
+    if (dropped(here) && !ref_dir) || here == Place::Root {
         return Ok(None);
     }
     if depth > limits.max_depth {
@@ -391,7 +421,7 @@ fn whiteout<'h>(
         })
     };
     if at.name == OPAQUE {
-        if place(&at.dir) == Place::Outside {
+        if dropped(place(&at.dir)) {
             return Ok(None);
         }
         return Ok(entry(at, Kind::Opaque));
@@ -410,7 +440,7 @@ fn whiteout<'h>(
         dir: at.dir.clone(),
         name: target,
     };
-    if place(&victim.components()) == Place::Outside {
+    if dropped(place(&victim.components())) {
         return Ok(None);
     }
     Ok(entry(at, Kind::Whiteout { victim }))

@@ -65,6 +65,68 @@ impl<R: Read, C: Fn() -> u64> Read for Counted<'_, R, C> {
     }
 }
 
+/// What the unpacker leaves free on the state volume, where the generation
+/// being served, the access log and the next refresh live: this much, or
+/// 1/20 of the volume if that is less (small test volumes).
+pub(super) const SPACE_RESERVE_BYTES: u64 = 256 << 20;
+/// Inodes it leaves free, likewise capped at 1/20 of the volume's.
+pub(super) const SPACE_RESERVE_INODES: u64 = 1024;
+
+/// A filesystem's space, from `statvfs`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Space {
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+    pub free_inodes: u64,
+    pub total_inodes: u64,
+}
+
+/// Refuses the file `path` of `size` bytes when writing it would leave
+/// less than the reserve free: a disk-full error (retried later), before
+/// the write rather than half-way through it.
+pub(super) fn check_space(
+    path: &str,
+    size: u64,
+    s: Space,
+    subject: &Subject,
+) -> Result<(), SourceError> {
+    let bytes_kept = SPACE_RESERVE_BYTES.min(s.total_bytes / 20);
+    let inodes_kept = SPACE_RESERVE_INODES.min(s.total_inodes / 20);
+    // Filesystems without inode accounting report 0 inodes in total.
+    let inodes_short = s.total_inodes > 0 && s.free_inodes < inodes_kept.saturating_add(1);
+    if size.saturating_add(bytes_kept) > s.free_bytes || inodes_short {
+        return Err(SourceError::DiskFull {
+            subject: subject.clone(),
+            path: format!(
+                "{path} ({size} bytes, with {} bytes and {} inodes free; {bytes_kept} bytes and {inodes_kept} inodes are kept in reserve)",
+                s.free_bytes, s.free_inodes
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Entries plus the parent directories they created, against the entry
+/// limit: inodes are what runs out first on a small state volume.
+pub(super) fn count_dirs(
+    entries: u64,
+    implicit_dirs: u64,
+    limits: &Limits,
+    subject: &Subject,
+) -> Result<(), SourceError> {
+    if entries.saturating_add(implicit_dirs) > limits.max_entries {
+        return Err(SourceError::LimitExceeded {
+            subject: subject.clone(),
+            limit: "tar entries",
+            detail: format!(
+                "more than {} entries and directories ({entries} entries, {implicit_dirs} parent directories created for them)",
+                limits.max_entries
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Counts one more tar entry (all layers) against the entry limit.
 pub(super) fn count_entry(
     entries: &mut u64,
@@ -177,5 +239,73 @@ mod tests {
         check_extension(50, "PAX", &l, &s).unwrap();
         let e = check_extension(51, "PAX", &l, &s).unwrap_err().to_string();
         assert!(e.contains("a PAX header of 51 bytes (limit 50)"), "{e}");
+    }
+
+    #[test]
+    fn created_parents_count_as_entries() {
+        // (entries, implicit directories, refused) against max_entries = 2.
+        let cases = [
+            (1, 0, false),
+            (2, 0, false),
+            (1, 1, false),
+            (1, 2, true),
+            (0, 3, true),
+            (u64::MAX, u64::MAX, true),
+        ];
+        let subject = Subject::new("img", "layer 1/1");
+        for (entries, dirs, refused) in cases {
+            let got = count_dirs(entries, dirs, &limits(), &subject);
+            assert_eq!(got.is_err(), refused, "{entries} + {dirs}");
+            if let Err(e) = got {
+                assert!(e.to_string().contains("parent directories"), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn files_leave_the_reserve_free() {
+        let (r, i) = (SPACE_RESERVE_BYTES, SPACE_RESERVE_INODES);
+        let big = |free_bytes, free_inodes| Space {
+            free_bytes,
+            total_bytes: 1 << 40,
+            free_inodes,
+            total_inodes: 1 << 30,
+        };
+        // A 2 MiB tmpfs with 1 MiB free keeps 1/20 of it (104857 bytes).
+        let small = Space {
+            free_bytes: 1 << 20,
+            total_bytes: 2 << 20,
+            free_inodes: 500,
+            total_inodes: 1000,
+        };
+        let no_inodes = Space {
+            total_inodes: 0,
+            free_inodes: 0,
+            ..big(r + 10, 0)
+        };
+        let cases = [
+            (0, big(r, i + 1), false),
+            (100, big(r + 100, i + 1), false),
+            (101, big(r + 100, i + 1), true),
+            (0, big(r - 1, 1 << 20), true),
+            (0, big(u64::MAX, i), true),
+            (u64::MAX, big(u64::MAX - 1, u64::MAX), true),
+            (1 << 20, small, true),
+            ((1 << 20) - 104_857, small, false),
+            ((1 << 20) - 104_856, small, true),
+            (10, no_inodes, false),
+        ];
+        let subject = Subject::new("img", "layer 1/1");
+        for (size, space, refused) in cases {
+            let got = check_space("srv/repo/f", size, space, &subject);
+            assert_eq!(got.is_err(), refused, "{size} {space:?}");
+            if let Err(e) = got {
+                assert!(
+                    e.to_string().contains("disk full while writing srv/repo/f"),
+                    "{e}"
+                );
+                assert!(e.is_retryable());
+            }
+        }
     }
 }

@@ -11,7 +11,11 @@
 //!   outside `srv/repo` (no sane writer produces one);
 //! - GNU sparse entries are an error (unsupported);
 //! - everything outside `srv/repo` is skipped (its data is still
-//!   decompressed, and counted against the limits).
+//!   decompressed, and counted against the limits);
+//! - so is what the server derives itself: `srv/repo/{summary,summary.sig}`,
+//!   `refs/`, `deltas/` and `delta-indexes/` (an image's own would win over
+//!   the derived ones: an old signed summary replayed, a bound ref moved);
+//!   only the directories under `refs/` stay, for stock ostree to open it.
 //!
 //! Inside `srv/repo` (and for `srv`, `srv/repo` themselves):
 //! - `srv` and `srv/repo` must be directories;
@@ -97,7 +101,12 @@ impl Tree {
         subject: &Subject,
         limits: &Limits,
     ) -> Result<(), SourceError> {
-        let mut applier = Applier::new(&self.fs, subject, &mut self.written_bytes);
+        let fs = &self.fs;
+        let mut applier = Applier::new(fs, subject, &mut self.written_bytes);
+        // Entries applied so far, all layers: with the parents they made
+        // (an entry 40 components deep makes up to 40 directories), they
+        // must stay within the entry limit.
+        let mut applied = self.entries;
         let mut totals = StreamTotals {
             entries: &mut self.entries,
             decompressed: &mut self.decompressed,
@@ -108,9 +117,19 @@ impl Tree {
             subject,
             limits,
             &mut totals,
-            &mut |h, data| match decode::classify(h, subject, limits)? {
-                Some(e) => applier.apply(&e, &mut &mut *data),
-                None => Ok(()),
+            &mut |h, data| {
+                applied += 1;
+                let Some(e) = decode::classify(h, subject, limits)? else {
+                    return Ok(());
+                };
+                // Checked before each write, not once per image: the
+                // volume is shared with what is being served.
+                let space = fs
+                    .space()
+                    .map_err(|err| SourceError::from_io(subject, "the staging directory", err))?;
+                limits::check_space(&decode::show(&h.path), h.size, space, subject)?;
+                applier.apply(&e, &mut &mut *data)?;
+                limits::count_dirs(applied, fs.implicit_dirs(), limits, subject)
             },
         )
     }

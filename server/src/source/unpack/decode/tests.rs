@@ -28,6 +28,23 @@ fn places() {
     assert_eq!(p("srv/repo/"), Place::Repo);
     assert_eq!(p("srv/repo/objects"), Place::Inside);
     assert_eq!(p("srv/repository"), Place::Outside);
+    for derived in [
+        "srv/repo/summary",
+        "srv/repo/summary.sig",
+        "srv/repo/refs",
+        "srv/repo/refs/heads/os/stable",
+        "srv/repo/deltas/aa/bb/superblock",
+        "srv/repo/delta-indexes/aa/b.index",
+    ] {
+        assert_eq!(p(derived), Place::Derived, "{derived}");
+    }
+    for inside in [
+        "srv/repo/config",
+        "srv/repo/summary.sig.x",
+        "srv/repo/objects/refs",
+    ] {
+        assert_eq!(p(inside), Place::Inside, "{inside}");
+    }
     assert_eq!(p("usr/srv/repo"), Place::Outside);
 }
 
@@ -331,4 +348,44 @@ fn extension_headers_name_the_next_entry() {
         e.to_string().contains("extension header without the entry"),
         "{e}"
     );
+}
+
+#[test]
+fn mtimes_past_year_9999_are_clamped() {
+    let max = crate::conditional::MAX_HTTP_DATE_SECS;
+    for (mtime, want) in [(42, 42), (max, max), (max + 1, max), (1 << 40, max)] {
+        let mut b = tar::Builder::new(Vec::new());
+        // GNU: base-256 numbers, so any mtime fits.
+        let mut h = tar::Header::new_gnu();
+        h.set_size(1);
+        h.set_mtime(mtime);
+        b.append_data(&mut h, "srv/repo/config", &b"x"[..]).unwrap();
+        let got = decode(&b.into_inner().unwrap(), &Limits::default()).unwrap();
+        assert_eq!(got[0].mtime, want as i64, "{mtime}");
+    }
+}
+
+#[test]
+fn what_the_server_derives_is_dropped_but_ref_dirs_stay() {
+    use tar::EntryType::{Directory, Regular, Symlink};
+    let cases = [
+        (Regular, "srv/repo/summary", Got::Skip),
+        (Regular, "srv/repo/summary.sig", Got::Skip),
+        (Regular, "srv/repo/refs/heads/os/stable", Got::Skip),
+        (Symlink, "srv/repo/refs/heads/x", Got::Skip),
+        (Regular, "srv/repo/deltas/aa/bb/superblock", Got::Skip),
+        (Directory, "srv/repo/deltas/aa", Got::Skip),
+        (Regular, "srv/repo/delta-indexes/aa/b.index", Got::Skip),
+        (Directory, "srv/repo/refs", Got::Apply(Kind::Dir)),
+        (Directory, "srv/repo/refs/heads", Got::Apply(Kind::Dir)),
+        (
+            Regular,
+            "srv/repo/config",
+            Got::Apply(Kind::File { mtime: 7 }),
+        ),
+    ];
+    for (kind, path, want) in cases {
+        let h = header(kind, path, (kind == Symlink).then_some("y"));
+        assert_eq!(got(&h, &limits()), want, "{path}");
+    }
 }
