@@ -9,7 +9,7 @@ use crate::listen::access_log::AccessLog;
 use crate::metrics::Metrics;
 use crate::serve::sink::Sink;
 use crate::served::metadata::{self, digest_etag, MetadataError};
-use crate::served::{Layer, Resolved};
+use crate::served::{Generation, Layer, Resolved};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
@@ -21,6 +21,7 @@ use http::{Method, StatusCode};
 use oscontent_format::{ObjectName, RepoPath};
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -322,69 +323,97 @@ async fn serve_repo(
             };
             Ok(respond_bytes(headers, g.bytes, &v, cache, head))
         }
-        Resolved::File { layer, root, rel } => {
-            if let Some(cap) = metadata::cap(&rp) {
-                let g = generation.clone();
-                let read = tokio::task::spawn_blocking(move || g.read_metadata(&root, &rel, cap))
-                    .await
-                    .map_err(|e| anyhow::anyhow!("read task: {e}"))?;
-                let read = match read {
-                    Ok(r) => r,
-                    Err(e @ MetadataError::TooLarge { .. }) => {
-                        st.metrics
-                            .oversized_metadata
-                            .with_label_values(&[classify(path)])
-                            .inc();
-                        return Err(anyhow::Error::from(e).into());
-                    }
-                    Err(e) => return Err(anyhow::Error::from(e).into()),
-                };
-                // Gone between resolve and read (a tool replacing it): 404,
-                // and the client retries.
-                let Some(f) = read else {
-                    return Err(AppError::NotFound);
-                };
-                let v = Validators {
-                    etag: f.etag,
-                    last_modified: f.modified,
-                };
-                Ok(respond_bytes(headers, f.bytes, &v, cache, head))
-            } else {
-                let opened = tokio::task::spawn_blocking(move || fsutil::open_file(&root, &rel))
-                    .await
-                    .map_err(|e| anyhow::anyhow!("open task: {e}"))?
-                    .map_err(|e| anyhow::anyhow!("opening {path}: {e}"))?;
-                let Some((file, meta)) = opened else {
-                    return Err(AppError::NotFound);
-                };
-                let etag = match &rp {
-                    // Content-addressed: the name is the identity; length
-                    // and inode guard against a re-compressed copy.
-                    RepoPath::Object(ObjectName { checksum, kind }) => {
-                        format!(
-                            "\"{}.{}-{:x}\"",
-                            checksum.to_hex(),
-                            kind.extension(),
-                            meta.len()
-                        )
-                    }
-                    _ => format!(
-                        "\"{:x}-{:x}-{:x}.{:x}-{}\"",
-                        meta.ino(),
-                        meta.len(),
-                        meta.mtime(),
-                        meta.mtime_nsec(),
-                        u8::from(layer == Layer::Overlay)
-                    ),
-                };
-                let v = Validators {
-                    etag,
-                    last_modified: meta.modified().ok(),
-                };
-                respond_file(headers, file, meta.len(), &v, cache, head).await
+        Resolved::File { layer, root, rel } => match metadata::cap(&rp) {
+            Some(cap) => {
+                let f = read_metadata(st, &generation, root, rel, cap, path).await?;
+                Ok(respond_bytes(headers, f.0, &f.1, cache, head))
             }
-        }
+            None => serve_file(headers, &rp, layer, root, rel, cache, head, path).await,
+        },
     }
+}
+
+/// A metadata file, read whole (bounded by `cap`) and cached per
+/// generation, with its validators.
+async fn read_metadata(
+    st: &AppState,
+    generation: &Arc<Generation>,
+    root: PathBuf,
+    rel: String,
+    cap: u64,
+    path: &str,
+) -> Result<(bytes::Bytes, Validators), AppError> {
+    let g = generation.clone();
+    let read = tokio::task::spawn_blocking(move || g.read_metadata(&root, &rel, cap))
+        .await
+        .map_err(|e| anyhow::anyhow!("read task: {e}"))?;
+    let read = match read {
+        Ok(r) => r,
+        Err(e @ MetadataError::TooLarge { .. }) => {
+            st.metrics
+                .oversized_metadata
+                .with_label_values(&[classify(path)])
+                .inc();
+            return Err(anyhow::Error::from(e).into());
+        }
+        Err(e) => return Err(anyhow::Error::from(e).into()),
+    };
+    // Gone between resolve and read (a tool replacing it): 404, and the
+    // client retries.
+    let Some(f) = read else {
+        return Err(AppError::NotFound);
+    };
+    let v = Validators {
+        etag: f.etag,
+        last_modified: f.modified,
+    };
+    Ok((f.bytes, v))
+}
+
+/// Any other file (objects, deltas), streamed from an open handle.
+#[allow(clippy::too_many_arguments)] // one request's parts, passed through once
+async fn serve_file(
+    headers: &HeaderMap,
+    rp: &RepoPath,
+    layer: Layer,
+    root: PathBuf,
+    rel: String,
+    cache: HeaderValue,
+    head: bool,
+    path: &str,
+) -> Result<Response, AppError> {
+    let opened = tokio::task::spawn_blocking(move || fsutil::open_file(&root, &rel))
+        .await
+        .map_err(|e| anyhow::anyhow!("open task: {e}"))?
+        .map_err(|e| anyhow::anyhow!("opening {path}: {e}"))?;
+    let Some((file, meta)) = opened else {
+        return Err(AppError::NotFound);
+    };
+    let etag = match rp {
+        // Content-addressed: the name is the identity; length and inode
+        // guard against a re-compressed copy.
+        RepoPath::Object(ObjectName { checksum, kind }) => {
+            format!(
+                "\"{}.{}-{:x}\"",
+                checksum.to_hex(),
+                kind.extension(),
+                meta.len()
+            )
+        }
+        _ => format!(
+            "\"{:x}-{:x}-{:x}.{:x}-{}\"",
+            meta.ino(),
+            meta.len(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+            u8::from(layer == Layer::Overlay)
+        ),
+    };
+    let v = Validators {
+        etag,
+        last_modified: meta.modified().ok(),
+    };
+    respond_file(headers, file, meta.len(), &v, cache, head).await
 }
 
 fn base_headers(h: &mut HeaderMap, v: &Validators, cache: HeaderValue) {
