@@ -38,19 +38,6 @@ fn ostree(repo: &Path, args: &[&str]) -> String {
     String::from_utf8(out.stdout).expect("utf-8 output")
 }
 
-/// Bytes that do not compress, so the big content object stays big.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// An archive repo holding one orphan commit bound to [`REF`], with
 /// detached metadata, a from-empty static delta and its index.
 pub struct Repo {
@@ -65,7 +52,11 @@ impl Repo {
         std::fs::create_dir_all(tree.join("usr/bin")).unwrap();
         std::fs::write(tree.join("usr/bin/hello"), format!("hello {version}\n")).unwrap();
         let seed = version.bytes().fold(7u64, |a, b| a * 31 + u64::from(b));
-        std::fs::write(tree.join("usr/big"), noise(200_000, seed)).unwrap();
+        std::fs::write(
+            tree.join("usr/big"),
+            oscontent_testkit::files::noise(200_000, seed),
+        )
+        .unwrap();
         ostree(&dir, &["init", "--mode=archive"]);
         let commit = ostree(
             &dir,

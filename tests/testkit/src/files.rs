@@ -152,3 +152,17 @@ pub fn leaks_secret(haystack: &[u8]) -> bool {
     }
     false
 }
+
+/// Deterministic bytes that do not compress (xorshift), so that an object
+/// made of them stays as big on the wire and on disk as it is.
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

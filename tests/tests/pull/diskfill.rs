@@ -66,19 +66,6 @@ impl Drop for SmallFs {
     }
 }
 
-/// Deterministic incompressible bytes (xorshift).
-fn noise(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn deflate(parts: &[&[u8]]) -> Vec<u8> {
     let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
     for p in parts {

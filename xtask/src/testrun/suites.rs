@@ -103,7 +103,13 @@ pub fn run(jobs: usize) -> Result<()> {
 /// Runs one executable with its output in `logs/NAME.log`, then prints the
 /// log (whole on failure, its result lines on success).
 fn run_one(exe: &Executable, logs: &Path) -> Outcome {
-    let log = logs.join(format!("{}.log", exe.name.replace('/', "-")));
+    let file: String = exe
+        .name
+        .chars()
+        .filter(|c| !matches!(c, '(' | ')'))
+        .map(|c| if c == '/' || c == ' ' { '-' } else { c })
+        .collect();
+    let log = logs.join(format!("{file}.log"));
     let start = Instant::now();
     let passed = match spawn_logged(exe, &log) {
         Ok(status) => status,
