@@ -54,6 +54,10 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ),
     ("libssl-dev", "ostree-ext's openssl in xtask/encapsulate"),
     (
+        "nginx",
+        "the HTTP peer: the object cache of deploy/object-cache in tests, the anchor in benchmarks",
+    ),
+    (
         "xfsprogs",
         "isolated XFS filesystems on loop devices for benchmarks",
     ),

@@ -22,6 +22,7 @@
 // the failure report (clippy.toml allows it inside them).
 #![allow(clippy::unwrap_used)]
 
+mod cache;
 mod manifest;
 mod plan;
 

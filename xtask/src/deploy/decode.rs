@@ -6,6 +6,7 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -29,6 +30,7 @@ pub enum Object {
     Deployment(Deployment),
     PodDisruptionBudget(PodDisruptionBudget),
     NetworkPolicy(NetworkPolicy),
+    HorizontalPodAutoscaler(HorizontalPodAutoscaler),
     ServiceMonitor(ServiceMonitor),
 }
 
@@ -43,6 +45,7 @@ impl Object {
             Object::Deployment(_) => "Deployment",
             Object::PodDisruptionBudget(_) => "PodDisruptionBudget",
             Object::NetworkPolicy(_) => "NetworkPolicy",
+            Object::HorizontalPodAutoscaler(_) => "HorizontalPodAutoscaler",
             Object::ServiceMonitor(_) => "ServiceMonitor",
         }
     }
@@ -57,6 +60,7 @@ impl Object {
             Object::Deployment(o) => &o.metadata,
             Object::PodDisruptionBudget(o) => &o.metadata,
             Object::NetworkPolicy(o) => &o.metadata,
+            Object::HorizontalPodAutoscaler(o) => &o.metadata,
             Object::ServiceMonitor(o) => &o.metadata,
         }
     }
@@ -216,6 +220,9 @@ pub fn decode(v: &serde_json::Value) -> Result<Object> {
         ("apps/v1", "Deployment") => strict(v).map(Object::Deployment),
         ("policy/v1", "PodDisruptionBudget") => strict(v).map(Object::PodDisruptionBudget),
         ("networking.k8s.io/v1", "NetworkPolicy") => strict(v).map(Object::NetworkPolicy),
+        ("autoscaling/v2", "HorizontalPodAutoscaler") => {
+            strict(v).map(Object::HorizontalPodAutoscaler)
+        }
         (SERVICE_MONITOR_API_VERSION, "ServiceMonitor") => {
             strict::<ServiceMonitor>(v).map(Object::ServiceMonitor)
         }

@@ -38,13 +38,31 @@ const MAX_RENDER_BYTES: u64 = 8 << 20;
 /// `kubectl kustomize` must embed kustomize v5 or newer (components,
 /// `patches` with regex targets, `labels`).
 const MIN_KUSTOMIZE_MAJOR: u32 = 5;
-/// The optional component, rendered on top of the base.
-pub const SERVICE_MONITOR_COMPONENT: &str = "components/servicemonitor";
+/// The optional components under deploy/components, each rendered on top of
+/// the base, and what the base plus it must be.
+pub fn component_expectations() -> [(&'static str, Expect); 2] {
+    [
+        (
+            "servicemonitor",
+            Expect {
+                service_monitor: true,
+                ..Expect::registry()
+            },
+        ),
+        (
+            "scale-out",
+            Expect {
+                autoscaled: true,
+                ..Expect::registry()
+            },
+        ),
+    ]
+}
 
 /// One thing to render, and what it must be.
 #[derive(Debug, Clone)]
 pub struct Target {
-    /// `base`, an overlay's directory name, or `base+servicemonitor`.
+    /// `base`, an overlay's directory name, or `base+COMPONENT`.
     pub name: String,
     /// The kustomization directory.
     pub dir: PathBuf,
@@ -77,8 +95,7 @@ pub fn overlay_expectations(name: &str) -> Option<Expect> {
 }
 
 /// The base, every overlay under deploy/overlays (sorted), and the base
-/// with the ServiceMonitor component (through a kustomization written
-/// under `work`, since kustomize refuses absolute paths).
+/// with each component.
 pub fn targets(deploy: &Path, work: &Path) -> Result<Vec<Target>> {
     let mut out = vec![Target {
         name: "base".into(),
@@ -102,27 +119,32 @@ pub fn targets(deploy: &Path, work: &Path) -> Result<Vec<Target>> {
             expect,
         });
     }
-    let sm = work.join("servicemonitor");
-    std::fs::create_dir_all(&sm).with_context(|| format!("creating {}", sm.display()))?;
-    let rel = relative_to(deploy, &sm)?;
+    for (component, expect) in component_expectations() {
+        out.push(component_target(deploy, work, component, expect)?);
+    }
+    Ok(out)
+}
+
+/// The base plus one component, through a kustomization written under
+/// `work` (kustomize refuses absolute paths).
+fn component_target(deploy: &Path, work: &Path, component: &str, expect: Expect) -> Result<Target> {
+    let dir = work.join(component);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let rel = relative_to(deploy, &dir)?;
     std::fs::write(
-        sm.join("kustomization.yaml"),
+        dir.join("kustomization.yaml"),
         format!(
-            "# Written by cargo xtask check-deploy: the base plus the optional component.\n\
+            "# Written by cargo xtask check-deploy: the base plus an optional component.\n\
              apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-             resources:\n  - {rel}/base\ncomponents:\n  - {rel}/{SERVICE_MONITOR_COMPONENT}\n"
+             resources:\n  - {rel}/base\ncomponents:\n  - {rel}/components/{component}\n"
         ),
     )
-    .with_context(|| format!("writing {}", sm.display()))?;
-    out.push(Target {
-        name: "base+servicemonitor".into(),
-        dir: sm,
-        expect: Expect {
-            service_monitor: true,
-            ..Expect::registry()
-        },
-    });
-    Ok(out)
+    .with_context(|| format!("writing {}", dir.display()))?;
+    Ok(Target {
+        name: format!("base+{component}"),
+        dir,
+        expect,
+    })
 }
 
 /// `to` relative to `from_dir` (both absolute), as `../..`-style path.

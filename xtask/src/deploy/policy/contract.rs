@@ -54,6 +54,8 @@ pub struct Expect {
     pub mirror: bool,
     /// A ServiceMonitor scrapes the Service's port.
     pub service_monitor: bool,
+    /// A HorizontalPodAutoscaler on CPU owns the replica count.
+    pub autoscaled: bool,
 }
 
 impl Expect {
@@ -63,6 +65,7 @@ impl Expect {
             control_plane: false,
             mirror: false,
             service_monitor: false,
+            autoscaled: false,
         }
     }
 }

@@ -3,6 +3,7 @@
 //! probes' meaning, the rollout, the Service, PDB and NetworkPolicy, that
 //! every path the server is given is mounted, and what each overlay is for.
 
+mod autoscale;
 mod companions;
 mod contract;
 mod lookup;
@@ -106,7 +107,8 @@ fn check_deployment(
         .as_ref()
         .and_then(|m| m.labels.clone())
         .unwrap_or_default();
-    rollout::check_rollout(spec, &pod_labels, &mut r);
+    let replicas = autoscale::replicas(d, objects);
+    rollout::check_rollout(spec, replicas, &pod_labels, &mut r);
     let Some(pod) = &spec.template.spec else {
         r.fail("pod", "no pod spec");
         return;
@@ -118,6 +120,7 @@ fn check_deployment(
         return;
     };
     rollout::check_progress_deadline(spec, server, &mut r);
+    autoscale::check_autoscaling(d, pod, server, &pod_labels, objects, expect, &mut r);
     let port = server::check_server(server, pod, config_maps, expect, &mut r);
     overlays::check_source(server, pod, expect, &mut r);
     overlays::check_control_plane(pod, server, expect, &mut r);
@@ -129,7 +132,7 @@ fn check_deployment(
         pod_labels: &pod_labels,
         service_account: pod.service_account_name.as_deref().unwrap_or("default"),
         port,
-        replicas: rollout::replicas(spec),
+        replicas,
     };
     companions::check_companions(objects, &workload, expect, r.out);
 }

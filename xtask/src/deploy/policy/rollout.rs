@@ -8,15 +8,11 @@ use k8s_openapi::api::core::v1::Container;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use std::collections::BTreeMap;
 
-/// How many pods the Deployment asks for (Kubernetes' default: one).
-pub(super) fn replicas(spec: &DeploymentSpec) -> i32 {
-    spec.replicas.unwrap_or(1)
-}
-
 /// The selector matches the pods, a drain keeps one serving, and a rollout
 /// surges before it takes a pod away.
 pub(super) fn check_rollout(
     spec: &DeploymentSpec,
+    replicas: i32,
     pod_labels: &BTreeMap<String, String>,
     r: &mut Report<'_>,
 ) {
@@ -25,7 +21,6 @@ pub(super) fn check_rollout(
         "selector",
         "the selector must match the pod template's labels",
     );
-    let replicas = replicas(spec);
     r.ensure(
         replicas >= 2,
         "replicas",

@@ -54,6 +54,20 @@ fn set_arg(docs: &mut [Value], prefix: &str, to: Option<&str>) {
     }
 }
 
+/// The base plus one component, as check-deploy renders it, and what it
+/// must be.
+fn component_docs(component: &str) -> (Vec<Value>, Expect) {
+    deploy::require_kubectl().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let target = deploy::targets(&deploy::deploy_dir(), work.path())
+        .unwrap()
+        .into_iter()
+        .find(|t| t.name == format!("base+{component}"))
+        .unwrap_or_else(|| panic!("no target for component {component}"));
+    let yaml = deploy::render(&target.dir).unwrap();
+    (decode::split_documents(&yaml).unwrap(), target.expect)
+}
+
 type Mutation = fn(&mut Vec<Value>);
 /// (what is broken, the rule it must be reported under, how to break it).
 type Case = (&'static str, &'static str, Mutation);
@@ -67,6 +81,11 @@ fn untouched_renderings_are_clean() {
         let expect = deploy::overlay_expectations(name).unwrap();
         let v = violations(&docs, &expect);
         assert!(v.is_empty(), "{name}: {v:#?}");
+    }
+    for (component, _) in deploy::component_expectations() {
+        let (docs, expect) = component_docs(component);
+        let v = violations(&docs, &expect);
+        assert!(v.is_empty(), "base+{component}: {v:#?}");
     }
 }
 
@@ -402,6 +421,75 @@ fn overlay_expectations_are_enforced() {
             "{overlay}: expected a {rule:?} violation, got {v:#?}"
         );
     }
+}
+
+fn hpa(d: &mut [Value]) -> &mut Value {
+    &mut kind_mut(d, "HorizontalPodAutoscaler")["spec"]
+}
+
+/// The scale-out component's invariants, each broken on base+scale-out.
+#[test]
+fn scale_out_expectations_are_enforced() {
+    let cases: &[Case] = &[
+        ("a fixed count beside the autoscaler", "autoscaling", |d| {
+            kind_mut(d, "Deployment")["spec"]["replicas"] = json!(3)
+        }),
+        ("a floor of one", "replicas", |d| {
+            hpa(d)["minReplicas"] = json!(1)
+        }),
+        ("a ceiling at the floor", "autoscaling", |d| {
+            hpa(d)["maxReplicas"] = json!(2)
+        }),
+        ("scaling on memory", "autoscaling", |d| {
+            hpa(d)["metrics"][0]["resource"]["name"] = json!("memory")
+        }),
+        ("a target of 100%", "autoscaling", |d| {
+            hpa(d)["metrics"][0]["resource"]["target"]["averageUtilization"] = json!(100)
+        }),
+        ("aimed at another Deployment", "autoscaling", |d| {
+            hpa(d)["scaleTargetRef"]["name"] = json!("other")
+        }),
+        ("a token CPU request", "autoscaling", |d| {
+            server(d)["resources"]["requests"]["cpu"] = json!("100m")
+        }),
+        ("replicas stacked on one node", "autoscaling", |d| {
+            pod(d).as_object_mut().unwrap().remove("affinity");
+        }),
+        ("two autoscalers", "autoscaling", |d| {
+            let second = kind_mut(d, "HorizontalPodAutoscaler").clone();
+            d.push(second)
+        }),
+    ];
+    let (docs, expect) = component_docs("scale-out");
+    for (name, rule, mutate) in cases {
+        let mut docs = docs.clone();
+        mutate(&mut docs);
+        let v = violations(&docs, &expect);
+        assert!(
+            v.iter().any(|x| x.rule == *rule),
+            "{name}: expected a {rule:?} violation, got {v:#?}"
+        );
+    }
+    // The other way round: the base alone must not grow an autoscaler, and
+    // without one it must state its count.
+    let (scaled, _) = component_docs("scale-out");
+    let mut docs = base_docs().clone();
+    docs.push(
+        scaled
+            .iter()
+            .find(|d| d["kind"] == "HorizontalPodAutoscaler")
+            .unwrap()
+            .clone(),
+    );
+    let v = violations(&docs, &Expect::registry());
+    assert!(v.iter().any(|x| x.rule == "autoscaling"), "{v:#?}");
+    let mut docs = base_docs().clone();
+    kind_mut(&mut docs, "Deployment")["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("replicas");
+    let v = violations(&docs, &Expect::registry());
+    assert!(v.iter().any(|x| x.rule == "replicas"), "{v:#?}");
 }
 
 #[test]
