@@ -4,6 +4,7 @@
 //! included), uid, gid, content, symlink target and xattrs. And a commit's
 //! closure, the objects a node needs for it.
 
+use crate::files::{kind_name, walk_tree};
 use crate::objects::{ObjectSet, CONTENT};
 use crate::ostree::Ostree;
 use anyhow::{ensure, Context, Result};
@@ -12,8 +13,6 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// Bound on the entries of one listing (the full fixtures have ~35,000).
-const MAX_ENTRIES: usize = 1_000_000;
 /// Bound on one entry's xattr names and on one xattr value.
 const MAX_XATTR_BYTES: usize = 64 * 1024;
 /// Differences shown in a report.
@@ -48,41 +47,11 @@ pub fn checkout(repo: &Ostree, commit: &str, dest: &Path) -> Result<()> {
 
 /// Lists the tree at `root`, never following symlinks.
 pub fn listing(root: &Path) -> Result<Listing> {
-    let mut out = Listing::new();
-    out.insert(".".into(), entry(root)?);
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let dir = root.join(&rel);
-        for e in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
-            let e = e.with_context(|| format!("listing {}", dir.display()))?;
-            let r = rel.join(e.file_name());
-            let en = entry(&root.join(&r))?;
-            if en.kind == "dir" {
-                stack.push(r.clone());
-            }
-            out.insert(r.display().to_string(), en);
-            ensure!(
-                out.len() <= MAX_ENTRIES,
-                "{} has more than {MAX_ENTRIES} entries",
-                root.display()
-            );
-        }
-    }
-    Ok(out)
+    walk_tree(root, entry)
 }
 
-fn entry(p: &Path) -> Result<Entry> {
-    let m = std::fs::symlink_metadata(p).with_context(|| format!("stat {}", p.display()))?;
+fn entry(p: &Path, m: &std::fs::Metadata) -> Result<Entry> {
     let ft = m.file_type();
-    let kind = if ft.is_dir() {
-        "dir"
-    } else if ft.is_file() {
-        "file"
-    } else if ft.is_symlink() {
-        "symlink"
-    } else {
-        "other"
-    };
     let sha256 = if ft.is_file() {
         let mut f = std::fs::File::open(p).with_context(|| format!("opening {}", p.display()))?;
         let mut h = Sha256::new();
@@ -97,7 +66,7 @@ fn entry(p: &Path) -> Result<Entry> {
         None
     };
     Ok(Entry {
-        kind,
+        kind: kind_name(ft),
         mode: m.mode() & 0o7777,
         uid: m.uid(),
         gid: m.gid(),

@@ -27,26 +27,64 @@ pub fn copy_dir(src: &Path, dst: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Bound on the entries of one walked tree (the full fixtures have ~35,000).
+const MAX_WALK_ENTRIES: usize = 1_000_000;
+
+/// `dir`, `file`, `symlink` or `other`.
+pub fn kind_name(ft: std::fs::FileType) -> &'static str {
+    if ft.is_dir() {
+        "dir"
+    } else if ft.is_file() {
+        "file"
+    } else if ft.is_symlink() {
+        "symlink"
+    } else {
+        "other"
+    }
+}
+
+/// Every entry under `root` (the root itself as `.`), keyed by relative
+/// path, described by `describe(path, metadata)`. Symlinks are described,
+/// never followed; at most a million entries.
+pub fn walk_tree<V>(
+    root: &Path,
+    mut describe: impl FnMut(&Path, &std::fs::Metadata) -> Result<V>,
+) -> Result<BTreeMap<String, V>> {
+    let mut out = BTreeMap::new();
+    let top =
+        std::fs::symlink_metadata(root).with_context(|| format!("stat {}", root.display()))?;
+    out.insert(".".into(), describe(root, &top)?);
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let dir = root.join(&rel);
+        for e in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+            let e = e.with_context(|| format!("listing {}", dir.display()))?;
+            let r = rel.join(e.file_name());
+            let p = root.join(&r);
+            let m =
+                std::fs::symlink_metadata(&p).with_context(|| format!("stat {}", p.display()))?;
+            if m.is_dir() {
+                stack.push(r.clone());
+            }
+            out.insert(r.display().to_string(), describe(&p, &m)?);
+            ensure!(
+                out.len() <= MAX_WALK_ENTRIES,
+                "{} has more than {MAX_WALK_ENTRIES} entries",
+                root.display()
+            );
+        }
+    }
+    Ok(out)
+}
+
 /// A recursive listing of a tree with everything a write would change:
 /// type, mode, size, mtime, ctime, inode and symlink target. Symlinks are
 /// listed, never followed.
 pub type Snapshot = BTreeMap<String, String>;
 
 pub fn snapshot(root: &Path) -> Result<Snapshot> {
-    const MAX_ENTRIES: usize = 1_000_000;
-    let mut out = Snapshot::new();
-    let mut stack = vec![PathBuf::new()];
-    let describe = |p: &Path, m: &std::fs::Metadata| -> String {
+    walk_tree(root, |p, m| {
         let ft = m.file_type();
-        let kind = if ft.is_dir() {
-            "dir"
-        } else if ft.is_file() {
-            "file"
-        } else if ft.is_symlink() {
-            "symlink"
-        } else {
-            "other"
-        };
         let target = if ft.is_symlink() {
             std::fs::read_link(p)
                 .map(|t| t.display().to_string())
@@ -54,8 +92,9 @@ pub fn snapshot(root: &Path) -> Result<Snapshot> {
         } else {
             String::new()
         };
-        format!(
-            "{kind} mode={:o} size={} mtime={}.{:09} ctime={}.{:09} ino={} {target}",
+        Ok(format!(
+            "{} mode={:o} size={} mtime={}.{:09} ctime={}.{:09} ino={} {target}",
+            kind_name(ft),
             m.mode(),
             if ft.is_dir() { 0 } else { m.len() },
             m.mtime(),
@@ -63,30 +102,8 @@ pub fn snapshot(root: &Path) -> Result<Snapshot> {
             m.ctime(),
             m.ctime_nsec(),
             m.ino()
-        )
-    };
-    let top =
-        std::fs::symlink_metadata(root).with_context(|| format!("stat {}", root.display()))?;
-    out.insert(".".into(), describe(root, &top));
-    while let Some(rel) = stack.pop() {
-        let dir = root.join(&rel);
-        for e in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
-            let e = e?;
-            let r = rel.join(e.file_name());
-            let p = root.join(&r);
-            let m = std::fs::symlink_metadata(&p)?;
-            if m.is_dir() {
-                stack.push(r.clone());
-            }
-            out.insert(r.display().to_string(), describe(&p, &m));
-            ensure!(
-                out.len() <= MAX_ENTRIES,
-                "{} has more than {MAX_ENTRIES} entries",
-                root.display()
-            );
-        }
-    }
-    Ok(out)
+        ))
+    })
 }
 
 /// Differences between two snapshots, for assertion messages ("" if none).
