@@ -24,6 +24,7 @@ pub mod http;
 pub mod metrics;
 #[cfg(feature = "format")]
 pub mod native;
+pub mod netns;
 pub mod nginx;
 pub mod objects;
 pub mod oci;

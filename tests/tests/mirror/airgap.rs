@@ -8,7 +8,7 @@
 //!        └── mirror ──► USB (a shared directory) ──► site
 //! ```
 
-use crate::netns::{link, NetNs, Proc};
+use crate::netns::{link, suite_ns, NetNs, Proc, SuiteNs};
 use crate::support::*;
 use oscontent_testkit::signing::keygen;
 use oscontent_testkit::signing::Key;
@@ -33,8 +33,8 @@ struct Gap {
 }
 
 fn gap() -> Gap {
-    let hub = NetNs::create("hub");
-    let site = NetNs::create("site");
+    let hub = suite_ns("hub");
+    let site = suite_ns("site");
     link(
         &hub,
         &format!("{HUB_IP}/24"),

@@ -1,14 +1,14 @@
 //! Images into OCI layouts: digests preserved, every blob verified, only
 //! missing blobs copied, `index.json` written last.
 
-use crate::netns::NetNs;
+use crate::netns::{suite_ns, SuiteNs};
 use crate::support::*;
 use oscontent_testkit::*;
 
 #[test]
 fn image_into_an_oci_layout_keeps_digests_and_copies_only_new_blobs() {
     let (v1, v2) = (v1(), v2());
-    let ns = NetNs::create("layout");
+    let ns = suite_ns("layout");
     let registry = ns_registry(&ns);
     let img1 = push_release(&registry, v1);
     let img2 = push_release(&registry, v2);

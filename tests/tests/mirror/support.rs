@@ -1,7 +1,7 @@
 //! Helpers: a registry inside a namespace, the server binary inside one,
 //! mirror runs and their JSON reports, fixture object sets.
 
-use crate::netns::NetNs;
+use crate::netns::{NetNs, SuiteNs};
 use anyhow::{bail, Result};
 pub use oscontent_testkit::registry::Registry;
 use oscontent_testkit::*;
