@@ -11,7 +11,7 @@ use crate::serve::sink::Sink;
 use crate::served::metadata::{self, digest_etag, MetadataError};
 use crate::served::{Generation, Layer, Resolved};
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -20,6 +20,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
 use oscontent_format::{ObjectName, RepoPath};
 use std::io::Write;
+use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -175,6 +176,10 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let version = req.version();
+    let client = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip().to_string());
     let resp = next.run(req).await;
     let elapsed = start.elapsed();
     let status = resp.status().as_u16();
@@ -202,6 +207,7 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
     if let Some(log) = &st.access_log {
         let line = serde_json::json!({
             "ts": httpdate::fmt_http_date(SystemTime::now()),
+            "client": client,
             "method": method.as_str(),
             "path": path,
             "status": status,

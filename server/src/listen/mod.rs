@@ -11,6 +11,7 @@ pub mod watch;
 
 use crate::metrics::Metrics;
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::Router;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -19,6 +20,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use limits::{Admission, Limits, Tracker};
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -93,7 +95,8 @@ pub async fn serve(
         let io = TokioIo::new(Watched::new(stream, act.clone()));
         let probe_only = slot.admission == Admission::ProbeOnly;
         let router = router.clone();
-        let svc = hyper::service::service_fn(move |req| respond(router.clone(), probe_only, req));
+        let svc =
+            hyper::service::service_fn(move |req| respond(router.clone(), probe_only, peer, req));
         let (conn, first_byte, idle) = if probe_only {
             let conn = reserve_builder.serve_connection(io, svc).into_owned();
             (conn, RESERVE_TIMEOUT, RESERVE_TIMEOUT)
@@ -158,7 +161,8 @@ fn reserve_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
 async fn respond(
     router: Router,
     probe_only: bool,
-    req: Request<hyper::body::Incoming>,
+    peer: SocketAddr,
+    mut req: Request<hyper::body::Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     if probe_only && !matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics") {
         let mut r = Response::new(Body::empty());
@@ -169,6 +173,8 @@ async fn respond(
         h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
         return Ok(r);
     }
+    // The access log names the client, as axum's `ConnectInfo` would.
+    req.extensions_mut().insert(ConnectInfo(peer));
     router.oneshot(req.map(Body::new)).await
 }
 

@@ -7,6 +7,9 @@ use std::path::Path;
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 pub struct AccessEntry {
     pub ts: String,
+    /// The client's IP address (absent in-process, where there is no peer).
+    #[serde(default)]
+    pub client: Option<String>,
     pub method: String,
     pub path: String,
     pub status: u16,

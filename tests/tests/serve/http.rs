@@ -517,6 +517,11 @@ fn access_log_has_one_line_per_request(server: &Server, absent: &str, summary_le
     for e in &log {
         assert!(KINDS.contains(&e.kind.as_str()), "{e:?}");
         assert!(e.duration_ms >= 0.0 && !e.ts.is_empty(), "{e:?}");
+        assert_eq!(
+            e.client.as_deref(),
+            Some("127.0.0.1"),
+            "each line names the client: {e:?}"
+        );
     }
 }
 
