@@ -61,6 +61,47 @@ enum BenchCmd {
     /// a registry, stock `ostree pull` and `oscontent pull` from the server.
     /// Writes target/bench/update-bytes-<time>.json.
     UpdateBytes(UpdateBytesArgs),
+    /// N node hosts in network namespaces behind shaped links, all updating
+    /// v1 -> v2 at once from one server in its own namespace: oscontent-server
+    /// and nginx (the anchor) serving the same repo, without and with a
+    /// static delta, to stock `ostree pull` and `oscontent pull`. Writes
+    /// target/bench/fleet-<time>.json.
+    Fleet(FleetArgs),
+}
+
+#[derive(Args)]
+struct FleetArgs {
+    /// Fleet sizes, comma-separated (each a wave of its own).
+    #[arg(long, value_delimiter = ',', default_values_t = [8, 32])]
+    nodes: Vec<usize>,
+    /// Fixture scale: small (quick) or full (about 1 GiB).
+    #[arg(long, value_enum, default_value_t = Scale::Small)]
+    scale: Scale,
+    /// Update share.
+    #[arg(long, default_value_t = 0.05)]
+    share: f64,
+    /// Each node's download rate (tc syntax).
+    #[arg(long, default_value = "1gbit")]
+    rate: String,
+    /// One-way delay on each node's link, in milliseconds (needs the
+    /// kernel's sch_netem; 0 shapes the rate alone, with a token bucket).
+    #[arg(long, default_value_t = 0.0)]
+    delay_ms: f64,
+    /// Servers, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [xtask::bench::fleet::wave::ServerKind::Oscontent, xtask::bench::fleet::wave::ServerKind::Nginx])]
+    servers: Vec<xtask::bench::fleet::wave::ServerKind>,
+    /// Clients, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [xtask::bench::fleet::wave::Client::Stock, xtask::bench::fleet::wave::Client::Oscontent])]
+    clients: Vec<xtask::bench::fleet::wave::Client>,
+    /// Serve without (no), with (yes) or both (no,yes) the v1 -> v2 delta.
+    #[arg(long, value_delimiter = ',', default_values_t = [false, true], action = clap::ArgAction::Set)]
+    deltas: Vec<bool>,
+    /// This oscontent-server binary instead of building the release one.
+    #[arg(long, value_name = "PATH")]
+    server_bin: Option<PathBuf>,
+    /// This oscontent binary instead of building the release one.
+    #[arg(long, value_name = "PATH")]
+    client_bin: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -260,6 +301,20 @@ fn main() -> anyhow::Result<()> {
                     client_bin: a.client_bin,
                 })?
             }
+            BenchCmd::Fleet(a) => xtask::bench::fleet::run(&xtask::bench::fleet::Options {
+                nodes: a.nodes,
+                scale: a.scale,
+                share: a.share,
+                shaping: xtask::bench::fleet::topology::Shaping {
+                    rate: a.rate,
+                    delay: Duration::from_secs_f64(a.delay_ms / 1e3),
+                },
+                servers: a.servers,
+                clients: a.clients,
+                deltas: a.deltas,
+                server_bin: a.server_bin,
+                client_bin: a.client_bin,
+            })?,
             BenchCmd::Io(a) => xtask::bench::io::io(&xtask::bench::io::IoOptions {
                 scale: a.scale,
                 updates: a.update,

@@ -108,22 +108,35 @@ impl NetNs {
         Ok(())
     }
 
-    /// `tc qdisc replace dev DEV root netem ...` inside this namespace:
-    /// `rate` (tc syntax, e.g. `100mbit`) and one-way `delay` on what DEV
-    /// sends.
+    /// Shapes what `dev` sends inside this namespace: at most `rate` (tc
+    /// syntax, e.g. `100mbit`) through a token bucket, and, if asked, a
+    /// one-way `delay`, which needs `tc netem` (the `sch_netem` module,
+    /// which some kernels lack: the error then says so).
     pub fn shape(&self, dev: &str, rate: Option<&str>, delay: Option<Duration>) -> Result<()> {
-        let delay = delay.map(|d| format!("{}us", d.as_micros()));
-        let mut args = vec![
-            "qdisc", "replace", "dev", dev, "root", "netem", "limit", "100000",
-        ];
-        if let Some(d) = &delay {
-            args.extend(["delay", d]);
+        let delay = delay
+            .filter(|d| !d.is_zero())
+            .map(|d| format!("{}us", d.as_micros()));
+        let mut args = vec!["qdisc", "replace", "dev", dev, "root"];
+        match (&delay, rate) {
+            (None, None) => return Ok(()),
+            (None, Some(r)) => {
+                args.extend(["tbf", "rate", r, "burst", "256kb", "latency", "100ms"])
+            }
+            (Some(d), r) => {
+                args.extend(["netem", "limit", "100000", "delay", d]);
+                if let Some(r) = r {
+                    args.extend(["rate", r]);
+                }
+            }
         }
-        if let Some(r) = rate {
-            args.extend(["rate", r]);
-        }
-        check_output(self.exec("tc").args(&args), IP_TIMEOUT)
-            .with_context(|| format!("shaping {dev} in {} (tc, package iproute2)", self.name))?;
+        check_output(self.exec("tc").args(&args), IP_TIMEOUT).with_context(|| {
+            let netem = if delay.is_some() {
+                " (a delay needs tc netem: is the sch_netem module in this kernel?)"
+            } else {
+                ""
+            };
+            format!("shaping {dev} in {}{netem}", self.name)
+        })?;
         Ok(())
     }
 

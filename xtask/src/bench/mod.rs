@@ -12,6 +12,7 @@
 //!   statistics ([`Summary`]) and the report plumbing every benchmark
 //!   shares ([`report`]: where results go, the git revision, the machine).
 
+pub mod fleet;
 pub mod interrupt;
 pub mod io;
 pub mod process;
@@ -167,4 +168,49 @@ pub fn rounded_size(dir: &Path, block: u64) -> Result<u64> {
         }
     }
     Ok(total)
+}
+
+/// The live children of `pid` (one level: nginx's workers), from /proc.
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let rest = s.get(s.rfind(')')? + 1..)?.to_owned();
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(pid)
+        })
+        .collect()
+}
+
+/// CPU seconds `pid` and its live children have used (a server that forks
+/// workers is measured whole).
+pub fn tree_cpu_seconds(pid: u32) -> Result<f64> {
+    let (own, _) = cpu_seconds(pid).with_context(|| format!("reading /proc/{pid}/stat"))?;
+    Ok(own
+        + children(pid)
+            .into_iter()
+            .filter_map(cpu_seconds)
+            .map(|(c, _)| c)
+            .sum::<f64>())
+}
+
+/// Resident KiB of `pid` and its live children now (0 if gone).
+pub fn tree_rss_kib(pid: u32) -> u64 {
+    let rss = |p: u32| -> u64 {
+        std::fs::read_to_string(format!("/proc/{p}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            })
+            .unwrap_or(0)
+    };
+    rss(pid) + children(pid).into_iter().map(rss).sum::<u64>()
 }

@@ -1,0 +1,146 @@
+//! `cargo xtask bench fleet`: N node hosts, each in its own network
+//! namespace behind a shaped link, all updating v1→v2 at once from one
+//! server in its own namespace. oscontent-server and nginx (the anchor)
+//! serve the same repo, without and with a v1→v2 static delta; stock
+//! `ostree pull` and `oscontent pull` are the clients. Reports per-node
+//! update time, requests and bytes, server CPU-seconds per node against
+//! nginx's, server egress against what the nodes needed, errors, and
+//! objects served twice to one node. Needs root (namespaces, tc).
+
+mod render;
+pub mod repos;
+pub mod topology;
+pub mod wave;
+
+use super::{check_interrupted, require, utc_stamp, Tool};
+use anyhow::{Context, Result};
+use oscontent_testkit::fixtures::{
+    ensure_native, native_default_dir, FixtureSpec, Scale, DEFAULT_REF,
+};
+use std::path::PathBuf;
+use std::time::SystemTime;
+use topology::{Fleet, Shaping};
+use wave::{Client, ServerKind, WaveResult, WaveSpec};
+
+const IP: Tool = Tool {
+    command: "ip",
+    package: "iproute2",
+};
+const TC: Tool = Tool {
+    command: "tc",
+    package: "iproute2",
+};
+const NGINX: Tool = Tool {
+    command: "nginx",
+    package: "nginx",
+};
+const OSTREE: Tool = Tool {
+    command: "ostree",
+    package: "ostree",
+};
+
+/// The benchmark's options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub nodes: Vec<usize>,
+    pub scale: Scale,
+    pub share: f64,
+    pub shaping: Shaping,
+    pub servers: Vec<ServerKind>,
+    pub clients: Vec<Client>,
+    /// Without (false) and/or with (true) the v1→v2 delta.
+    pub deltas: Vec<bool>,
+    pub server_bin: Option<PathBuf>,
+    pub client_bin: Option<PathBuf>,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct Report {
+    pub started: String,
+    pub git: Option<String>,
+    pub kernel: String,
+    /// 1-minute load average and CPUs when the run ended.
+    pub load: (f64, usize),
+    pub scale: String,
+    pub share: f64,
+    pub rate: String,
+    pub delay_ms: f64,
+    pub server_profile: String,
+    pub new_objects: usize,
+    pub new_bytes: u64,
+    pub delta_bytes: Option<u64>,
+    pub waves: Vec<WaveResult>,
+}
+
+pub fn run(opts: &Options) -> Result<()> {
+    super::interrupt()?;
+    require(&[IP, TC, NGINX, OSTREE])?;
+    let started = SystemTime::now();
+    let (server_bin, server_profile) = super::report::server(opts.server_bin.as_deref())?;
+    let client_bin = match &opts.client_bin {
+        Some(p) => std::path::absolute(p).context("resolving --client-bin")?,
+        None => {
+            crate::cargo::cargo(&["build", "--release", "--quiet", "-p", "oscontent"])?;
+            crate::cargo::target_dir().join("release/oscontent")
+        }
+    };
+    let spec = FixtureSpec {
+        update_share: opts.share,
+        ..FixtureSpec::new(opts.scale)
+    };
+    let f = ensure_native(&spec, &native_default_dir(&spec))?;
+    let [v1, v2] = &f.releases[..] else {
+        anyhow::bail!("native fixtures with {} releases", f.releases.len());
+    };
+    let work = tempfile::tempdir_in(super::bench_dir()?).context("creating the work dir")?;
+    let repos = repos::prepare(&f.repo, &v1.commit, &v2.commit, DEFAULT_REF, work.path())?;
+    let max_nodes = opts.nodes.iter().copied().max().unwrap_or(0);
+    eprintln!("fleet: creating {max_nodes} node namespaces");
+    let fleet = Fleet::create(max_nodes, &opts.shaping)?;
+    let mut waves = Vec::new();
+    for &n in &opts.nodes {
+        for &delta in &opts.deltas {
+            for &client in &opts.clients {
+                for &server in &opts.servers {
+                    check_interrupted()?;
+                    let spec = WaveSpec {
+                        nodes: n,
+                        server,
+                        client,
+                        delta,
+                    };
+                    eprintln!("fleet: {spec:?}");
+                    let w = wave::run(
+                        &fleet,
+                        spec,
+                        &repos,
+                        &server_bin,
+                        &client_bin,
+                        &work.path().join("wave"),
+                    )
+                    .with_context(|| format!("wave {spec:?}"))?;
+                    eprintln!("{}", render::one_line(&w, &repos));
+                    waves.push(w);
+                }
+            }
+        }
+    }
+    drop(fleet);
+    let report = Report {
+        started: utc_stamp(started),
+        git: super::git_state(),
+        kernel: super::report::kernel(),
+        load: super::load(),
+        scale: opts.scale.to_string(),
+        share: opts.share,
+        rate: opts.shaping.rate.clone(),
+        delay_ms: opts.shaping.delay.as_secs_f64() * 1e3,
+        server_profile,
+        new_objects: repos.new_objects,
+        new_bytes: repos.new_bytes,
+        delta_bytes: repos.with_delta.delta_bytes,
+        waves,
+    };
+    super::report::publish("fleet", started, &report, &render::table(&report))?;
+    Ok(())
+}

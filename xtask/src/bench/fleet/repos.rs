@@ -1,0 +1,180 @@
+//! The repos of a fleet run: what the servers serve (the fixtures' archive
+//! repo with v2 on the ref and a summary, with or without the v1→v2 static
+//! delta stock `ostree static-delta generate` compiles), and the node
+//! repos (bare-user, at v1, as nodes are before the update). Objects are
+//! hardlinked from the fixtures and from one node template: nothing in
+//! them is ever rewritten, and a hundred nodes cost the disk only what
+//! each one pulls.
+
+use super::topology::server_addr;
+use anyhow::{ensure, Context, Result};
+use oscontent_testkit::checkout::{commit_closure, object_difference};
+use oscontent_testkit::objects::ObjectSet;
+use oscontent_testkit::{check_output, Ostree};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Bound on one `ostree` or `cp` over a full-scale repo.
+const REPO_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// The remote every node has.
+pub const REMOTE: &str = "os";
+
+/// One served repo.
+#[derive(Debug, Clone)]
+pub struct Served {
+    pub dir: PathBuf,
+    /// Bytes of the v1→v2 delta's files (superblock and parts), if any.
+    pub delta_bytes: Option<u64>,
+}
+
+/// Everything the waves share.
+#[derive(Debug, Clone)]
+pub struct Repos {
+    pub plain: Served,
+    pub with_delta: Served,
+    pub template: PathBuf,
+    pub v1: String,
+    pub v2: String,
+    pub ref_name: String,
+    /// Objects v2 reaches and v1 does not, and their bytes as served
+    /// (archive files: `.filez` compressed, metadata as is).
+    pub new_objects: usize,
+    pub new_bytes: u64,
+}
+
+fn run(cmd: &mut Command) -> Result<String> {
+    check_output(cmd, REPO_TIMEOUT)
+}
+
+/// `cp -a SRC/. DST` except `objects`, which is hardlinked (`cp -al`).
+pub fn link_copy(src: &Path, dst: &Path) -> Result<()> {
+    std::fs::create_dir_all(dst).with_context(|| format!("creating {}", dst.display()))?;
+    for e in std::fs::read_dir(src).with_context(|| format!("listing {}", src.display()))? {
+        let e = e?;
+        let flag = if e.file_name() == "objects" {
+            "-al"
+        } else {
+            "-a"
+        };
+        run(Command::new("cp").arg(flag).arg(e.path()).arg(dst))?;
+    }
+    Ok(())
+}
+
+/// Replaces `repo`'s `refs/heads/REF` (never writing through a hardlink).
+fn set_ref(repo: &Path, ref_name: &str, commit: &str) -> Result<()> {
+    let path = repo.join("refs/heads").join(ref_name);
+    let parent = path.parent().context("ref path")?;
+    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    let _ = std::fs::remove_file(&path);
+    std::fs::write(&path, format!("{commit}\n"))
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+fn served(source: &Path, dir: &Path, r: &Repos, delta: bool) -> Result<Served> {
+    link_copy(source, dir)?;
+    set_ref(dir, &r.ref_name, &r.v2)?;
+    let repo = format!("--repo={}", dir.display());
+    let delta_bytes = if delta {
+        run(Command::new("ostree").args([
+            &repo,
+            "static-delta",
+            "generate",
+            "--from",
+            &r.v1,
+            "--to",
+            &r.v2,
+        ]))?;
+        Some(dir_bytes(&dir.join("deltas"))?)
+    } else {
+        None
+    };
+    run(Command::new("ostree").args([&repo, "summary", "-u"]))?;
+    Ok(Served {
+        dir: dir.to_owned(),
+        delta_bytes,
+    })
+}
+
+/// Apparent bytes of the regular files under `dir`.
+fn dir_bytes(dir: &Path) -> Result<u64> {
+    let files =
+        oscontent_testkit::files::walk_tree(dir, |_, m| Ok(if m.is_file() { m.len() } else { 0 }))?;
+    Ok(files.values().sum())
+}
+
+/// The archive file of an object kind (`content` is `.filez`).
+fn object_path(repo: &Path, kind: &str, checksum: &str) -> PathBuf {
+    let ext = if kind == oscontent_testkit::objects::CONTENT {
+        "filez"
+    } else {
+        kind
+    };
+    repo.join("objects")
+        .join(&checksum[..2])
+        .join(format!("{}.{ext}", &checksum[2..]))
+}
+
+fn bytes_of(repo: &Path, set: &ObjectSet) -> Result<u64> {
+    let mut total = 0;
+    for (kind, sums) in &set.0 {
+        for c in sums {
+            let p = object_path(repo, kind, c);
+            total += std::fs::metadata(&p)
+                .with_context(|| format!("stat {}", p.display()))?
+                .len();
+        }
+    }
+    Ok(total)
+}
+
+/// Builds everything under `work` from the fixtures' archive repo.
+pub fn prepare(source: &Path, v1: &str, v2: &str, ref_name: &str, work: &Path) -> Result<Repos> {
+    let src = Ostree::at(source);
+    let new = object_difference(&commit_closure(&src, v2)?, &commit_closure(&src, v1)?);
+    // The commit object itself is new too; `ostree ls` lists only the tree.
+    let new_objects = new.len() + 1;
+    let new_bytes =
+        bytes_of(source, &new)? + std::fs::metadata(object_path(source, "commit", v2))?.len();
+    let mut r = Repos {
+        plain: Served {
+            dir: PathBuf::new(),
+            delta_bytes: None,
+        },
+        with_delta: Served {
+            dir: PathBuf::new(),
+            delta_bytes: None,
+        },
+        template: work.join("node-template"),
+        v1: v1.to_owned(),
+        v2: v2.to_owned(),
+        ref_name: ref_name.to_owned(),
+        new_objects,
+        new_bytes,
+    };
+    r.plain = served(source, &work.join("served-plain"), &r, false)?;
+    r.with_delta = served(source, &work.join("served-delta"), &r, true)?;
+    let node = Ostree::init(&r.template, "bare-user")?;
+    node.run(["pull-local".as_ref(), source.as_os_str(), v1.as_ref()])?;
+    node.remote_add(REMOTE, &format!("http://{}", server_addr()), &[])?;
+    node.run(["refs", &format!("--create={REMOTE}:{ref_name}"), v1])?;
+    Ok(r)
+}
+
+/// A fresh node repo at `dir` from the template.
+pub fn fresh_node(r: &Repos, dir: &Path) -> Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    link_copy(&r.template, dir)
+}
+
+/// The commit `REMOTE:REF` points at in a node repo.
+pub fn node_head(dir: &Path, ref_name: &str) -> Result<String> {
+    let p = dir.join("refs/remotes").join(REMOTE).join(ref_name);
+    let s = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+    let s = s.trim().to_owned();
+    ensure!(s.len() == 64, "{} holds {s:?}", p.display());
+    Ok(s)
+}

@@ -1,0 +1,321 @@
+//! One wave: a server in its namespace, every node pulling v1→v2 at once,
+//! and what that cost each side: per-node time, requests and bytes (from
+//! the server's own access log, by client address), objects served twice
+//! to one node, server CPU-seconds and egress.
+
+use super::repos::{fresh_node, node_head, Repos, Served, REMOTE};
+use super::topology::{node_ip, server_addr, Fleet, DEV, SERVER_IP};
+use crate::bench::{check_interrupted, stopper, tree_cpu_seconds};
+use anyhow::{bail, ensure, Context, Result};
+use oscontent_testkit::nginx::Nginx;
+use oscontent_testkit::{read_access_log, ServerProcess};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Server start and publication (small repos; full scale takes longer).
+const READY_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// The whole wave: every node's pull.
+const WAVE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerKind {
+    /// oscontent-server `--repo` of the served copy.
+    Oscontent,
+    /// nginx (sendfile, two workers) serving the same directory: the anchor.
+    Nginx,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Client {
+    /// Stock `ostree pull`.
+    Stock,
+    /// `oscontent pull --remote`.
+    Oscontent,
+}
+
+/// What one wave runs.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct WaveSpec {
+    pub nodes: usize,
+    pub server: ServerKind,
+    pub client: Client,
+    pub delta: bool,
+}
+
+/// One node's update.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodeOutcome {
+    pub seconds: f64,
+    pub error: Option<String>,
+    pub requests: u64,
+    pub bytes: u64,
+    /// Object paths answered 200 more than once to this node.
+    pub served_twice: u64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WaveResult {
+    pub spec: WaveSpec,
+    pub nodes: Vec<NodeOutcome>,
+    pub wall_seconds: f64,
+    pub server_cpu_seconds: f64,
+    pub server_egress_bytes: u64,
+    pub server_peak_rss_kib: u64,
+}
+
+/// A server under test, stopped on drop.
+#[derive(Debug)]
+enum Running {
+    Oscontent(ServerProcess, PathBuf),
+    Nginx(Nginx),
+}
+
+impl Running {
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Running::Oscontent(p, _) => p.pid(),
+            Running::Nginx(n) => Some(n.pid()),
+        }
+    }
+
+    /// (client address, path, status, bytes) of every request so far.
+    fn requests(&self) -> Result<Vec<(String, String, u16, u64)>> {
+        Ok(match self {
+            Running::Oscontent(_, log) => read_access_log(log)?
+                .into_iter()
+                .map(|e| (e.client.unwrap_or_default(), e.path, e.status, e.bytes))
+                .collect(),
+            Running::Nginx(n) => n
+                .requests()?
+                .into_iter()
+                .map(|r| (r.client, r.path, r.status, r.bytes))
+                .collect(),
+        })
+    }
+}
+
+fn start_server(
+    fleet: &Fleet,
+    kind: ServerKind,
+    served: &Served,
+    repos: &Repos,
+    server_bin: &Path,
+    work: &Path,
+) -> Result<Running> {
+    let addr = server_addr();
+    Ok(match kind {
+        ServerKind::Oscontent => {
+            let state = work.join("state");
+            let log = work.join("access.log");
+            let mut cmd = fleet.server.exec(server_bin);
+            cmd.arg("serve")
+                .arg("--repo")
+                .arg(&served.dir)
+                .args([
+                    "--commit",
+                    &repos.v2,
+                    "--listen",
+                    &addr.to_string(),
+                    "--state-dir",
+                ])
+                .arg(&state)
+                .arg("--access-log")
+                .arg(&log);
+            let proc = ServerProcess::spawn(&mut cmd, READY_TIMEOUT)?;
+            let running = Running::Oscontent(proc, log);
+            wait_ready(fleet, "/readyz")?;
+            running
+        }
+        ServerKind::Nginx => {
+            let block = format!(
+                "sendfile on;\ntcp_nopush on;\nkeepalive_requests 100000;\n\
+                 server {{\n listen {addr};\n root {};\n location / {{ }}\n}}\n",
+                served.dir.display()
+            );
+            Running::Nginx(Nginx::start_in(
+                &fleet.server,
+                &work.join("nginx"),
+                &block,
+                addr,
+                2,
+            )?)
+        }
+    })
+}
+
+/// Polls `path` from inside the server's namespace until it answers 200.
+fn wait_ready(fleet: &Fleet, path: &str) -> Result<()> {
+    let url = format!("http://{}{path}", server_addr());
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        check_interrupted()?;
+        let mut curl = fleet.server.exec("curl");
+        curl.args(["-sf", "-o", "/dev/null", "--max-time", "2", &url]);
+        if oscontent_testkit::run_bounded(&mut curl, Duration::from_secs(5))
+            .is_ok_and(|o| o.status.success())
+        {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{url} not ready within {READY_TIMEOUT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The pull one node runs.
+fn pull_command(
+    fleet: &Fleet,
+    i: usize,
+    client: Client,
+    client_bin: &Path,
+    repo: &Path,
+    repos: &Repos,
+) -> Command {
+    match client {
+        Client::Stock => {
+            let mut c = fleet.nodes[i].exec("ostree");
+            c.arg(format!("--repo={}", repo.display()))
+                .args(["pull", REMOTE, &repos.ref_name]);
+            c
+        }
+        Client::Oscontent => {
+            let mut c = fleet.nodes[i].exec(client_bin);
+            c.arg("pull").arg("--repo").arg(repo).args([
+                "--remote",
+                REMOTE,
+                "--ref",
+                &repos.ref_name,
+                "--json",
+            ]);
+            c
+        }
+    }
+}
+
+/// Runs one wave; `work` is emptied first.
+pub fn run(
+    fleet: &Fleet,
+    spec: WaveSpec,
+    repos: &Repos,
+    server_bin: &Path,
+    client_bin: &Path,
+    work: &Path,
+) -> Result<WaveResult> {
+    if work.exists() {
+        std::fs::remove_dir_all(work).with_context(|| format!("emptying {}", work.display()))?;
+    }
+    std::fs::create_dir_all(work.join("logs"))?;
+    let node_dirs: Vec<PathBuf> = (0..spec.nodes)
+        .map(|i| work.join(format!("node{i}")))
+        .collect();
+    for d in &node_dirs {
+        fresh_node(repos, d)?;
+    }
+    let served = if spec.delta {
+        &repos.with_delta
+    } else {
+        &repos.plain
+    };
+    let server = start_server(fleet, spec.server, served, repos, server_bin, work)?;
+    let pid = server.pid().context("the server has no pid")?;
+    let cpu0 = tree_cpu_seconds(pid)?;
+    let (tx0, _) = fleet.server.counters(DEV)?;
+    let start = Instant::now();
+    let mut running = Vec::with_capacity(spec.nodes);
+    for (i, dir) in node_dirs.iter().enumerate() {
+        let log = File::create(work.join("logs").join(format!("node{i}.log")))?;
+        let mut cmd = pull_command(fleet, i, spec.client, client_bin, dir, repos);
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting node {i}'s pull"))?;
+        running.push(Some(stopper(child, &format!("node {i}'s pull"))));
+    }
+    let mut finished: Vec<Option<(f64, bool)>> = vec![None; spec.nodes];
+    let mut peak_rss = 0;
+    while finished.iter().any(Option::is_none) {
+        check_interrupted()?;
+        if start.elapsed() > WAVE_TIMEOUT {
+            bail!("the wave did not finish within {WAVE_TIMEOUT:?}");
+        }
+        for (i, slot) in running.iter_mut().enumerate() {
+            let Some(child) = slot else { continue };
+            if let Some(status) = child.try_wait()? {
+                finished[i] = Some((start.elapsed().as_secs_f64(), status.success()));
+                *slot = None;
+            }
+        }
+        peak_rss = peak_rss.max(crate::bench::tree_rss_kib(pid));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let cpu = tree_cpu_seconds(pid)? - cpu0;
+    let (tx1, _) = fleet.server.counters(DEV)?;
+    let requests = server.requests()?;
+    drop(server);
+    let mut by_node: BTreeMap<String, Vec<(String, u16, u64)>> = BTreeMap::new();
+    for (client, path, status, bytes) in requests {
+        if client != SERVER_IP.to_string() {
+            by_node
+                .entry(client)
+                .or_default()
+                .push((path, status, bytes));
+        }
+    }
+    let mut nodes = Vec::with_capacity(spec.nodes);
+    for (i, f) in finished.into_iter().enumerate() {
+        let (seconds, ok) = f.context("a node without an outcome")?;
+        let reqs = by_node.remove(&node_ip(i).to_string()).unwrap_or_default();
+        let mut seen: BTreeMap<&str, u64> = BTreeMap::new();
+        for (path, status, _) in &reqs {
+            if *status == 200 && path.starts_with("/objects/") {
+                *seen.entry(path).or_default() += 1;
+            }
+        }
+        let error = if !ok {
+            Some(oscontent_testkit::process::tail(
+                &work.join("logs").join(format!("node{i}.log")),
+                3,
+            ))
+        } else {
+            match node_head(&node_dirs[i], &repos.ref_name) {
+                Ok(h) if h == repos.v2 => None,
+                Ok(h) => Some(format!("the ref is at {h}, not v2")),
+                Err(e) => Some(format!("{e:#}")),
+            }
+        };
+        nodes.push(NodeOutcome {
+            seconds,
+            error,
+            requests: reqs.len() as u64,
+            bytes: reqs.iter().map(|r| r.2).sum(),
+            served_twice: seen.values().filter(|n| **n > 1).count() as u64,
+        });
+    }
+    ensure!(
+        by_node.is_empty(),
+        "requests from unknown clients: {:?}",
+        by_node.keys().collect::<Vec<_>>()
+    );
+    // The node repos are the bulk of the disk a wave used.
+    for d in &node_dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    Ok(WaveResult {
+        spec,
+        nodes,
+        wall_seconds: wall,
+        server_cpu_seconds: cpu,
+        server_egress_bytes: tx1.saturating_sub(tx0),
+        server_peak_rss_kib: peak_rss,
+    })
+}
