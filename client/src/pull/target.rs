@@ -7,7 +7,6 @@
 use super::error::{PullError, PullResult, Tag};
 use super::fetch::{FetchError, Fetcher};
 use super::options::{PullRequest, Trust};
-use super::policy;
 use super::remote::RemoteView;
 use super::verify;
 use super::walk::{self, Ctx};
@@ -154,12 +153,12 @@ fn check_downgrade(req: &PullRequest<'_>, target: &Target) -> PullResult<bool> {
         .with_context(|| format!("local commit {cur}"))
         .local()?;
     let (cv, tv) = (cur_commit.version(), target.commit.version());
-    let reason = policy::downgrade_reason(
-        &policy::Age {
+    let reason = oscontent_format::age::downgrade_reason(
+        &oscontent_format::age::Age {
             timestamp: cur_commit.timestamp,
             version: cv.as_deref(),
         },
-        &policy::Age {
+        &oscontent_format::age::Age {
             timestamp: target.commit.timestamp,
             version: tv.as_deref(),
         },

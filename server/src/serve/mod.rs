@@ -17,7 +17,7 @@ use crate::source;
 use crate::state::StateDir;
 use anyhow::{Context, Result};
 use local::LocalPublisher;
-use refresher::{Refresher, Schedule};
+use refresher::{Refresher, RollbackPolicy, Schedule};
 use signals::Signals;
 use sink::Sink;
 use std::io::Write;
@@ -106,9 +106,15 @@ async fn start_publishing(
         max_backoff: Some(Duration::from_secs(args.registry.max_backoff.max(1))),
     };
     let hup = signals.hup.clone();
+    let rollback = if args.allow_rollback {
+        RollbackPolicy::Allow
+    } else {
+        RollbackPolicy::Refuse
+    };
     if let Some(site) = site_source(&args.source) {
         let publisher = site_publisher(site.clone(), args, &sigs)?;
-        let mut refresher = Refresher::new(publisher, sink.clone(), hup, schedule);
+        let mut refresher =
+            Refresher::new(publisher, sink.clone(), hup, schedule).checking_rollback(rollback);
         // A refused bundle stops the server with the reason.
         if matches!(site, SiteSource::Bundle(_)) {
             refresher.publish_first().await?;
@@ -137,8 +143,9 @@ async fn start_publishing(
         return Ok(tokio::spawn(refresher.run()));
     }
     let publisher = image_publisher(args, &sigs)?;
-    let refresher =
-        Refresher::new(publisher, sink.clone(), hup, schedule).watching(&sigs, signatures_poll);
+    let refresher = Refresher::new(publisher, sink.clone(), hup, schedule)
+        .watching(&sigs, signatures_poll)
+        .checking_rollback(rollback);
     Ok(tokio::spawn(refresher.run()))
 }
 

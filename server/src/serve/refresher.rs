@@ -7,6 +7,10 @@
 //! the [`Sink`], counts every outcome, and logs what is served meanwhile. A
 //! failed check never costs the generation already published.
 //!
+//! A new generation that moves a published ref back in time is refused
+//! (still serving the previous one) unless rollbacks are allowed
+//! ([`rollback`]).
+//!
 //! With signatures, a check refused only because something does not verify
 //! is not retried on a timer: the source is checked again (forced, so a
 //! publisher republishes what it staged) once the signatures change.
@@ -14,13 +18,15 @@
 use super::sink::{Outcome, Sink};
 use crate::served::Generation;
 use crate::signing::{SignatureOptions, SignatureWatch};
-use anyhow::Result;
+use anyhow::{Context, Result};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+pub mod rollback;
 
 /// First wait after a failed check; doubles up to the configured maximum.
 pub const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
@@ -87,6 +93,17 @@ pub struct Refresher<P> {
     backoff: Duration,
     /// Set after a failure: check again after this even without a trigger.
     retry_in: Option<Duration>,
+    /// Whether new generations are checked for rollbacks, and if so
+    /// whether one is published anyway (`--allow-rollback`).
+    rollback: Option<RollbackPolicy>,
+}
+
+/// What to do with a generation that moves a ref back in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RollbackPolicy {
+    Refuse,
+    /// Published, with a warning (`--allow-rollback`).
+    Allow,
 }
 
 impl<P: Publisher> Refresher<P> {
@@ -101,7 +118,20 @@ impl<P: Publisher> Refresher<P> {
             pending: false,
             backoff: INITIAL_BACKOFF,
             retry_in: None,
+            rollback: None,
         }
+    }
+
+    /// Checks every new generation against the one served for refs moved
+    /// back in time (sources the server does not control: images,
+    /// upstreams, bundles).
+    pub fn checking_rollback(mut self, policy: RollbackPolicy) -> Self {
+        self.sink
+            .metrics()
+            .rollback_allowed
+            .set(i64::from(policy == RollbackPolicy::Allow));
+        self.rollback = Some(policy);
+        self
     }
 
     /// Also checks when the signatures change (when `sigs` has any), looking
@@ -143,11 +173,23 @@ impl<P: Publisher> Refresher<P> {
     /// One check, published, counted and logged.
     async fn check(&mut self, force: bool, attempt: u64) {
         match self.publisher.check(force).await {
-            Ok(Checked::New(generation)) => {
-                self.sink.count(Outcome::Published);
-                self.publish(*generation);
-                self.succeeded();
-            }
+            Ok(Checked::New(generation)) => match self.rolls_back(generation).await {
+                Ok(Some(generation)) => {
+                    self.sink.count(Outcome::Published);
+                    self.publish(*generation);
+                    self.succeeded();
+                }
+                Ok(None) => {
+                    self.sink.count(Outcome::Failed);
+                    // The source must move again (forward) to be published:
+                    // retrying the same one would be refused again.
+                    self.succeeded();
+                }
+                Err(e) => {
+                    self.sink.count(Outcome::Failed);
+                    self.failed(&e, attempt);
+                }
+            },
             Ok(Checked::Unchanged) => {
                 self.sink.count(Outcome::Unchanged);
                 tracing::debug!("{} unchanged", self.publisher.what());
@@ -164,6 +206,41 @@ impl<P: Publisher> Refresher<P> {
                 self.failed(&e, attempt);
             }
         }
+    }
+
+    /// The generation to publish, or `None` if it moves a ref back in time
+    /// and that is refused (logged and counted either way).
+    async fn rolls_back(&self, next: Box<Generation>) -> Result<Option<Box<Generation>>> {
+        let (Some(policy), Some(served)) = (self.rollback, self.sink.current()) else {
+            return Ok(Some(next));
+        };
+        let (next, found) = tokio::task::spawn_blocking(move || {
+            let found = rollback::check(&served, &next);
+            (next, found)
+        })
+        .await
+        .context("rollback check task")?;
+        let found = found.context("checking the new generation for rollbacks")?;
+        if found.is_empty() {
+            return Ok(Some(next));
+        }
+        let metrics = self.sink.metrics();
+        for r in &found {
+            match policy {
+                RollbackPolicy::Allow => {
+                    metrics.rollbacks.with_label_values(&["allowed"]).inc();
+                    tracing::warn!("{r}; publishing it (--allow-rollback)");
+                }
+                RollbackPolicy::Refuse => {
+                    metrics.rollbacks.with_label_values(&["refused"]).inc();
+                    tracing::error!(
+                        "{r}: refused, still serving the previous generation \
+                         (--allow-rollback publishes it)"
+                    );
+                }
+            }
+        }
+        Ok((policy == RollbackPolicy::Allow).then_some(next))
     }
 
     fn publish(&mut self, generation: Generation) {
