@@ -16,6 +16,8 @@
 #![allow(clippy::unwrap_used)]
 
 mod lab;
+mod peers;
+mod upstream;
 
 use lab::{lab, Base, Lab, REF};
 use oscontent_testkit::proxy::{Action, Proxy, Rule};

@@ -1,0 +1,298 @@
+//! The hostile upstream: `serve --upstream` fed by a stock `ostree` repo
+//! (served as files by the testkit proxy) that turns hostile once the
+//! site server has published its genuine release. Each row changes the
+//! upstream's files or what the proxy answers, then SIGHUP asks for a
+//! refresh; the site server must refuse it, keep serving the genuine
+//! release (verified by a stock pull), and write nothing beside its state
+//! dir.
+
+use crate::peers::*;
+use oscontent_format::{build_summary, parse_summary};
+use oscontent_testkit::proxy::{only, Action, Proxy, Rule};
+use oscontent_testkit::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+const REF: &str = "os/stable";
+
+/// The pristine upstream, built once: commits v1 < v2 < v3 (versions and
+/// content), the ref at v2, and the objects only v3 has.
+struct Pristine {
+    _tmp: tempfile::TempDir,
+    repo: PathBuf,
+    commits: Vec<String>,
+    /// A `.filez` and a `.dirtree` that v3 has and v2 does not.
+    v3_filez: String,
+    v3_dirtree: String,
+    /// A `.filez` of v2 (valid, but not the one asked for).
+    v2_filez: String,
+}
+
+fn pristine() -> &'static Pristine {
+    static P: OnceLock<Pristine> = OnceLock::new();
+    P.get_or_init(|| {
+        require_ostree();
+        let tmp = tempdir();
+        let commits: Vec<TinyCommit<'_>> = ["1.0", "2.0", "3.0"]
+            .iter()
+            .zip(1..)
+            .map(|(version, seed)| TinyCommit {
+                version,
+                bind_ref: Some(REF),
+                seed,
+            })
+            .collect();
+        // The same content without v3, to tell v3's own objects apart.
+        let two = tmp.path().join("two");
+        tiny_repo(&two, &commits[..2]).unwrap();
+        let repo = tmp.path().join("upstream");
+        let made = tiny_repo(&repo, &commits).unwrap();
+        let old = list_objects(&two).unwrap();
+        let all = list_objects(&repo).unwrap();
+        let only_v3 = |kind: &str| {
+            all.get(kind)
+                .difference(&old.get(kind))
+                .next()
+                .cloned()
+                .unwrap_or_else(|| panic!("v3 has no {kind} of its own"))
+        };
+        let (v3_filez, v3_dirtree) = (only_v3(CONTENT), only_v3("dirtree"));
+        let v2_filez = old.get(CONTENT).into_iter().next().unwrap();
+        Pristine {
+            _tmp: tmp,
+            repo,
+            commits: made,
+            v3_filez,
+            v3_dirtree,
+            v2_filez,
+        }
+    })
+}
+
+/// One row's upstream: a copy of the pristine one, the ref at v2.
+struct Upstream<'a> {
+    p: &'a Pristine,
+    repo: PathBuf,
+    sentinel: &'a Sentinel,
+}
+
+impl Upstream<'_> {
+    fn point(&self, i: usize) {
+        let r = Ostree::at(&self.repo);
+        r.run(["refs", "--delete", REF]).ok();
+        r.run(["refs", &format!("--create={REF}"), &self.p.commits[i]])
+            .unwrap();
+        r.run(["summary", "-u"]).unwrap();
+    }
+
+    fn summary(&self) -> oscontent_format::Summary {
+        parse_summary(&std::fs::read(self.repo.join("summary")).unwrap()).unwrap()
+    }
+}
+
+fn obj(checksum: &str, ext: &str) -> String {
+    format!("/objects/{}/{}.{ext}", &checksum[..2], &checksum[2..])
+}
+
+/// A rule answering `path` with `bytes`.
+fn bytes(path: &str, b: Vec<u8>) -> Option<Rule> {
+    Some(only(path, Action::Bytes(b.into())))
+}
+
+fn file(repo: &Path, checksum: &str, ext: &str) -> Vec<u8> {
+    std::fs::read(repo.join(obj(checksum, ext).trim_start_matches('/'))).unwrap()
+}
+
+/// One attack: what it does to the upstream (files, proxy rule) after the
+/// genuine v2 is served, and what the server's refusal must say.
+struct Attack {
+    id: &'static str,
+    what: &'static str,
+    attack: fn(&Upstream) -> Option<Rule>,
+    says: &'static str,
+}
+
+fn attacks() -> Vec<Attack> {
+    vec![
+        Attack {
+            id: "U1",
+            what: "a collection ID with ../ in the summary's collection map",
+            attack: |u| {
+                let mut s = u.summary();
+                s.collection_map
+                    .insert(u.sentinel.traversal(), s.refs.clone());
+                bytes("/summary", build_summary(&s).unwrap())
+            },
+            says: "invalid collection ID",
+        },
+        Attack {
+            id: "U2",
+            what: "a ref name with ../ in the summary",
+            attack: |u| {
+                let mut s = u.summary();
+                let mut r = s.refs[0].clone();
+                r.name = format!("{}/x", u.sentinel.traversal());
+                s.refs.push(r);
+                bytes("/summary", build_summary(&s).unwrap())
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "U3",
+            what: "the ref moved back to an older release",
+            attack: |u| {
+                u.point(0);
+                None
+            },
+            says: "would move back",
+        },
+        Attack {
+            id: "U4",
+            what: "a new release with a content object replaced by garbage",
+            attack: |u| {
+                u.point(2);
+                bytes(&obj(&u.p.v3_filez, "filez"), vec![0xa5; 4096])
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "U5",
+            what: "a new release with a content object swapped for a valid other",
+            attack: |u| {
+                u.point(2);
+                let other = file(&u.repo, &u.p.v2_filez, "filez");
+                bytes(&obj(&u.p.v3_filez, "filez"), other)
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "U6",
+            what: "a new release with a dirtree replaced by garbage",
+            attack: |u| {
+                u.point(2);
+                bytes(&obj(&u.p.v3_dirtree, "dirtree"), vec![7; 300])
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "U7",
+            what: "a new release whose commit object is garbage",
+            attack: |u| {
+                u.point(2);
+                bytes(&obj(&u.p.commits[2], "commit"), vec![1; 200])
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "U8",
+            what: "an endless summary",
+            attack: |_| {
+                Some(only(
+                    "/summary",
+                    Action::Garbage {
+                        announce: None,
+                        cap: 1 << 30,
+                    },
+                ))
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "U9",
+            what: "a new release with a config announcing 1 GiB",
+            attack: |u| {
+                u.point(2);
+                Some(only(
+                    "/config",
+                    Action::Garbage {
+                        announce: Some(1 << 30),
+                        cap: 1 << 30,
+                    },
+                ))
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "U10",
+            what: "a new release whose commit the upstream does not have",
+            attack: |u| {
+                u.point(2);
+                Some(only(&obj(&u.p.commits[2], "commit"), Action::Status(404)))
+            },
+            says: "ERROR",
+        },
+    ]
+}
+
+fn run(p: &Pristine, a: &Attack) -> Result<(), String> {
+    let sentinel = Sentinel::new();
+    let (_copy, repo) = fresh_copy(&p.repo);
+    let u = Upstream {
+        p,
+        repo,
+        sentinel: &sentinel,
+    };
+    u.point(1);
+    let switch = Switch::default();
+    let proxy = Proxy::serve_dir(&u.repo, switch.rule()).unwrap();
+    let mut server = Server::upstream(&proxy.url)
+        .state_dir(&sentinel.state())
+        .start()
+        .map_err(|e| format!("the genuine upstream: {e:#}"))?;
+    let genuine = [(REF, p.commits[1].as_str())];
+    serves_only(&server, &genuine).map_err(|e| format!("before the attack: {e}"))?;
+    let before = refusals(&server);
+    switch.set((a.attack)(&u));
+    server.sighup().map_err(|e| format!("{e:#}"))?;
+    wait_refused(&server, before, a.says)?;
+    serves_only(&server, &genuine)?;
+    nothing_outside(&sentinel)
+}
+
+#[test]
+fn hostile_upstream() {
+    let p = pristine();
+    let verdicts: Vec<Verdict> = attacks()
+        .iter()
+        .map(|a| Verdict {
+            id: a.id,
+            what: a.what,
+            result: run(p, a),
+        })
+        .collect();
+    tally("hostile upstream", &verdicts);
+}
+
+/// Not an attack, the control: the same upstream moving forward is
+/// published, so the rows above fail for what they did.
+#[test]
+fn an_upstream_moving_forward_is_published() {
+    let p = pristine();
+    let sentinel = Sentinel::new();
+    let (_copy, repo) = fresh_copy(&p.repo);
+    let u = Upstream {
+        p,
+        repo,
+        sentinel: &sentinel,
+    };
+    u.point(1);
+    let proxy = Proxy::serve_dir(&u.repo, Arc::new(|_: &str| None)).unwrap();
+    let mut server = Server::upstream(&proxy.url)
+        .state_dir(&sentinel.state())
+        .start()
+        .unwrap();
+    u.point(2);
+    server.sighup().unwrap();
+    let moved = poll(REFUSAL_TIMEOUT, || -> anyhow::Result<Option<()>> {
+        let refs: BTreeMap<_, _> = served_refs(&server)
+            .map_err(anyhow::Error::msg)?
+            .into_iter()
+            .collect();
+        Ok((refs.get(REF) == Some(&p.commits[2])).then_some(()))
+    })
+    .unwrap();
+    assert!(moved.is_some(), "{}", server.stderr());
+    serves_only(&server, &[(REF, &p.commits[2])]).unwrap();
+    nothing_outside(&sentinel).unwrap();
+}
