@@ -16,6 +16,7 @@
 //! and files this process wrote.
 
 use super::remote::Remote;
+use crate::fsutil;
 use anyhow::{bail, Context, Result};
 use oscontent_format::{check_dirmeta, Checksum, ObjectKind, ObjectName, RepoPath};
 use serde::{Deserialize, Serialize};
@@ -382,18 +383,18 @@ impl Store {
 
     fn persist(&self, tmp: tempfile::NamedTempFile, rel: &str) -> Result<()> {
         let dest = layout_path(&self.root, rel)?;
-        if let Some(p) = dest.parent() {
-            std::fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))?;
-        }
         // Readable by a static web server, whoever runs it.
         std::fs::set_permissions(
             tmp.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o644),
+            std::os::unix::fs::PermissionsExt::from_mode(fsutil::FILE_MODE),
         )
         .with_context(|| format!("setting the mode of {}", tmp.path().display()))?;
-        tmp.persist(&dest)
-            .map_err(|e| e.error)
+        // Kept (not removed on drop) only once renamed; an error removes it.
+        let tmp = tmp.into_temp_path();
+        fsutil::rename_into(&tmp, &self.root, rel)
             .with_context(|| format!("renaming into {}", dest.display()))?;
+        tmp.keep()
+            .with_context(|| format!("keeping {}", dest.display()))?;
         Ok(())
     }
 
@@ -473,8 +474,10 @@ impl Store {
             sha256: hex::encode(Sha256::digest(bytes)),
             size: bytes.len() as u64,
         };
-        let dest = layout_path(&self.root, rel)?;
-        if std::fs::read(&dest).ok().as_deref() == Some(bytes) {
+        layout_path(&self.root, rel)?;
+        let max = bytes.len() as u64;
+        let same = fsutil::read_file(&self.root, rel, max).ok().flatten();
+        if same.is_some_and(|(b, _)| b == bytes) {
             self.record(rel, entry);
             return Ok(());
         }
@@ -498,14 +501,14 @@ impl Store {
     pub fn remove(&self, rel: &str) -> Result<u64> {
         self.verified.lock().expect("store lock").remove(rel);
         let p = self.root.join(rel);
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) => {
-                std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
-                Ok(m.len())
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-            Err(e) => Err(e).with_context(|| format!("inspecting {}", p.display())),
-        }
+        let size = match fsutil::open_file(&self.root, rel) {
+            Ok(Some((_, m))) => m.len(),
+            Ok(None) => 0,
+            Err(e) => return Err(e).with_context(|| format!("inspecting {}", p.display())),
+        };
+        let removed = fsutil::remove_file(&self.root, rel)
+            .with_context(|| format!("removing {}", p.display()))?;
+        Ok(if removed { size } else { 0 })
     }
 
     /// Every file this store trusts now: verified or written by this run,

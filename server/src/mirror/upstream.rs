@@ -203,17 +203,15 @@ impl SiteMirror {
     }
 }
 
-/// The remote's own files, verbatim, into a generation overlay.
+/// The remote's own files, verbatim, into a generation overlay: each path
+/// checked against the archive grammar, then written beneath the
+/// overlay's directory fd.
 fn write_overlay(dir: &Path, meta: &Metadata) -> Result<()> {
     let write = |rel: &str, bytes: &[u8]| -> Result<()> {
-        let p = super::store::layout_path(dir, rel)?;
-        if let Some(parent) = p.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
-        }
-        std::fs::write(&p, bytes).with_context(|| format!("writing {}", p.display()))
+        super::store::layout_path(dir, rel)?;
+        crate::fsutil::write_atomic(dir, rel, bytes)
+            .with_context(|| format!("writing {rel} into {}", dir.display()))
     };
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     write("config", &meta.config)?;
     for r in &meta.refs {
         write(&r.path(), format!("{}\n", r.commit).as_bytes())?;

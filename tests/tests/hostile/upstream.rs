@@ -27,6 +27,8 @@ struct Pristine {
     v3_dirtree: String,
     /// A `.filez` of v2 (valid, but not the one asked for).
     v2_filez: String,
+    /// Every object only v3 has.
+    v3_only: Vec<String>,
 }
 
 fn pristine() -> &'static Pristine {
@@ -59,6 +61,15 @@ fn pristine() -> &'static Pristine {
         };
         let (v3_filez, v3_dirtree) = (only_v3(CONTENT), only_v3("dirtree"));
         let v2_filez = old.get(CONTENT).into_iter().next().unwrap();
+        let v3_only = [CONTENT, "dirtree", "dirmeta", "commit"]
+            .iter()
+            .flat_map(|k| {
+                all.get(k)
+                    .difference(&old.get(k))
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         Pristine {
             _tmp: tmp,
             repo,
@@ -66,6 +77,7 @@ fn pristine() -> &'static Pristine {
             v3_filez,
             v3_dirtree,
             v2_filez,
+            v3_only,
         }
     })
 }
@@ -294,5 +306,45 @@ fn an_upstream_moving_forward_is_published() {
     .unwrap();
     assert!(moved.is_some(), "{}", server.stderr());
     serves_only(&server, &[(REF, &p.commits[2])]).unwrap();
+    nothing_outside(&sentinel).unwrap();
+}
+
+/// Item 1's last clause: a symlink planted inside the state dir (here the
+/// store's object directory the next release writes into, pointing
+/// outside) is never followed: the refresh is refused, naming it, and
+/// nothing lands outside.
+#[test]
+fn a_symlink_planted_in_the_state_dir_is_never_followed() {
+    let p = pristine();
+    let sentinel = Sentinel::new();
+    let (_copy, repo) = fresh_copy(&p.repo);
+    let u = Upstream {
+        p,
+        repo,
+        sentinel: &sentinel,
+    };
+    u.point(1);
+    let proxy = Proxy::serve_dir(&u.repo, Arc::new(|_: &str| None)).unwrap();
+    let mut server = Server::upstream(&proxy.url)
+        .state_dir(&sentinel.state())
+        .start()
+        .unwrap();
+    let outside = tempdir();
+    // A directory v3 writes into and nothing served uses yet.
+    let objects = sentinel.state().join("mirror/repo/objects");
+    let planted = p
+        .v3_only
+        .iter()
+        .map(|c| objects.join(&c[..2]))
+        .find(|d| !d.exists())
+        .expect("an object directory only v3 needs");
+    std::os::unix::fs::symlink(outside.path(), &planted).unwrap();
+    let before = refusals(&server);
+    u.point(2);
+    server.sighup().unwrap();
+    wait_refused(&server, before, "is a symlink or not a directory").unwrap();
+    let leaked: Vec<_> = std::fs::read_dir(outside.path()).unwrap().collect();
+    assert!(leaked.is_empty(), "written through the symlink: {leaked:?}");
+    serves_only(&server, &[(REF, &p.commits[1])]).unwrap();
     nothing_outside(&sentinel).unwrap();
 }
