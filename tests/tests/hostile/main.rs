@@ -15,6 +15,7 @@
 // the failure report (clippy.toml allows it inside them).
 #![allow(clippy::unwrap_used)]
 
+mod bundle;
 mod lab;
 mod peers;
 mod upstream;

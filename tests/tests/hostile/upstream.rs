@@ -14,24 +14,24 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-const REF: &str = "os/stable";
+pub const REF: &str = "os/stable";
 
 /// The pristine upstream, built once: commits v1 < v2 < v3 (versions and
 /// content), the ref at v2, and the objects only v3 has.
-struct Pristine {
+pub struct Pristine {
     _tmp: tempfile::TempDir,
-    repo: PathBuf,
-    commits: Vec<String>,
+    pub repo: PathBuf,
+    pub commits: Vec<String>,
     /// A `.filez` and a `.dirtree` that v3 has and v2 does not.
-    v3_filez: String,
-    v3_dirtree: String,
+    pub v3_filez: String,
+    pub v3_dirtree: String,
     /// A `.filez` of v2 (valid, but not the one asked for).
-    v2_filez: String,
+    pub v2_filez: String,
     /// Every object only v3 has.
-    v3_only: Vec<String>,
+    pub v3_only: Vec<String>,
 }
 
-fn pristine() -> &'static Pristine {
+pub fn pristine() -> &'static Pristine {
     static P: OnceLock<Pristine> = OnceLock::new();
     P.get_or_init(|| {
         require_ostree();
@@ -83,14 +83,14 @@ fn pristine() -> &'static Pristine {
 }
 
 /// One row's upstream: a copy of the pristine one, the ref at v2.
-struct Upstream<'a> {
-    p: &'a Pristine,
-    repo: PathBuf,
-    sentinel: &'a Sentinel,
+pub struct Upstream<'a> {
+    pub p: &'a Pristine,
+    pub repo: PathBuf,
+    pub sentinel: &'a Sentinel,
 }
 
 impl Upstream<'_> {
-    fn point(&self, i: usize) {
+    pub fn point(&self, i: usize) {
         let r = Ostree::at(&self.repo);
         r.run(["refs", "--delete", REF]).ok();
         r.run(["refs", &format!("--create={REF}"), &self.p.commits[i]])
@@ -98,12 +98,12 @@ impl Upstream<'_> {
         r.run(["summary", "-u"]).unwrap();
     }
 
-    fn summary(&self) -> oscontent_format::Summary {
+    pub fn summary(&self) -> oscontent_format::Summary {
         parse_summary(&std::fs::read(self.repo.join("summary")).unwrap()).unwrap()
     }
 }
 
-fn obj(checksum: &str, ext: &str) -> String {
+pub fn obj(checksum: &str, ext: &str) -> String {
     format!("/objects/{}/{}.{ext}", &checksum[..2], &checksum[2..])
 }
 
