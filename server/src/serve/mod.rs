@@ -112,9 +112,10 @@ async fn start_publishing(
         RollbackPolicy::Refuse
     };
     if let Some(site) = site_source(&args.source) {
-        let publisher = site_publisher(site.clone(), args, &sigs)?;
-        let mut refresher =
-            Refresher::new(publisher, sink.clone(), hup, schedule).checking_rollback(rollback);
+        // The site mirror checks for rollbacks itself, before it prunes.
+        let publisher = site_publisher(site.clone(), args, &sigs)?
+            .checking_rollback(rollback, sink.metrics().clone());
+        let mut refresher = Refresher::new(publisher, sink.clone(), hup, schedule);
         // A refused bundle stops the server with the reason.
         if matches!(site, SiteSource::Bundle(_)) {
             refresher.publish_first().await?;

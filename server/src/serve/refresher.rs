@@ -28,6 +28,9 @@ use tokio::time::Instant;
 
 pub mod rollback;
 
+use rollback::RefAge;
+pub use rollback::RollbackPolicy;
+
 /// First wait after a failed check; doubles up to the configured maximum.
 pub const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -96,14 +99,9 @@ pub struct Refresher<P> {
     /// Whether new generations are checked for rollbacks, and if so
     /// whether one is published anyway (`--allow-rollback`).
     rollback: Option<RollbackPolicy>,
-}
-
-/// What to do with a generation that moves a ref back in time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RollbackPolicy {
-    Refuse,
-    /// Published, with a warning (`--allow-rollback`).
-    Allow,
+    /// The published refs' ages, read when they were published (a source
+    /// may prune what it no longer publishes).
+    served_ages: Option<Vec<RefAge>>,
 }
 
 impl<P: Publisher> Refresher<P> {
@@ -119,6 +117,7 @@ impl<P: Publisher> Refresher<P> {
             backoff: INITIAL_BACKOFF,
             retry_in: None,
             rollback: None,
+            served_ages: None,
         }
     }
 
@@ -149,7 +148,11 @@ impl<P: Publisher> Refresher<P> {
     /// which waits for new signatures. Not counted.
     pub async fn publish_first(&mut self) -> Result<()> {
         match self.publisher.check(false).await? {
-            Checked::New(generation) => self.publish(*generation),
+            Checked::New(generation) => {
+                let (generation, ages) = self.ages(generation).await?;
+                self.served_ages = ages;
+                self.publish(*generation)
+            }
             Checked::Unchanged => {}
             Checked::Refused(e) => self.refused(e).await,
         }
@@ -208,39 +211,39 @@ impl<P: Publisher> Refresher<P> {
         }
     }
 
-    /// The generation to publish, or `None` if it moves a ref back in time
-    /// and that is refused (logged and counted either way).
-    async fn rolls_back(&self, next: Box<Generation>) -> Result<Option<Box<Generation>>> {
-        let (Some(policy), Some(served)) = (self.rollback, self.sink.current()) else {
-            return Ok(Some(next));
-        };
-        let (next, found) = tokio::task::spawn_blocking(move || {
-            let found = rollback::check(&served, &next);
-            (next, found)
+    /// The generation and, when rollbacks are checked, its refs' ages.
+    async fn ages(&self, g: Box<Generation>) -> Result<(Box<Generation>, Option<Vec<RefAge>>)> {
+        if self.rollback.is_none() {
+            return Ok((g, None));
+        }
+        let (g, ages) = tokio::task::spawn_blocking(move || {
+            let ages = rollback::ref_ages(&g);
+            (g, ages)
         })
         .await
         .context("rollback check task")?;
-        let found = found.context("checking the new generation for rollbacks")?;
-        if found.is_empty() {
+        Ok((
+            g,
+            Some(ages.context("reading the new generation's commits")?),
+        ))
+    }
+
+    /// The generation to publish, or `None` if it moves a ref back in time
+    /// and that is refused (logged and counted either way).
+    async fn rolls_back(&mut self, next: Box<Generation>) -> Result<Option<Box<Generation>>> {
+        let (next, ages) = self.ages(next).await?;
+        let (Some(policy), Some(ages)) = (self.rollback, ages) else {
             return Ok(Some(next));
+        };
+        let found = match &self.served_ages {
+            Some(served) => rollback::rollbacks(served, &ages),
+            None => Vec::new(),
+        };
+        if !rollback::judge(policy, &found, self.sink.metrics()) {
+            return Ok(None);
         }
-        let metrics = self.sink.metrics();
-        for r in &found {
-            match policy {
-                RollbackPolicy::Allow => {
-                    metrics.rollbacks.with_label_values(&["allowed"]).inc();
-                    tracing::warn!("{r}; publishing it (--allow-rollback)");
-                }
-                RollbackPolicy::Refuse => {
-                    metrics.rollbacks.with_label_values(&["refused"]).inc();
-                    tracing::error!(
-                        "{r}: refused, still serving the previous generation \
-                         (--allow-rollback publishes it)"
-                    );
-                }
-            }
-        }
-        Ok((policy == RollbackPolicy::Allow).then_some(next))
+        self.served_ages = Some(ages);
+        Ok(Some(next))
     }
 
     fn publish(&mut self, generation: Generation) {

@@ -16,6 +16,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod bundle;
+mod image;
 mod lab;
 mod peers;
 mod upstream;

@@ -100,8 +100,8 @@ pub fn served_refs(server: &Server) -> Result<Vec<(String, String)>, String> {
         .collect())
 }
 
-/// The server serves exactly `want` (ref, commit), each of which stock
-/// ostree pulls and fscks from it.
+/// The server serves exactly `want` (ref, commit), and stock ostree pulls
+/// and fscks each commit from it.
 pub fn serves_only(server: &Server, want: &[(&str, &str)]) -> Result<(), String> {
     let got = served_refs(server)?;
     let want_owned: Vec<(String, String)> = want
@@ -111,6 +111,7 @@ pub fn serves_only(server: &Server, want: &[(&str, &str)]) -> Result<(), String>
     if got != want_owned {
         return Err(format!("serves {got:?}, not {want_owned:?}"));
     }
+    let mut pulled = Vec::new();
     for (r, c) in want {
         let body = server
             .get(&format!("/refs/heads/{r}"))
@@ -119,7 +120,12 @@ pub fn serves_only(server: &Server, want: &[(&str, &str)]) -> Result<(), String>
         if String::from_utf8_lossy(&body).trim() != *c {
             return Err(format!("/refs/heads/{r} is not {c}"));
         }
-        stock_pull(server, r, c)?;
+        // Once per commit, by its first ref: a commit bound to one ref
+        // (ostree.ref-binding) is pulled by that one, not its version ref.
+        if !pulled.contains(c) {
+            stock_pull(server, r, c)?;
+            pulled.push(*c);
+        }
     }
     Ok(())
 }

@@ -5,6 +5,7 @@
 //! allowed it (`--allow-rollback`). Decided per ref: a ref that appears or
 //! disappears is not a rollback, only one that moves back.
 
+use crate::metrics::Metrics;
 use crate::served::Generation;
 use anyhow::{Context, Result};
 use oscontent_format::age::{downgrade_reason, Age};
@@ -86,9 +87,32 @@ pub fn ref_ages(g: &Generation) -> Result<Vec<RefAge>> {
         .collect()
 }
 
-/// What `next` would move back relative to `served` (blocking).
-pub fn check(served: &Generation, next: &Generation) -> Result<Vec<Rollback>> {
-    Ok(rollbacks(&ref_ages(served)?, &ref_ages(next)?))
+/// What to do with a generation that moves a ref back in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RollbackPolicy {
+    Refuse,
+    /// Published, with a warning (`--allow-rollback`).
+    Allow,
+}
+
+/// Logs and counts what `found` moves back; whether to publish anyway.
+pub fn judge(policy: RollbackPolicy, found: &[Rollback], metrics: &Metrics) -> bool {
+    for r in found {
+        match policy {
+            RollbackPolicy::Allow => {
+                metrics.rollbacks.with_label_values(&["allowed"]).inc();
+                tracing::warn!("{r}; publishing it (--allow-rollback)");
+            }
+            RollbackPolicy::Refuse => {
+                metrics.rollbacks.with_label_values(&["refused"]).inc();
+                tracing::error!(
+                    "{r}: refused, still serving the previous generation \
+                     (--allow-rollback publishes it)"
+                );
+            }
+        }
+    }
+    found.is_empty() || policy == RollbackPolicy::Allow
 }
 
 #[cfg(test)]
