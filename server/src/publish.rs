@@ -253,17 +253,22 @@ pub fn publish_verified(
             write_file(&tmp.join("config"), format::config::ARCHIVE_CONFIG)?;
         }
         let probe = Generation::new(0, vec![repo.clone()], tmp.clone(), Vec::new());
-        let (refs, listed) = if derive {
-            (derive_into(req, &repo, &probe, &tmp)?, Vec::new())
+        // Derived refs first: the repo's own win on a name clash.
+        let mut refs = if derive {
+            derive_into(req, &repo, &probe, &tmp)?
         } else {
-            snapshot_into(&repo, &existing, &probe, &tmp)?
+            Vec::new()
         };
+        let (own, listed) = snapshot_into(&repo, &existing, &probe, &tmp, !derive)?;
+        refs.retain(|(n, _)| own.iter().all(|(o, _)| o != n));
+        refs.extend(own);
         let mut commits: Vec<Checksum> = refs.iter().map(|(_, c)| *c).chain(listed).collect();
         commits.sort();
         commits.dedup();
         let started = std::time::Instant::now();
         let opts = VerifyOptions { jobs: 0, cache };
-        let mut set = verify::verify_closure(&[Root::plain(repo.clone())], &commits, &opts)
+        let roots = [Root::plain(repo.clone())];
+        let mut set = verify::verify_with_history(&roots, &commits, verify::MAX_HISTORY, &opts)
             .with_context(|| format!("verifying {}", repo.display()))?;
         verify::verify_deltas(&repo, &commits, &mut set)
             .with_context(|| format!("verifying {}", repo.display()))?;
@@ -298,8 +303,9 @@ fn derive_into(
 }
 
 /// Copies the repo's refs as they are now into the overlay (with its
-/// `summary` and `summary.sig`, pinned), leaving out refs whose commit is
-/// not there, as a remote with one broken ref still serves the others.
+/// `summary` and `summary.sig`, pinned, unless refs were derived, which
+/// that summary would not list), leaving out refs whose commit is not
+/// there, as a remote with one broken ref still serves the others.
 /// Returns the refs, and the other commits a pinned summary names (they are
 /// served, so they are verified too).
 fn snapshot_into(
@@ -307,6 +313,7 @@ fn snapshot_into(
     existing: &[FoundRef],
     probe: &Generation,
     tmp: &Path,
+    pin_summary: bool,
 ) -> Result<(Refs, Vec<Checksum>)> {
     let mut refs = Vec::new();
     for r in existing {
@@ -320,6 +327,9 @@ fn snapshot_into(
             format!("{}\n", r.commit).as_bytes(),
         )?;
         refs.push((r.name.clone(), r.commit));
+    }
+    if !pin_summary {
+        return Ok((refs, Vec::new()));
     }
     let cap = format::summary::MAX_SUMMARY_SIZE as u64;
     let Some((summary, _)) = fsutil::read_file(repo, "summary", cap)

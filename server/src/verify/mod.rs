@@ -28,7 +28,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-pub use walk::{verify_closure, verify_deltas};
+pub use walk::{verify_closure, verify_deltas, verify_with_history};
+
+/// Ancestors of the published commits a `--repo` publication verifies and
+/// serves (by checksum, for rollbacks); older ones answer 404.
+pub const MAX_HISTORY: usize = 64;
 
 /// Verification threads: enough to keep a disk and a core busy, few enough
 /// to leave the serving threads (and the neighbours of a 2-core node) room.

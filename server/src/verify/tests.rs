@@ -192,3 +192,55 @@ fn a_preverified_root_is_walked_not_hashed() {
         }
     );
 }
+
+#[test]
+fn history_is_served_as_far_as_it_is_present_and_intact() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, first) = repo(dir.path());
+    let before = files_with(&repo, "filez");
+    // A second commit on the branch, parent `first`, with one file changed.
+    let tree = dir.path().join("tree");
+    std::fs::write(tree.join("usr/lib/f0"), b"changed").unwrap();
+    let r = format!("--repo={}", repo.display());
+    let c = ostree(&[
+        "commit",
+        &r,
+        "-b",
+        "os",
+        &format!("--tree=dir={}", tree.display()),
+    ]);
+    let second = Checksum::from_hex(c.trim()).unwrap();
+    let only_first: Vec<PathBuf> = before
+        .into_iter()
+        .filter(|f| {
+            let o = name_of(f);
+            !verify_closure(
+                &[Root::plain(repo.clone())],
+                &[second],
+                &VerifyOptions::default(),
+            )
+            .unwrap()
+            .contains(&o)
+        })
+        .collect();
+    assert_eq!(only_first.len(), 1, "{only_first:?}");
+    let old = name_of(&only_first[0]);
+    let roots = [Root::plain(repo.clone())];
+    let opts = VerifyOptions::default();
+    let set = verify_with_history(&roots, &[second], MAX_HISTORY, &opts).unwrap();
+    assert!(set.contains(&ObjectName::new(first, ObjectKind::Commit)) && set.contains(&old));
+    assert!(!verify_with_history(&roots, &[second], 0, &opts)
+        .unwrap()
+        .contains(&old));
+    // Pruned from history: skipped. Corrupt: refused, named.
+    let saved = std::fs::read(&only_first[0]).unwrap();
+    std::fs::remove_file(&only_first[0]).unwrap();
+    let set = verify_with_history(&roots, &[second], MAX_HISTORY, &opts).unwrap();
+    assert!(set.contains(&ObjectName::new(first, ObjectKind::Commit)) && !set.contains(&old));
+    std::fs::write(&only_first[0], &saved[..saved.len() - 1]).unwrap();
+    let err = format!(
+        "{:#}",
+        verify_with_history(&roots, &[second], MAX_HISTORY, &opts).unwrap_err()
+    );
+    assert!(err.contains(&old.checksum.to_hex()), "{err}");
+}

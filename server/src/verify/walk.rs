@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// What one walk shares between its threads.
@@ -25,18 +25,34 @@ struct Walk<'a> {
     cache: Option<&'a VerdictCache>,
     verdicts: Mutex<HashMap<ObjectName, (PathBuf, FileId)>>,
     hashed: AtomicUsize,
+    /// Absent objects are skipped, not an error (history: ostree keeps
+    /// older commits whose trees were pruned). Corrupt ones still fail.
+    lenient: AtomicBool,
+}
+
+/// What [`Walk::check`] found.
+enum Found {
+    /// Not in any root (only in a lenient walk).
+    Absent,
+    /// A verified metadata object's bytes, for the walk to parse.
+    Meta(Vec<u8>),
+    /// A verified content object (or detached metadata).
+    Content,
 }
 
 impl Walk<'_> {
     /// The file the generation would serve for `o`: the first root's.
-    fn open(&self, o: &ObjectName) -> Result<(&Root, std::fs::File, std::fs::Metadata)> {
+    fn open(&self, o: &ObjectName) -> Result<Option<(&Root, std::fs::File, std::fs::Metadata)>> {
         let rel = o.path();
         for root in self.roots {
             if let Some((f, m)) = fsutil::open_file(&root.path, &rel)
                 .with_context(|| format!("opening {}/{rel}", root.path.display()))?
             {
-                return Ok((root, f, m));
+                return Ok(Some((root, f, m)));
             }
+        }
+        if self.lenient.load(Ordering::Relaxed) {
+            return Ok(None);
         }
         bail!(
             "{} {} is missing from the source: the commit is incomplete",
@@ -47,9 +63,10 @@ impl Walk<'_> {
 
     /// Checks that the file served for `o` is `o`, unless it was verified
     /// before (as the same file) or its root holds only verified objects.
-    /// Returns a metadata object's bytes, for the walk to parse.
-    fn check(&self, o: &ObjectName) -> Result<Option<Vec<u8>>> {
-        let (root, file, meta) = self.open(o)?;
+    fn check(&self, o: &ObjectName) -> Result<Found> {
+        let Some((root, file, meta)) = self.open(o)? else {
+            return Ok(Found::Absent);
+        };
         let id = FileId::of(&meta);
         let trusted = root.preverified || self.cache.is_some_and(|c| c.verified(o, &root.path, id));
         if !trusted {
@@ -76,9 +93,9 @@ impl Walk<'_> {
                         where_()
                     );
                 }
-                None
+                Found::Content
             }
-            ObjectKind::CommitMeta => None,
+            ObjectKind::CommitMeta => Found::Content,
             ObjectKind::Commit | ObjectKind::DirTree | ObjectKind::DirMeta => {
                 let mut bytes = Vec::with_capacity(meta.len() as usize);
                 file.take(max + 1)
@@ -97,7 +114,7 @@ impl Walk<'_> {
                         check_dirmeta(&bytes).with_context(where_)?;
                     }
                 }
-                Some(bytes)
+                Found::Meta(bytes)
             }
         };
         self.verdicts
@@ -110,102 +127,151 @@ impl Walk<'_> {
 
 /// Verifies the closure of `commits` (each commit, and every dirtree,
 /// dirmeta and content object it reaches) as the generation over `roots`
-/// would serve it, in parallel, level by level. Parent commits are not
-/// followed: ostree pulls them only on request, and a 404 there is how a
-/// truncated history looks. Any object missing or corrupt fails the whole
-/// verification, naming it.
+/// would serve it, in parallel, level by level. Any object missing or
+/// corrupt fails the whole verification, naming it.
 pub fn verify_closure(
     roots: &[Root],
     commits: &[Checksum],
     opts: &VerifyOptions,
 ) -> Result<VerifiedSet> {
-    let jobs = if opts.jobs == 0 {
-        default_jobs()
-    } else {
-        opts.jobs
-    };
+    verify_with_history(roots, commits, 0, opts)
+}
+
+/// [`verify_closure`] of `tips`, then of up to `history` of their
+/// ancestors (`parent` links) whose commit objects are present: what stock
+/// ostree pulls by checksum (a rollback). An ancestor's absent objects
+/// (pruned trees, a missing parent: how a truncated history looks) are
+/// skipped and answer 404; a corrupt one fails as it would for a tip.
+pub fn verify_with_history(
+    roots: &[Root],
+    tips: &[Checksum],
+    history: usize,
+    opts: &VerifyOptions,
+) -> Result<VerifiedSet> {
     let walk = Walk {
         roots,
         cache: opts.cache.as_deref(),
         verdicts: Mutex::new(HashMap::new()),
         hashed: AtomicUsize::new(0),
+        lenient: AtomicBool::new(false),
+    };
+    let jobs = if opts.jobs == 0 {
+        default_jobs()
+    } else {
+        opts.jobs
     };
     let mut set = VerifiedSet::default();
-    let (mut trees, mut metas) = (HashSet::new(), HashSet::new());
-    let mut level = Vec::new();
-    let mut level_metas = Vec::new();
-    for c in commits {
-        let o = ObjectName::new(*c, ObjectKind::Commit);
-        let bytes = walk.check(&o)?.context("a commit has bytes")?;
-        let commit = Commit::parse(&bytes).with_context(|| format!("parsing commit {c}"))?;
-        set.insert(o);
-        if trees.insert(commit.root_tree) {
-            level.push(commit.root_tree);
-        }
-        if metas.insert(commit.root_meta) {
-            level_metas.push(commit.root_meta);
-        }
+    let mut parents = walk.closure(tips, jobs, &mut set)?;
+    walk.lenient.store(true, Ordering::Relaxed);
+    let mut left = history;
+    while !parents.is_empty() && left > 0 {
+        parents.truncate(left);
+        left -= parents.len();
+        parents = walk.closure(&parents, jobs, &mut set)?;
     }
-    let mut files = HashSet::new();
-    let mut depth = 0;
-    while !level.is_empty() || !level_metas.is_empty() {
-        depth += 1;
-        anyhow::ensure!(
-            depth <= MAX_TREE_DEPTH,
-            "trees nested deeper than {MAX_TREE_DEPTH}"
-        );
-        let parsed: Mutex<Vec<DirTree>> = Mutex::new(Vec::new());
-        let items: Vec<ObjectName> = level
-            .iter()
-            .map(|t| ObjectName::new(*t, ObjectKind::DirTree))
-            .chain(
-                level_metas
-                    .iter()
-                    .map(|m| ObjectName::new(*m, ObjectKind::DirMeta)),
-            )
-            .collect();
-        parallel(items.clone(), jobs, |o| {
-            let bytes = walk.check(&o)?;
-            if let (ObjectKind::DirTree, Some(b)) = (o.kind, bytes) {
-                let tree = parse_dirtree(&b).with_context(|| format!("dirtree {}", o.checksum))?;
-                parsed.lock().expect("parsed lock").push(tree);
-            }
-            Ok(())
-        })?;
-        items.into_iter().for_each(|o| {
-            set.insert(o);
-        });
-        level.clear();
-        level_metas.clear();
-        for tree in parsed.into_inner().expect("parsed lock") {
-            files.extend(tree.files.into_iter().map(|(_, f)| f));
-            for (_, sub, m) in tree.dirs {
-                if trees.insert(sub) {
-                    level.push(sub);
-                }
-                if metas.insert(m) {
-                    level_metas.push(m);
-                }
-            }
-        }
-        anyhow::ensure!(
-            trees.len() + metas.len() + files.len() <= MAX_OBJECTS,
-            "the published commits reach more than {MAX_OBJECTS} objects"
-        );
-    }
-    let content: Vec<ObjectName> = files
-        .into_iter()
-        .map(|f| ObjectName::new(f, ObjectKind::File))
-        .collect();
-    parallel(content.clone(), jobs, |o| walk.check(&o).map(drop))?;
-    content.into_iter().for_each(|o| {
-        set.insert(o);
-    });
     set.hashed = walk.hashed.load(Ordering::Relaxed);
     if let Some(cache) = opts.cache.as_deref() {
         cache.replace(walk.verdicts.into_inner().expect("verdicts lock"));
     }
     Ok(set)
+}
+
+impl Walk<'_> {
+    /// Verifies what `commits` reach and `set` does not hold yet (a
+    /// dirtree in `set` was walked whole before), adding it to `set`.
+    /// Returns the parents of the commits found, not yet in `set`.
+    fn closure(
+        &self,
+        commits: &[Checksum],
+        jobs: usize,
+        set: &mut VerifiedSet,
+    ) -> Result<Vec<Checksum>> {
+        let mut parents = Vec::new();
+        let mut level = Vec::new();
+        for c in commits {
+            let o = ObjectName::new(*c, ObjectKind::Commit);
+            if set.contains(&o) {
+                continue;
+            }
+            let Found::Meta(bytes) = self.check(&o)? else {
+                continue;
+            };
+            let commit = Commit::parse(&bytes).with_context(|| format!("parsing commit {c}"))?;
+            set.insert(o);
+            level.push(ObjectName::new(commit.root_tree, ObjectKind::DirTree));
+            level.push(ObjectName::new(commit.root_meta, ObjectKind::DirMeta));
+            parents.extend(commit.parent);
+        }
+        let mut files = HashSet::new();
+        let mut depth = 0;
+        while !level.is_empty() {
+            depth += 1;
+            anyhow::ensure!(
+                depth <= MAX_TREE_DEPTH,
+                "trees nested deeper than {MAX_TREE_DEPTH}"
+            );
+            level.retain(|o| !set.contains(o));
+            level.sort();
+            level.dedup();
+            level = self.level(level, jobs, set, &mut files)?;
+        }
+        let content: Vec<ObjectName> = files
+            .into_iter()
+            .map(|f| ObjectName::new(f, ObjectKind::File))
+            .filter(|o| !set.contains(o))
+            .collect();
+        let present = Mutex::new(Vec::new());
+        parallel(content, jobs, |o| {
+            if !matches!(self.check(&o)?, Found::Absent) {
+                present.lock().expect("present lock").push(o);
+            }
+            Ok(())
+        })?;
+        for o in present.into_inner().expect("present lock") {
+            set.insert(o);
+        }
+        parents.retain(|p| !set.contains(&ObjectName::new(*p, ObjectKind::Commit)));
+        Ok(parents)
+    }
+
+    /// One level of trees: checks its dirtrees and dirmetas in parallel,
+    /// adds those present to `set`, their files to `files`; returns the
+    /// next level.
+    fn level(
+        &self,
+        items: Vec<ObjectName>,
+        jobs: usize,
+        set: &mut VerifiedSet,
+        files: &mut HashSet<Checksum>,
+    ) -> Result<Vec<ObjectName>> {
+        let found: Mutex<Vec<(ObjectName, Option<DirTree>)>> = Mutex::new(Vec::new());
+        parallel(items, jobs, |o| {
+            let tree = match self.check(&o)? {
+                Found::Absent => return Ok(()),
+                Found::Meta(b) if o.kind == ObjectKind::DirTree => {
+                    Some(parse_dirtree(&b).with_context(|| format!("dirtree {}", o.checksum))?)
+                }
+                _ => None,
+            };
+            found.lock().expect("found lock").push((o, tree));
+            Ok(())
+        })?;
+        let mut next = Vec::new();
+        for (o, tree) in found.into_inner().expect("found lock") {
+            set.insert(o);
+            let Some(tree) = tree else { continue };
+            files.extend(tree.files.into_iter().map(|(_, f)| f));
+            for (_, sub, m) in tree.dirs {
+                next.push(ObjectName::new(sub, ObjectKind::DirTree));
+                next.push(ObjectName::new(m, ObjectKind::DirMeta));
+            }
+        }
+        anyhow::ensure!(
+            set.len() + files.len() <= MAX_OBJECTS,
+            "the published commits reach more than {MAX_OBJECTS} objects"
+        );
+        Ok(next)
+    }
 }
 
 /// Verifies the static deltas in `root` that lead to one of `targets`
