@@ -12,6 +12,9 @@ use std::time::Duration;
 const STATE_BYTES: u64 = 24 << 20;
 /// Zeros under `srv/repo`: tiny compressed, more than the volume unpacked.
 const BIG: usize = 40 << 20;
+/// Files under `srv/repo`: more than the inode-starved volume holds.
+const FILES: usize = 3000;
+const INODES: u64 = 2000;
 const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Puts the OCI layout `from` at `at` (replacing what was there).
@@ -24,13 +27,27 @@ fn place_layout(from: &Path, at: &Path) {
 
 #[test]
 fn a_refresh_out_of_state_space_keeps_the_previous_generation() {
-    let small = crafted(61, |t| t);
     let big = crafted(62, |t| t.file("srv/repo/zeros", &vec![0u8; BIG]));
-    assert_eq!(small.tag, big.tag);
+    refresh_runs_out(&format!("size={STATE_BYTES}"), &big);
+}
+
+#[test]
+fn a_refresh_out_of_state_inodes_keeps_the_previous_generation() {
+    let many = crafted(63, |t| {
+        (0..FILES).fold(t, |t, i| t.file(&format!("srv/repo/many/{i}"), b"x"))
+    });
+    refresh_runs_out(&format!("size={STATE_BYTES},nr_inodes={INODES}"), &many);
+}
+
+/// Serves a small image from a state dir on a tmpfs mounted with
+/// `options`, then moves its tag to `next`, which does not fit.
+fn refresh_runs_out(options: &str, next: &Crafted) {
+    let small = crafted(61, |t| t);
+    assert_eq!(small.tag, next.tag);
     let work = tempdir();
     let layout = work.path().join("oci");
     place_layout(&small.layout, &layout);
-    let fs = SmallFs::mount(STATE_BYTES);
+    let fs = SmallFs::mount_with(options);
     let state = fs.path().join("state");
     let image = format!("oci:{}:{}", layout.display(), small.tag);
     let mut server = Server::images([&image])
@@ -44,13 +61,13 @@ fn a_refresh_out_of_state_space_keeps_the_previous_generation() {
     assert_eq!(served_ref(&server, TINY_REF), small.commit);
     let free = fs.free();
 
-    place_layout(&big.layout, &layout);
+    place_layout(&next.layout, &layout);
     server.sighup().unwrap();
     let errors = server.wait_stderr_lines(" ERROR ", 1, TIMEOUT).unwrap();
     assert!(
         errors
             .iter()
-            .any(|l| l.contains("space") && l.contains("previous generation")),
+            .any(|l| l.contains("disk full") && l.contains("previous generation")),
         "the error says the state dir is full and what is still served: {errors:?}"
     );
     // Still serving the previous generation, ready.
