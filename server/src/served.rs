@@ -2,10 +2,12 @@
 //! server wrote for it (refs, summary pieces, config, later signatures and
 //! deltas), resolved path by path.
 //!
-//! The source is read at each request, so refs, summaries, signatures and
-//! objects that other tools add to a `--repo` show up without a restart.
-//! What the server derives (the summary, when the repo has none) is cached
-//! under a fingerprint of its inputs and rebuilt only when they change.
+//! Objects are read from the sources at each request, but only those the
+//! publication verified (`ObjectGate`); refs and summaries come from the
+//! overlay, where publication snapshotted them, so what other tools add to
+//! a `--repo` waits for the next publication. What the server derives (the
+//! summary, when the repo has none) is cached under a fingerprint of its
+//! inputs and rebuilt only when they change.
 
 pub mod metadata;
 
