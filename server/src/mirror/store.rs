@@ -102,64 +102,10 @@ impl<W: Write> Write for HashingWriter<W> {
 }
 
 /// The content checksum of an archive (`.filez`) object file, as libostree
-/// computes it (and `ostree fsck` checks it): SHA-256 over the 8-byte
-/// length prefix, the file header `(uuuusa(ayay))` (uid, gid, mode, rdev,
-/// symlink target, xattrs) and the inflated content. The archive header
-/// (which adds the content size) is parsed and bounded by
-/// `oscontent_format::content`; the content must inflate to exactly the
-/// size it declares, with nothing after the deflate stream.
+/// computes it (`oscontent_format::content::archive_checksum`).
 pub fn content_checksum(path: &Path) -> Result<Checksum> {
-    use oscontent_format::content::{header_len, ArchiveHeader, HEADER_PREFIX_LEN};
-    use std::io::BufRead;
     let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut r = std::io::BufReader::new(f);
-    let mut prefix = [0u8; HEADER_PREFIX_LEN];
-    r.read_exact(&mut prefix)
-        .context("too short for a content object")?;
-    let len = header_len(&prefix)?;
-    let mut header = vec![0u8; len];
-    r.read_exact(&mut header).context("truncated header")?;
-    let h = ArchiveHeader::parse(&header)?;
-    let mut hasher = Sha256::new();
-    hasher.update(h.content_stream_prefix());
-    // Symlinks (and libostree's empty files) carry no deflate stream at all.
-    if r.fill_buf().context("reading")?.is_empty() {
-        anyhow::ensure!(
-            h.size == 0,
-            "no content, but the header declares {} bytes",
-            h.size
-        );
-        return Ok(Checksum::from(<[u8; 32]>::from(hasher.finalize())));
-    }
-    let mut body = flate2::bufread::DeflateDecoder::new(r);
-    let mut buf = vec![0u8; 64 << 10];
-    let mut n: u64 = 0;
-    loop {
-        let got = match body.read(&mut buf) {
-            Ok(0) => break,
-            Ok(g) => g,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => bail!("inflating the content: {e}"),
-        };
-        n += got as u64;
-        anyhow::ensure!(
-            n <= h.size,
-            "the content inflates to more than the {} bytes its header declares",
-            h.size
-        );
-        hasher.update(&buf[..got]);
-    }
-    anyhow::ensure!(
-        n == h.size,
-        "the content inflates to {n} bytes, its header declares {}",
-        h.size
-    );
-    let mut rest = body.into_inner();
-    anyhow::ensure!(
-        rest.fill_buf().context("reading")?.is_empty(),
-        "trailing bytes after the compressed content"
-    );
-    Ok(Checksum::from(<[u8; 32]>::from(hasher.finalize())))
+    oscontent_format::content::archive_checksum(std::io::BufReader::new(f))
 }
 
 /// SHA-256 and size of a file's bytes.

@@ -226,7 +226,10 @@ impl SiteMirror {
             refs.push((name, r.commit));
         }
         anyhow::ensure!(!refs.is_empty(), "nothing to publish: no refs");
-        building.commit(vec![self.repo()], refs)
+        let mut generation = building.commit(vec![self.repo()], refs)?;
+        // The store only holds files renamed into place after they verified.
+        generation.gate = crate::verify::ObjectGate::VerifiedStore;
+        Ok(generation)
     }
 }
 

@@ -132,6 +132,7 @@ async fn start_publishing(
             }),
             state_dir,
             sigs: sigs.clone(),
+            verdicts: Default::default(),
         };
         // Republished at SIGHUP and when signatures change, never on a
         // timer: a failure waits for the next of those.
