@@ -6,8 +6,8 @@
 //! genuine release (verified by a stock pull) and write nothing beside
 //! its state dir.
 //!
-//! Left out until publication verifies every object (the `verify`
-//! branch): an object tampered under a genuine commit.
+//! I11 (an object tampered under a genuine commit) is stopped since
+//! publication verifies every object it serves (the `verify` branch).
 
 use crate::peers::*;
 use oscontent_testkit::oci::*;
@@ -160,6 +160,29 @@ fn attacks() -> Vec<Attack> {
                 l.reg.push(&layout, "x", &format!("os:{tag}"), &[]);
             },
             expect: Refused("ERROR"),
+        },
+        Attack {
+            id: "I11",
+            what: "a content object tampered under the genuine, labelled commit",
+            push: |l, _, tag| {
+                let work = tempdir();
+                let repo = work.path().join("repo");
+                let commit = tiny_commit(&repo, "1.41", Some(TINY_REF), 41).unwrap();
+                let (big, _) = largest_filez(&repo).unwrap();
+                let path = object_path(&repo, &big, "filez");
+                let len = std::fs::metadata(&path).unwrap().len();
+                flip(&path, len - 8);
+                let tar = Tar::new().dir("srv").tree("srv/repo", &repo).finish();
+                let layout = work.path().join("oci");
+                write_layout(
+                    &layout,
+                    "x",
+                    &[Layer::gz(tar)],
+                    &[(COMMIT_LABEL, &commit), ("version", "1.41")],
+                );
+                l.reg.push(&layout, "x", &format!("os:{tag}"), &[]);
+            },
+            expect: Refused("content object"),
         },
     ]
 }
