@@ -109,6 +109,14 @@ struct Attack {
 }
 
 fn attacks() -> Vec<Attack> {
+    [object_attacks(), path_attacks()]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Older releases and tampered objects.
+fn object_attacks() -> Vec<Attack> {
     vec![
         Attack {
             id: "B1",
@@ -148,6 +156,12 @@ fn attacks() -> Vec<Attack> {
             },
             says: "ERROR",
         },
+    ]
+}
+
+/// Paths climbing out, and a missing commit.
+fn path_attacks() -> Vec<Attack> {
+    vec![
         Attack {
             id: "B5",
             what: "a collection ID with ../ in the summary, the manifest agreeing",

@@ -52,6 +52,14 @@ fn push_crafted(l: &Lab, tag: &str, seed: u32, extra: impl FnOnce(Tar) -> Tar) {
 }
 
 fn attacks() -> Vec<Attack> {
+    [entry_attacks(), image_attacks()]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Unsafe layer entries.
+fn entry_attacks() -> Vec<Attack> {
     use Expect::*;
     vec![
         Attack {
@@ -92,6 +100,13 @@ fn attacks() -> Vec<Attack> {
             },
             expect: Refused("srv/repo/passwd"),
         },
+    ]
+}
+
+/// Oversized images, planted metadata, replays and lying digests or labels.
+fn image_attacks() -> Vec<Attack> {
+    use Expect::*;
+    vec![
         Attack {
             id: "I5",
             what: "an image decompressing past --max-image-bytes",

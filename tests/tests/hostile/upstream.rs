@@ -126,6 +126,14 @@ struct Attack {
 }
 
 fn attacks() -> Vec<Attack> {
+    [summary_attacks(), object_attacks()]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Lies in the summary: paths, an older release.
+fn summary_attacks() -> Vec<Attack> {
     vec![
         Attack {
             id: "U1",
@@ -159,6 +167,12 @@ fn attacks() -> Vec<Attack> {
             },
             says: "would move back",
         },
+    ]
+}
+
+/// A new release whose objects or metadata lie.
+fn object_attacks() -> Vec<Attack> {
+    vec![
         Attack {
             id: "U4",
             what: "a new release with a content object replaced by garbage",
