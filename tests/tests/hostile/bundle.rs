@@ -294,3 +294,60 @@ fn a_genuine_newer_bundle_is_published() {
     serves_only(&server, &[(REF, &p.commits[2])]).unwrap();
     nothing_outside(&sentinel).unwrap();
 }
+
+/// `mirror URL bundle:DIR` into a bundle someone tampered with: symlinks
+/// planted where the next release's objects and the refs go, pointing
+/// outside. The mirror refuses, naming the symlink, and writes nothing
+/// through it.
+#[test]
+fn mirror_into_a_tampered_bundle_writes_nothing_through_a_symlink() {
+    let p = pristine();
+    let sentinel = Sentinel::new();
+    let (_copy, repo) = fresh_copy(&p.repo);
+    let u = Upstream {
+        p,
+        repo,
+        sentinel: &sentinel,
+    };
+    u.point(2);
+    let proxy = Proxy::serve_dir(&u.repo, Arc::new(|_: &str| None)).unwrap();
+    let usb = tempdir();
+    let dir = usb.path().join("os");
+    copy_dir(&bundles().at[1], &dir).unwrap();
+    let outside = tempdir();
+    // (where, what the mirror writes there next)
+    let planted = [
+        p.v3_only
+            .iter()
+            .map(|c| dir.join("objects").join(&c[..2]))
+            .find(|d| !d.exists())
+            .expect("an object directory only v3 needs"),
+        dir.join("refs/heads/os"),
+    ];
+    for (i, at) in planted.iter().enumerate() {
+        let target = outside.path().join(i.to_string());
+        std::fs::create_dir(&target).unwrap();
+        if at.exists() {
+            std::fs::remove_dir_all(at).unwrap();
+        }
+        std::os::unix::fs::symlink(&target, at).unwrap();
+        let o = run_bounded(
+            Command::new(server_bin())
+                .env("NO_COLOR", "1")
+                .args(["mirror", &proxy.url])
+                .arg(format!("bundle:{}", dir.display())),
+            REFUSAL_TIMEOUT,
+        )
+        .unwrap();
+        let err = strip_ansi(&String::from_utf8_lossy(&o.stderr));
+        assert!(!o.status.success(), "{}: mirrored through it", at.display());
+        assert!(err.contains("is a symlink or not a directory"), "{err}");
+        let leaked: Vec<_> = std::fs::read_dir(&target).unwrap().collect();
+        assert!(
+            leaked.is_empty(),
+            "written through {}: {leaked:?}",
+            at.display()
+        );
+        std::fs::remove_file(at).unwrap();
+    }
+}
