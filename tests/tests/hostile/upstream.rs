@@ -362,3 +362,43 @@ fn a_symlink_planted_in_the_state_dir_is_never_followed() {
     serves_only(&server, &[(REF, &p.commits[1])]).unwrap();
     nothing_outside(&sentinel).unwrap();
 }
+
+/// With `--allow-rollback`, the upstream moved back is published (with a
+/// warning, counted as allowed), and nothing was pruned from under it.
+#[test]
+fn allow_rollback_publishes_an_upstream_moved_back() {
+    let p = pristine();
+    let sentinel = Sentinel::new();
+    let (_copy, repo) = fresh_copy(&p.repo);
+    let u = Upstream {
+        p,
+        repo,
+        sentinel: &sentinel,
+    };
+    u.point(1);
+    let proxy = Proxy::serve_dir(&u.repo, Arc::new(|_: &str| None)).unwrap();
+    let mut server = Server::upstream(&proxy.url)
+        .args(["--allow-rollback", "--keep", "1"])
+        .state_dir(&sentinel.state())
+        .start()
+        .unwrap();
+    u.point(0);
+    server.sighup().unwrap();
+    let moved = poll(REFUSAL_TIMEOUT, || -> anyhow::Result<Option<()>> {
+        let refs = served_refs(&server).map_err(anyhow::Error::msg)?;
+        Ok((refs == [(REF.to_owned(), p.commits[0].clone())]).then_some(()))
+    })
+    .unwrap();
+    assert!(moved.is_some(), "{}", server.stderr());
+    let m = server.metrics().unwrap();
+    assert_eq!(
+        m.get("oscontent_rollbacks_total", &[("result", "allowed")]),
+        Some(1.0)
+    );
+    assert_eq!(m.get("oscontent_rollback_allowed", &[]), Some(1.0));
+    assert!(!server
+        .stderr_lines("publishing it (--allow-rollback)")
+        .is_empty());
+    serves_only(&server, &[(REF, &p.commits[0])]).unwrap();
+    nothing_outside(&sentinel).unwrap();
+}
