@@ -7,6 +7,12 @@
 //! and seccomp profiles without `openat2`, and the URL grammar in
 //! `oscontent_format::RepoPath` already refuses such names; this layer is
 //! the second lock on the same door.
+//!
+//! [`write`] is the same walk for what the server writes from remote data.
+
+mod write;
+
+pub use write::{create_dirs, remove_file, rename_into, write_atomic, FILE_MODE};
 
 use rustix::fs::{openat, Mode, OFlags, CWD};
 use rustix::io::Errno;

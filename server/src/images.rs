@@ -217,6 +217,7 @@ async fn fetch_one(image: &ImageRef, opts: &FetchOptions, staging: &Path) -> Res
     let root = staged.root.clone();
     let commit = staged.commit.clone();
     let version = staged.version.clone();
+    let format = staged.format;
     // Owned from here: an early return below removes it.
     let guard = Arc::new(StagedGuard(Some(staged)));
     let commit: Checksum = commit
@@ -229,6 +230,7 @@ async fn fetch_one(image: &ImageRef, opts: &FetchOptions, staging: &Path) -> Res
             repo: root.join(publish::OSCONTAINER_REPO),
             commit,
             version,
+            preverified: format == source::ImageFormat::Native,
         },
         guard,
     })

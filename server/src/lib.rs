@@ -15,6 +15,7 @@ pub mod served;
 pub mod signing;
 pub mod source;
 pub mod state;
+pub mod verify;
 
 pub use http::{app, AppState, HttpConfig};
 

@@ -36,6 +36,10 @@ pub struct Metrics {
     pub access_log_dropped: IntCounter,
     /// Metadata files refused for being over their size cap, by path kind.
     pub oversized_metadata: IntCounterVec,
+    /// Refs a refresh moved back in time, by `result`: refused or allowed.
+    pub rollbacks: IntCounterVec,
+    /// 1 when `--allow-rollback` publishes rollbacks.
+    pub rollback_allowed: IntGauge,
 }
 
 impl Default for Metrics {
@@ -108,6 +112,20 @@ impl Metrics {
             "Metadata files refused for exceeding their size cap, by path kind",
             &["kind"],
         );
+        let rollbacks = counter_vec(
+            "oscontent_rollbacks_total",
+            "Refs a refresh moved to an older commit (timestamp or version), by result: refused (the previous generation stays served) or allowed (--allow-rollback)",
+            &["result"],
+        );
+        // Shown at 0 from the start, so an alert can watch for the first.
+        for result in ["refused", "allowed"] {
+            rollbacks.with_label_values(&[result]);
+        }
+        let rollback_allowed = IntGauge::new(
+            "oscontent_rollback_allowed",
+            "1 when --allow-rollback publishes refreshes that move a ref back in time",
+        )
+        .expect("valid metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(response_bytes.clone()),
@@ -122,6 +140,8 @@ impl Metrics {
             Box::new(connections_expired.clone()),
             Box::new(access_log_dropped.clone()),
             Box::new(oversized_metadata.clone()),
+            Box::new(rollbacks.clone()),
+            Box::new(rollback_allowed.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -140,6 +160,8 @@ impl Metrics {
             connections_expired,
             access_log_dropped,
             oversized_metadata,
+            rollbacks,
+            rollback_allowed,
         }
     }
 

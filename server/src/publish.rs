@@ -13,11 +13,14 @@
 
 use crate::fsutil;
 use crate::served::Generation;
+use crate::served::{FoundRef, PINNED_SUMMARY};
 use crate::signing::{self, SignatureOptions};
 use crate::state::{check_disjoint, Building, StateDir};
+use crate::verify::{self, ObjectGate, Root, VerdictCache, VerifiedSet, VerifyOptions};
 use anyhow::{bail, Context, Result};
 use oscontent_format::{self as format, Checksum, Commit, ObjectKind, ObjectName, RepoConfig};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Prefix of refs derived from `version` metadata.
 pub const VERSION_REF_PREFIX: &str = "version/";
@@ -47,6 +50,9 @@ impl Source {
         }
     }
 }
+
+/// Refs to publish, each with its commit.
+type Refs = Vec<(String, Checksum)>;
 
 /// What to publish.
 #[derive(Debug, Clone)]
@@ -208,6 +214,23 @@ pub fn publish_signed(
     state: &StateDir,
     sigs: &SignatureOptions,
 ) -> Result<Generation> {
+    publish_verified(req, state, sigs, None)
+}
+
+/// [`publish_signed`], reusing (and replacing) the verdicts of the
+/// previous publication from the same live repo.
+///
+/// What is served is a snapshot the overlay holds: the refs (the source's
+/// own, or derived), the source's `summary` and `summary.sig` if it has
+/// them, and the set of objects and deltas verified here. Refs, summaries
+/// and objects other tools add to the repo afterwards are not served until
+/// a publication verifies (and, with `--sign-key`, signs) them.
+pub fn publish_verified(
+    req: &PublishRequest,
+    state: &StateDir,
+    sigs: &SignatureOptions,
+    cache: Option<Arc<VerdictCache>>,
+) -> Result<Generation> {
     let repo = req.source.repo_path();
     if let Source::Oscontainer(root) = &req.source {
         refuse_native_root(root, &repo)?;
@@ -225,44 +248,128 @@ pub fn publish_signed(
     let derive = req.commit.is_some() || !req.refs.is_empty() || existing.is_empty();
     let building = state.begin()?;
     let tmp = building.path().to_owned();
-    let result = (|| -> Result<Vec<(String, Checksum)>> {
+    let result = (|| -> Result<(Refs, VerifiedSet)> {
         if config.is_none() {
             write_file(&tmp.join("config"), format::config::ARCHIVE_CONFIG)?;
         }
-        if !derive {
-            return Ok(Vec::new());
-        }
-        let checksum = match req.commit {
-            Some(c) => c,
-            None => find_single_commit(&repo)?,
-        };
         let probe = Generation::new(0, vec![repo.clone()], tmp.clone(), Vec::new());
-        let commit = probe.commit(&checksum)?;
-        check_root_objects(&repo, &commit)?;
-        let names = derive_refs(&commit, &req.refs)?;
-        for name in &names {
-            write_file(
-                &tmp.join("refs/heads").join(name),
-                format!("{checksum}\n").as_bytes(),
-            )?;
-        }
-        Ok(names.into_iter().map(|n| (n, checksum)).collect())
+        // Derived refs first: the repo's own win on a name clash.
+        let mut refs = if derive {
+            derive_into(req, &repo, &probe, &tmp)?
+        } else {
+            Vec::new()
+        };
+        let (own, listed) = snapshot_into(&repo, &existing, &probe, &tmp, !derive)?;
+        refs.retain(|(n, _)| own.iter().all(|(o, _)| o != n));
+        refs.extend(own);
+        let mut commits: Vec<Checksum> = refs.iter().map(|(_, c)| *c).chain(listed).collect();
+        commits.sort();
+        commits.dedup();
+        let started = std::time::Instant::now();
+        let opts = VerifyOptions { jobs: 0, cache };
+        let roots = [Root::plain(repo.clone())];
+        let mut set = verify::verify_with_history(&roots, &commits, verify::MAX_HISTORY, &opts)
+            .with_context(|| format!("verifying {}", repo.display()))?;
+        verify::verify_deltas(&repo, &commits, &mut set)
+            .with_context(|| format!("verifying {}", repo.display()))?;
+        tracing::info!(objects = set.len(), hashed = set.hashed, elapsed_ms = started.elapsed().as_millis() as u64, repo = %repo.display(), "verified what the generation serves");
+        Ok((refs, set))
     })();
     finish_generation(result, vec![repo], building, sigs)
 }
 
+/// Derives refs for the one commit (`--commit`, else the repo's only one)
+/// and writes them into the overlay.
+fn derive_into(
+    req: &PublishRequest,
+    repo: &Path,
+    probe: &Generation,
+    tmp: &Path,
+) -> Result<Vec<(String, Checksum)>> {
+    let checksum = match req.commit {
+        Some(c) => c,
+        None => find_single_commit(repo)?,
+    };
+    let commit = probe.commit(&checksum)?;
+    check_root_objects(repo, &commit)?;
+    let names = derive_refs(&commit, &req.refs)?;
+    for name in &names {
+        write_file(
+            &tmp.join("refs/heads").join(name),
+            format!("{checksum}\n").as_bytes(),
+        )?;
+    }
+    Ok(names.into_iter().map(|n| (n, checksum)).collect())
+}
+
+/// Copies the repo's refs as they are now into the overlay (with its
+/// `summary` and `summary.sig`, pinned, unless refs were derived, which
+/// that summary would not list), leaving out refs whose commit is not
+/// there, as a remote with one broken ref still serves the others.
+/// Returns the refs, and the other commits a pinned summary names (they are
+/// served, so they are verified too).
+fn snapshot_into(
+    repo: &Path,
+    existing: &[FoundRef],
+    probe: &Generation,
+    tmp: &Path,
+    pin_summary: bool,
+) -> Result<(Refs, Vec<Checksum>)> {
+    let mut refs = Vec::new();
+    for r in existing {
+        if let Err(e) = probe.commit(&r.commit) {
+            tracing::warn!(r#ref = r.name, commit = %r.commit, "not publishing the ref: {e:#}");
+            continue;
+        }
+        // The name passed the ref grammar when it was listed.
+        write_file(
+            &tmp.join(r.namespace.dir()).join(&r.name),
+            format!("{}\n", r.commit).as_bytes(),
+        )?;
+        refs.push((r.name.clone(), r.commit));
+    }
+    if !pin_summary {
+        return Ok((refs, Vec::new()));
+    }
+    let cap = format::summary::MAX_SUMMARY_SIZE as u64;
+    let Some((summary, _)) = fsutil::read_file(repo, "summary", cap)
+        .with_context(|| format!("reading {}/summary", repo.display()))?
+    else {
+        return Ok((refs, Vec::new()));
+    };
+    let parsed = format::parse_summary(&summary)
+        .with_context(|| format!("parsing {}/summary", repo.display()))?;
+    let sig = fsutil::read_file(repo, "summary.sig", cap)
+        .with_context(|| format!("reading {}/summary.sig", repo.display()))?;
+    write_file(&tmp.join(PINNED_SUMMARY), &summary)?;
+    if let Some((sig, _)) = sig {
+        write_file(&tmp.join("summary.sig"), &sig)?;
+    }
+    let listed = parsed
+        .refs
+        .iter()
+        .chain(parsed.collection_map.values().flatten());
+    let listed = listed
+        .map(|r| r.commit)
+        .filter(|c| probe.commit(c).is_ok())
+        .collect();
+    Ok((refs, listed))
+}
+
 /// Validates an overlay built in `building` and commits it as the next
-/// generation; on any error it is removed.
+/// generation, serving only the objects in `verified`; on any error it is
+/// removed.
 fn finish_generation(
-    result: Result<Vec<(String, Checksum)>>,
+    result: Result<(Refs, VerifiedSet)>,
     sources: Vec<PathBuf>,
     building: Building,
     sigs: &SignatureOptions,
 ) -> Result<Generation> {
-    let refs = result?;
+    let (refs, verified) = result?;
     // Validate the overlay before it becomes a generation: a broken repo
     // fails here, not on the first client.
-    let probe = Generation::new(0, sources.clone(), building.path().to_owned(), refs.clone());
+    let mut probe = Generation::new(0, sources.clone(), building.path().to_owned(), refs.clone());
+    probe.gate = ObjectGate::Only(Arc::new(verified));
     anyhow::ensure!(!probe.refs()?.is_empty(), "nothing to publish: no refs");
     probe
         .generated_summary()
@@ -271,6 +378,7 @@ fn finish_generation(
     let report = signing::apply(&probe, sigs, std::time::SystemTime::now())?;
     let mut generation = building.commit(sources, refs)?;
     generation.signatures = report;
+    generation.gate = probe.gate.clone();
     Ok(generation)
 }
 
@@ -303,6 +411,9 @@ pub struct Release {
     pub commit: Checksum,
     /// From the image label `version`.
     pub version: Option<String>,
+    /// Its repo holds only objects verified as they were written (a native
+    /// image, converted while streaming): not hashed again at publication.
+    pub preverified: bool,
 }
 
 /// Which commit a ref name ends up on when several releases claim it: the
@@ -331,7 +442,7 @@ pub fn publish_releases_signed(
     let building = state.begin()?;
     let tmp = building.path().to_owned();
     let sources: Vec<PathBuf> = releases.iter().map(|r| r.repo.clone()).collect();
-    let result = (|| -> Result<Vec<(String, Checksum)>> {
+    let result = (|| -> Result<(Refs, VerifiedSet)> {
         let probe = Generation::new(0, sources.clone(), tmp.clone(), Vec::new());
         let mut any_config = false;
         let mut claims: std::collections::BTreeMap<String, Commit> =
@@ -399,7 +510,27 @@ pub fn publish_releases_signed(
                 format!("{}\n", commit.checksum).as_bytes(),
             )?;
         }
-        Ok(claims.into_iter().map(|(n, c)| (n, c.checksum)).collect())
+        let roots: Vec<Root> = releases
+            .iter()
+            .map(|r| Root {
+                path: r.repo.clone(),
+                preverified: r.preverified,
+            })
+            .collect();
+        let commits: Vec<Checksum> = releases.iter().map(|r| r.commit).collect();
+        let started = std::time::Instant::now();
+        let set = verify::verify_closure(&roots, &commits, &VerifyOptions::default())
+            .context("verifying the images' objects")?;
+        tracing::info!(
+            objects = set.len(),
+            hashed = set.hashed,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "verified what the generation serves"
+        );
+        Ok((
+            claims.into_iter().map(|(n, c)| (n, c.checksum)).collect(),
+            set,
+        ))
     })();
     finish_generation(result, sources, building, sigs)
 }

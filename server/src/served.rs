@@ -2,14 +2,17 @@
 //! server wrote for it (refs, summary pieces, config, later signatures and
 //! deltas), resolved path by path.
 //!
-//! The source is read at each request, so refs, summaries, signatures and
-//! objects that other tools add to a `--repo` show up without a restart.
-//! What the server derives (the summary, when the repo has none) is cached
-//! under a fingerprint of its inputs and rebuilt only when they change.
+//! Objects are read from the sources at each request, but only those the
+//! publication verified (`ObjectGate`); refs and summaries come from the
+//! overlay, where publication snapshotted them, so what other tools add to
+//! a `--repo` waits for the next publication. What the server derives (the
+//! summary, when the repo has none) is cached under a fingerprint of its
+//! inputs and rebuilt only when they change.
 
 pub mod metadata;
 
 use crate::fsutil;
+use crate::verify::ObjectGate;
 use anyhow::{Context, Result};
 use metadata::{MetadataCache, MetadataFile, MAX_COMMITMETA, MAX_CONFIG, MAX_REF};
 use oscontent_format::openpgp::VerifiedSig;
@@ -85,6 +88,9 @@ pub struct Generation {
     pub derived_refs: Vec<(String, Checksum)>,
     /// What publication did with signatures (bundle, signing, verification).
     pub signatures: SignatureReport,
+    /// The objects and deltas of the sources it serves: those its
+    /// publication verified (closed until one sets it).
+    pub gate: ObjectGate,
     summary: Mutex<Option<SummaryCache>>,
     commits: Mutex<BTreeMap<Checksum, Commit>>,
     metadata: MetadataCache,
@@ -130,6 +136,7 @@ impl Generation {
             published: SystemTime::now(),
             derived_refs,
             signatures: Default::default(),
+            gate: ObjectGate::default(),
             summary: Mutex::new(None),
             commits: Mutex::new(BTreeMap::new()),
             metadata: MetadataCache::default(),
@@ -167,6 +174,11 @@ impl Generation {
 
     /// Resolves a request path against source and overlay.
     pub fn resolve(&self, path: &RepoPath) -> Result<Resolved> {
+        // The one check on the request path: an object or delta the
+        // publication did not verify does not exist (invariant 1).
+        if !self.gate.allows(path) {
+            return Ok(Resolved::Missing);
+        }
         const SOURCE_FIRST: &[Layer] = &[Layer::Source, Layer::Overlay];
         const OVERLAY_FIRST: &[Layer] = &[Layer::Overlay, Layer::Source];
         match path {
@@ -191,6 +203,8 @@ impl Generation {
                 }
                 Ok(Resolved::Missing)
             }
+            // Refs only as publication snapshotted them.
+            RepoPath::Ref { .. } => self.first_file(&path.to_path(), &[Layer::Overlay]),
             // Detached metadata from the server (signature bundles) wins
             // over what the source carries: it is the merged superset.
             RepoPath::Object(ObjectName {
@@ -201,24 +215,15 @@ impl Generation {
         }
     }
 
-    /// The source's own summary, served as is. Only a single source can
-    /// have one that describes everything served. A summary the server
-    /// pinned in the overlay (a mirrored upstream's, republished byte for
-    /// byte with its signature: see `mirror::upstream`) comes first.
+    /// A summary publication pinned in the overlay (a mirrored upstream's,
+    /// or a `--repo`'s own as the publication snapshotted it, republished
+    /// byte for byte with its signature). A source's live summary is never
+    /// served: it may name refs no publication verified.
     fn source_summary(&self) -> Result<Option<Resolved>> {
-        if let r @ Resolved::File { .. } = self.first_file(PINNED_SUMMARY, &[Layer::Overlay])? {
-            return Ok(Some(r));
+        match self.first_file(PINNED_SUMMARY, &[Layer::Overlay])? {
+            r @ Resolved::File { .. } => Ok(Some(r)),
+            _ => Ok(None),
         }
-        let [source] = self.sources.as_slice() else {
-            return Ok(None);
-        };
-        Ok(fsutil::open_file(source, "summary")
-            .context("opening the source summary")?
-            .map(|_| Resolved::File {
-                layer: Layer::Source,
-                root: source.clone(),
-                rel: "summary".into(),
-            }))
     }
 
     /// The exact summary bytes served: the source's own, else the generated
@@ -337,16 +342,11 @@ impl Generation {
         Ok(out)
     }
 
-    /// Refs of both layers; the source wins on a name clash.
+    /// The refs served: the overlay's, which publication wrote after it
+    /// verified their commits. A source's live refs are read only by
+    /// publication (`publish.rs` snapshots them).
     pub fn refs(&self) -> Result<Vec<FoundRef>> {
-        let mut by_name: BTreeMap<(RefNamespace, String), FoundRef> = BTreeMap::new();
-        // Inserted lowest precedence first, so the highest wins.
-        for root in self.all_roots().collect::<Vec<_>>().into_iter().rev() {
-            for r in Self::list_refs(root)? {
-                by_name.insert((r.namespace, r.name.clone()), r);
-            }
-        }
-        Ok(by_name.into_values().collect())
+        Self::list_refs(&self.overlay)
     }
 
     /// Loads and verifies a commit object (its bytes must hash to its name).
@@ -376,7 +376,7 @@ impl Generation {
         Ok(commit)
     }
 
-    fn list_deltas(root: &Path) -> Result<Vec<(DeltaName, String)>> {
+    pub(crate) fn list_deltas(root: &Path) -> Result<Vec<(DeltaName, String)>> {
         let mut out = Vec::new();
         let Some(prefixes) = fsutil::list_dir(root, "deltas", MAX_DIR_ENTRIES)? else {
             return Ok(out);
@@ -431,7 +431,9 @@ impl Generation {
         let mut deltas = BTreeMap::new();
         for root in self.all_roots().collect::<Vec<_>>().into_iter().rev() {
             for (name, rel) in Self::list_deltas(root)? {
-                deltas.insert(name, (root.clone(), rel));
+                if self.gate.allows_delta(&name) {
+                    deltas.insert(name, (root.clone(), rel));
+                }
             }
         }
         let indexed = self.has_delta_indexes()?;

@@ -9,6 +9,7 @@
 //! streamed into `ostree_repo_write_content` (which hashes what it writes
 //! and refuses a mismatch with the expected checksum).
 
+use crate::checksum::Checksum;
 use crate::error::FormatError;
 use crate::variant::parse_normal;
 use ostree::glib::Variant;
@@ -91,6 +92,65 @@ impl ArchiveHeader {
     pub fn content_stream_len(&self) -> u64 {
         (HEADER_PREFIX_LEN + self.file_header.len()) as u64 + self.size
     }
+}
+
+/// The content checksum of an archive (`.filez`) object, as libostree
+/// computes it (and `ostree fsck` checks it): SHA-256 over the 8-byte
+/// length prefix, the file header `(uuuusa(ayay))` and the inflated
+/// content. The header is parsed and bounded as [`ArchiveHeader::parse`]
+/// does; the content must inflate to exactly the size it declares, with
+/// nothing after the deflate stream. The one implementation: the mirror's
+/// store and the server's publication both verify content with it.
+pub fn archive_checksum(mut r: impl std::io::BufRead) -> anyhow::Result<Checksum> {
+    use anyhow::{bail, ensure, Context};
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let mut prefix = [0u8; HEADER_PREFIX_LEN];
+    r.read_exact(&mut prefix)
+        .context("too short for a content object")?;
+    let mut header = vec![0u8; header_len(&prefix)?];
+    r.read_exact(&mut header).context("truncated header")?;
+    let h = ArchiveHeader::parse(&header)?;
+    let mut hasher = Sha256::new();
+    hasher.update(h.content_stream_prefix());
+    // Symlinks (and libostree's empty files) carry no deflate stream at all.
+    if r.fill_buf().context("reading")?.is_empty() {
+        ensure!(
+            h.size == 0,
+            "no content, but the header declares {} bytes",
+            h.size
+        );
+        return Ok(Checksum::from(<[u8; 32]>::from(hasher.finalize())));
+    }
+    let mut body = flate2::bufread::DeflateDecoder::new(r);
+    let mut buf = vec![0u8; 64 << 10];
+    let mut n: u64 = 0;
+    loop {
+        let got = match body.read(&mut buf) {
+            Ok(0) => break,
+            Ok(g) => g,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => bail!("inflating the content: {e}"),
+        };
+        n += got as u64;
+        ensure!(
+            n <= h.size,
+            "the content inflates to more than the {} bytes its header declares",
+            h.size
+        );
+        hasher.update(&buf[..got]);
+    }
+    ensure!(
+        n == h.size,
+        "the content inflates to {n} bytes, its header declares {}",
+        h.size
+    );
+    let mut rest = body.into_inner();
+    ensure!(
+        rest.fill_buf().context("reading")?.is_empty(),
+        "trailing bytes after the compressed content"
+    );
+    Ok(Checksum::from(<[u8; 32]>::from(hasher.finalize())))
 }
 
 #[cfg(test)]

@@ -6,6 +6,8 @@
 //! cross-check against GnuPG and stock ostree).
 //!
 //! Modules:
+//! - [`age`]: the version order and the downgrade decision (node and
+//!   server refuse the same rollbacks).
 //! - `checksum`: [`Checksum`] (hex, and ostree's modified base64 for delta
 //!   names).
 //! - `path`: [`RepoPath`], the exact URL grammar of an archive remote.
@@ -30,6 +32,7 @@
 //! References: ostree `docs/formats.md` and `docs/repo.md`; the byte layouts
 //! were checked against libostree 2022.7 (`ostree summary --view --raw`).
 
+pub mod age;
 mod checksum;
 pub mod commit;
 pub mod config;

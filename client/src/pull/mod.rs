@@ -28,7 +28,6 @@ pub mod inflate;
 mod objects;
 pub mod options;
 pub mod origin;
-pub mod policy;
 mod remote;
 pub mod report;
 pub mod space;

@@ -7,16 +7,14 @@
 use super::error::{PullError, PullResult, Tag};
 use super::fetch::{FetchError, Fetcher};
 use super::options::{PullRequest, Trust};
-use super::policy;
 use super::remote::RemoteView;
 use super::verify;
-use super::walk::{self, Ctx};
+use super::walk::{self, Ctx, DeclaredSizes};
 use anyhow::{anyhow, Context};
 use oscontent_format::commit::MAX_COMMIT_SIZE;
 use oscontent_format::gpgsigs::MAX_DETACHED_METADATA_SIZE;
 use oscontent_format::{Checksum, Commit, ObjectKind, ObjectName};
 use serde_json::json;
-use std::collections::HashMap;
 
 /// The target commit, verified, and what the later steps need of it.
 pub struct Target {
@@ -45,8 +43,12 @@ pub async fn verify_target(
     if let Some(r) = &req.opts.ref_name {
         verify::check_binding(&target.commit, r)?;
     }
-    verify::check_collection(&target.commit, expected_collection(req, view))?;
-    ctx.set_content_sizes(content_sizes(&target.commit)?);
+    verify::check_collection(
+        &target.commit,
+        req.remote.collection_id.as_deref(),
+        declared_collection(req, view),
+    )?;
+    ctx.set_sizes(declared_sizes(&target.commit)?);
     let downgrade_checked = check_downgrade(req, &target)?;
     req.reporter.event(
         "verified",
@@ -61,31 +63,32 @@ pub async fn verify_target(
     Ok(target)
 }
 
-/// The collection the target must be bound to, if its binding is to be
-/// checked: the configured remote's `collection-id`, else the one a
-/// verified summary declares (an unsigned one proves nothing).
-fn expected_collection<'a>(req: &'a PullRequest<'_>, view: &'a RemoteView) -> Option<&'a str> {
-    req.remote.collection_id.as_deref().or_else(|| {
-        view.summary
-            .as_ref()
-            .filter(|_| req.remote.trust.summary)
-            .and_then(|s| s.collection_id.as_deref())
-    })
+/// The collection a verified summary declares (an unsigned one proves
+/// nothing).
+fn declared_collection<'a>(req: &'a PullRequest<'_>, view: &'a RemoteView) -> Option<&'a str> {
+    view.summary
+        .as_ref()
+        .filter(|_| req.remote.trust.summary)
+        .and_then(|s| s.collection_id.as_deref())
 }
 
-/// The content sizes a verified commit declares (`ostree.sizes`), which
-/// cap what its `.filez` headers may declare; a malformed list refuses
-/// the commit.
-fn content_sizes(commit: &Commit) -> PullResult<HashMap<Checksum, u64>> {
+/// The sizes a verified commit declares (`ostree.sizes`), which cap what
+/// its `.filez` headers may declare and how much of a dirtree or dirmeta
+/// is read; a malformed list refuses the commit.
+fn declared_sizes(commit: &Commit) -> PullResult<DeclaredSizes> {
     let sizes = commit
         .object_sizes()
         .with_context(|| format!("commit {}", commit.checksum))
         .verification()?;
-    Ok(sizes
-        .into_iter()
-        .filter(|s| s.is_content())
-        .map(|s| (s.checksum, s.unpacked))
-        .collect())
+    let mut out = DeclaredSizes::default();
+    for s in sizes {
+        if s.is_content() {
+            out.content.insert(s.checksum, s.unpacked);
+        } else {
+            out.metadata.insert(s.checksum, s.archived);
+        }
+    }
+    Ok(out)
 }
 
 /// The commit `c` (from the repo, else fetched and hashed), parsed, and its
@@ -154,12 +157,12 @@ fn check_downgrade(req: &PullRequest<'_>, target: &Target) -> PullResult<bool> {
         .with_context(|| format!("local commit {cur}"))
         .local()?;
     let (cv, tv) = (cur_commit.version(), target.commit.version());
-    let reason = policy::downgrade_reason(
-        &policy::Age {
+    let reason = oscontent_format::age::downgrade_reason(
+        &oscontent_format::age::Age {
             timestamp: cur_commit.timestamp,
             version: cv.as_deref(),
         },
-        &policy::Age {
+        &oscontent_format::age::Age {
             timestamp: target.commit.timestamp,
             version: tv.as_deref(),
         },

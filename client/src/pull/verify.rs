@@ -98,12 +98,19 @@ pub fn verify_summary(
         .map_err(|e| PullError::Verification(anyhow!("summary signature: {e}")))
 }
 
-/// Stock ostree's rule for collections: a commit bound to a collection
-/// (`ostree.collection-binding`) is pulled only from a remote of that
-/// collection. Checked when both are known.
-pub fn check_collection(commit: &Commit, remote: Option<&str>) -> PullResult<()> {
+/// Stock ostree's rule for collections (`_ostree_repo_verify_bindings`):
+/// from a remote configured with a `collection-id`, a commit must carry
+/// a ref binding and a collection binding naming that collection; from
+/// any remote, a commit bound to a collection is refused if the remote is
+/// known (configured, or a verified summary) to be another one.
+pub fn check_collection(
+    commit: &Commit,
+    configured: Option<&str>,
+    declared: Option<&str>,
+) -> PullResult<()> {
     let bound = commit.collection_binding();
-    match collection_mismatch(bound.as_deref(), remote) {
+    let has_ref_binding = commit.ref_binding().is_some();
+    match collection_problem(bound.as_deref(), has_ref_binding, configured, declared) {
         Some(why) => Err(PullError::Verification(anyhow!(
             "commit {}: {why}",
             commit.checksum
@@ -112,10 +119,30 @@ pub fn check_collection(commit: &Commit, remote: Option<&str>) -> PullResult<()>
     }
 }
 
-/// Why a commit bound to `bound` may not come from a remote of collection
-/// `remote`, if it may not.
-pub fn collection_mismatch(bound: Option<&str>, remote: Option<&str>) -> Option<String> {
-    match (bound, remote) {
+/// Why a commit (its collection binding, whether it has a ref binding)
+/// may not come from a remote with `configured` collection-id whose
+/// verified summary `declared` one, if it may not (pure).
+pub fn collection_problem(
+    bound: Option<&str>,
+    has_ref_binding: bool,
+    configured: Option<&str>,
+    declared: Option<&str>,
+) -> Option<String> {
+    if let Some(r) = configured {
+        if !has_ref_binding {
+            return Some(format!(
+                "it has no ref binding (ostree.ref-binding), which the remote's \
+                 collection-id {r:?} requires"
+            ));
+        }
+        if bound.is_none() {
+            return Some(format!(
+                "it has no collection binding (ostree.collection-binding), which the \
+                 remote's collection-id {r:?} requires"
+            ));
+        }
+    }
+    match (bound, configured.or(declared)) {
         (Some(b), Some(r)) if b != r => Some(format!(
             "bound to collection {b:?} (ostree.collection-binding), but the remote's \
              collection is {r:?}"
@@ -145,21 +172,38 @@ mod tests {
 
     #[test]
     fn collection_bindings() {
-        // (commit's binding, remote's collection, refused)
+        const OS: Option<&str> = Some("org.example.Os");
+        const OTHER: Option<&str> = Some("org.example.Other");
+        // (binding, has a ref binding, configured, declared by a verified
+        // summary, what the refusal says; "" accepted)
         let cases = [
-            (None, None, false),
-            (Some("org.example.Os"), None, false),
-            (None, Some("org.example.Os"), false),
-            (Some("org.example.Os"), Some("org.example.Os"), false),
-            (Some("org.example.Os"), Some("org.example.Other"), true),
-            (Some("org.example.Os"), Some("org.example.os"), true),
-            (Some(""), Some("org.example.Os"), true),
+            (None, false, None, None, ""),
+            (None, true, None, None, ""),
+            (OS, true, None, None, ""),
+            (None, true, None, OS, ""),
+            (OS, true, OS, None, ""),
+            (OS, true, None, OS, ""),
+            (OS, true, OTHER, None, "but the remote's collection is"),
+            (OS, true, None, OTHER, "but the remote's collection is"),
+            (OS, true, Some("org.example.os"), None, "but the remote's"),
+            (Some(""), true, OS, None, "but the remote's"),
+            // Stock ostree: a collection-id remote requires both bindings.
+            (None, false, OS, None, "no ref binding"),
+            (OS, false, OS, None, "no ref binding"),
+            (None, true, OS, None, "no collection binding"),
+            (None, true, OS, OTHER, "no collection binding"),
         ];
-        for (bound, remote, refused) in cases {
-            let got = collection_mismatch(bound, remote);
-            assert_eq!(got.is_some(), refused, "{bound:?} from {remote:?}: {got:?}");
-            if let Some(why) = got {
-                assert!(why.contains(remote.unwrap()), "{why}");
+        for (bound, refb, configured, declared, says) in cases {
+            let got = collection_problem(bound, refb, configured, declared);
+            let what = format!("{bound:?} (ref binding {refb}) from {configured:?}/{declared:?}");
+            match got {
+                None => assert_eq!(says, "", "{what}: accepted"),
+                Some(why) => {
+                    assert!(!says.is_empty(), "{what}: refused: {why}");
+                    assert!(why.contains(says), "{what}: {why}");
+                    let remote = configured.or(declared).unwrap();
+                    assert!(why.contains(remote), "{why} names the remote's collection");
+                }
             }
         }
     }

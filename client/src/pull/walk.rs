@@ -41,9 +41,19 @@ pub struct Ctx {
     pub suspect_since: Option<SystemTime>,
     /// Keeps the repo's free-space reserve for every write of the pull.
     pub space: Arc<SpaceGuard>,
-    /// Content sizes the target commit declares (`ostree.sizes`), set once
-    /// the commit is verified; a `.filez` may not declare more.
-    content_sizes: OnceLock<HashMap<Checksum, u64>>,
+    /// Sizes the target commit declares (`ostree.sizes`), set once the
+    /// commit is verified; what the remote sends may not be larger.
+    sizes: OnceLock<DeclaredSizes>,
+}
+
+/// What a verified commit's `ostree.sizes` declares, by object.
+#[derive(Debug, Default)]
+pub struct DeclaredSizes {
+    /// A content object's file size: its `.filez` may not declare more.
+    pub content: HashMap<Checksum, u64>,
+    /// A dirtree's or dirmeta's bytes: a fetch stops past them (as stock
+    /// ostree caps a fetch by the archived size it declares).
+    pub metadata: HashMap<Checksum, u64>,
 }
 
 impl Ctx {
@@ -64,19 +74,28 @@ impl Ctx {
             concurrency: concurrency.max(1),
             suspect_since,
             space,
-            content_sizes: OnceLock::new(),
+            sizes: OnceLock::new(),
         }
     }
 
-    /// Records the verified target commit's content sizes (only the first
-    /// call counts: one pull, one target).
-    pub fn set_content_sizes(&self, sizes: HashMap<Checksum, u64>) {
-        let _ = self.content_sizes.set(sizes);
+    /// Records the verified target commit's declared sizes (only the
+    /// first call counts: one pull, one target).
+    pub fn set_sizes(&self, sizes: DeclaredSizes) {
+        let _ = self.sizes.set(sizes);
     }
 
     /// The size the target commit declares for content object `c`.
     pub fn content_size(&self, c: &Checksum) -> Option<u64> {
-        self.content_sizes.get().and_then(|m| m.get(c).copied())
+        self.sizes.get().and_then(|m| m.content.get(c).copied())
+    }
+
+    /// The most a metadata object `c` may be: what the commit declares,
+    /// within the cap for its kind.
+    pub fn metadata_cap(&self, c: &Checksum, kind_cap: usize) -> usize {
+        let declared = self.sizes.get().and_then(|m| m.metadata.get(c).copied());
+        declared.map_or(kind_cap, |d| {
+            usize::try_from(d).map_or(kind_cap, |d| d.min(kind_cap))
+        })
     }
 
     /// A handle on the repo for one task (libostree repos are used from
@@ -187,7 +206,13 @@ async fn ensure_dirmeta(ctx: &Ctx, m: Checksum) -> PullResult<()> {
         return Ok(());
     }
     ctx.progress.needed.fetch_add(1, Ordering::Relaxed);
-    let bytes = fetch_metadata(ctx, ObjectKind::DirMeta, &m, MAX_DIRMETA_SIZE).await?;
+    let bytes = fetch_metadata(
+        ctx,
+        ObjectKind::DirMeta,
+        &m,
+        ctx.metadata_cap(&m, MAX_DIRMETA_SIZE),
+    )
+    .await?;
     check_dirmeta(&bytes).map_err(|e| PullError::Verification(anyhow!("dirmeta {m}: {e}")))?;
     write_metadata(
         ctx,
@@ -209,7 +234,13 @@ async fn dirtree(ctx: &Ctx, t: Checksum) -> PullResult<DirTree> {
             .local()?
     } else {
         ctx.progress.needed.fetch_add(1, Ordering::Relaxed);
-        let bytes = fetch_metadata(ctx, ObjectKind::DirTree, &t, MAX_DIRTREE_SIZE).await?;
+        let bytes = fetch_metadata(
+            ctx,
+            ObjectKind::DirTree,
+            &t,
+            ctx.metadata_cap(&t, MAX_DIRTREE_SIZE),
+        )
+        .await?;
         // Parse before writing: a malformed tree is never stored.
         let tree = parse_dirtree(&bytes)
             .map_err(|e| PullError::Verification(anyhow!("dirtree {t}: {e}")))?;

@@ -175,6 +175,13 @@ pub struct ServeArgs {
     /// 0: only at SIGHUP. SIGHUP also re-publishes --oscontainer and --repo.
     #[arg(long, default_value_t = 0, value_name = "SECONDS")]
     pub refresh_interval: u64,
+    /// Publish a refresh (a moved --image tag, a new --upstream or --bundle
+    /// summary) that moves a ref to an older commit (older timestamp or
+    /// lower version). By default it is refused and the previous
+    /// generation stays served, so fresh nodes never install an old
+    /// release an attacker replayed.
+    #[arg(long)]
+    pub allow_rollback: bool,
     /// With --upstream or --bundle: keep the last N releases (and what the
     /// source publishes now), removing objects nothing kept reaches.
     #[arg(long, value_name = "N")]

@@ -62,6 +62,7 @@ pub fn sync_image(
             repo: staged.root.join(publish::OSCONTAINER_REPO),
             commit,
             version: staged.version.clone(),
+            preverified: staged.format == crate::source::ImageFormat::Native,
         };
         let state_root = dest.work.join(STATE);
         let state = StateDir::open(&state_root, std::slice::from_ref(&release.repo))?;

@@ -16,6 +16,7 @@
 //! and files this process wrote.
 
 use super::remote::Remote;
+use crate::fsutil;
 use anyhow::{bail, Context, Result};
 use oscontent_format::{check_dirmeta, Checksum, ObjectKind, ObjectName, RepoPath};
 use serde::{Deserialize, Serialize};
@@ -101,64 +102,10 @@ impl<W: Write> Write for HashingWriter<W> {
 }
 
 /// The content checksum of an archive (`.filez`) object file, as libostree
-/// computes it (and `ostree fsck` checks it): SHA-256 over the 8-byte
-/// length prefix, the file header `(uuuusa(ayay))` (uid, gid, mode, rdev,
-/// symlink target, xattrs) and the inflated content. The archive header
-/// (which adds the content size) is parsed and bounded by
-/// `oscontent_format::content`; the content must inflate to exactly the
-/// size it declares, with nothing after the deflate stream.
+/// computes it (`oscontent_format::content::archive_checksum`).
 pub fn content_checksum(path: &Path) -> Result<Checksum> {
-    use oscontent_format::content::{header_len, ArchiveHeader, HEADER_PREFIX_LEN};
-    use std::io::BufRead;
     let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut r = std::io::BufReader::new(f);
-    let mut prefix = [0u8; HEADER_PREFIX_LEN];
-    r.read_exact(&mut prefix)
-        .context("too short for a content object")?;
-    let len = header_len(&prefix)?;
-    let mut header = vec![0u8; len];
-    r.read_exact(&mut header).context("truncated header")?;
-    let h = ArchiveHeader::parse(&header)?;
-    let mut hasher = Sha256::new();
-    hasher.update(h.content_stream_prefix());
-    // Symlinks (and libostree's empty files) carry no deflate stream at all.
-    if r.fill_buf().context("reading")?.is_empty() {
-        anyhow::ensure!(
-            h.size == 0,
-            "no content, but the header declares {} bytes",
-            h.size
-        );
-        return Ok(Checksum::from(<[u8; 32]>::from(hasher.finalize())));
-    }
-    let mut body = flate2::bufread::DeflateDecoder::new(r);
-    let mut buf = vec![0u8; 64 << 10];
-    let mut n: u64 = 0;
-    loop {
-        let got = match body.read(&mut buf) {
-            Ok(0) => break,
-            Ok(g) => g,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => bail!("inflating the content: {e}"),
-        };
-        n += got as u64;
-        anyhow::ensure!(
-            n <= h.size,
-            "the content inflates to more than the {} bytes its header declares",
-            h.size
-        );
-        hasher.update(&buf[..got]);
-    }
-    anyhow::ensure!(
-        n == h.size,
-        "the content inflates to {n} bytes, its header declares {}",
-        h.size
-    );
-    let mut rest = body.into_inner();
-    anyhow::ensure!(
-        rest.fill_buf().context("reading")?.is_empty(),
-        "trailing bytes after the compressed content"
-    );
-    Ok(Checksum::from(<[u8; 32]>::from(hasher.finalize())))
+    oscontent_format::content::archive_checksum(std::io::BufReader::new(f))
 }
 
 /// SHA-256 and size of a file's bytes.
@@ -382,18 +329,18 @@ impl Store {
 
     fn persist(&self, tmp: tempfile::NamedTempFile, rel: &str) -> Result<()> {
         let dest = layout_path(&self.root, rel)?;
-        if let Some(p) = dest.parent() {
-            std::fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))?;
-        }
         // Readable by a static web server, whoever runs it.
         std::fs::set_permissions(
             tmp.path(),
-            std::os::unix::fs::PermissionsExt::from_mode(0o644),
+            std::os::unix::fs::PermissionsExt::from_mode(fsutil::FILE_MODE),
         )
         .with_context(|| format!("setting the mode of {}", tmp.path().display()))?;
-        tmp.persist(&dest)
-            .map_err(|e| e.error)
+        // Kept (not removed on drop) only once renamed; an error removes it.
+        let tmp = tmp.into_temp_path();
+        fsutil::rename_into(&tmp, &self.root, rel)
             .with_context(|| format!("renaming into {}", dest.display()))?;
+        tmp.keep()
+            .with_context(|| format!("keeping {}", dest.display()))?;
         Ok(())
     }
 
@@ -473,8 +420,10 @@ impl Store {
             sha256: hex::encode(Sha256::digest(bytes)),
             size: bytes.len() as u64,
         };
-        let dest = layout_path(&self.root, rel)?;
-        if std::fs::read(&dest).ok().as_deref() == Some(bytes) {
+        layout_path(&self.root, rel)?;
+        let max = bytes.len() as u64;
+        let same = fsutil::read_file(&self.root, rel, max).ok().flatten();
+        if same.is_some_and(|(b, _)| b == bytes) {
             self.record(rel, entry);
             return Ok(());
         }
@@ -498,14 +447,14 @@ impl Store {
     pub fn remove(&self, rel: &str) -> Result<u64> {
         self.verified.lock().expect("store lock").remove(rel);
         let p = self.root.join(rel);
-        match std::fs::symlink_metadata(&p) {
-            Ok(m) => {
-                std::fs::remove_file(&p).with_context(|| format!("removing {}", p.display()))?;
-                Ok(m.len())
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-            Err(e) => Err(e).with_context(|| format!("inspecting {}", p.display())),
-        }
+        let size = match fsutil::open_file(&self.root, rel) {
+            Ok(Some((_, m))) => m.len(),
+            Ok(None) => 0,
+            Err(e) => return Err(e).with_context(|| format!("inspecting {}", p.display())),
+        };
+        let removed = fsutil::remove_file(&self.root, rel)
+            .with_context(|| format!("removing {}", p.display()))?;
+        Ok(if removed { size } else { 0 })
     }
 
     /// Every file this store trusts now: verified or written by this run,

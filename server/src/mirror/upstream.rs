@@ -22,6 +22,8 @@
 use super::bundle::{self, BundleRemote, Destination, Pruned};
 use super::remote::{HttpRemote, RateLimit, Remote};
 use super::sync::{self, Metadata, SyncOptions};
+use crate::metrics::Metrics;
+use crate::serve::refresher::rollback::{self, ref_ages, RefAge, RollbackPolicy};
 use crate::serve::refresher::{Checked, Publisher};
 use crate::served::{Generation, PINNED_SUMMARY};
 use crate::state::Generations;
@@ -55,6 +57,17 @@ impl std::fmt::Display for SiteSource {
             SiteSource::Bundle(d) => write!(f, "bundle {}", d.display()),
         }
     }
+}
+
+/// What one refresh found.
+#[derive(Debug)]
+pub enum Refresh {
+    /// The source still publishes the summary served.
+    Unchanged,
+    /// This summary moves a ref back in time, and that was refused.
+    RolledBack(Checksum),
+    /// A new generation (not yet visible).
+    New(Box<Generation>, Box<Refreshed>),
 }
 
 /// What one refresh did.
@@ -144,10 +157,17 @@ impl SiteMirror {
     }
 
     /// One refresh (blocking): `Ok(None)` if the source still publishes the
-    /// summary `current` serves; else the new generation, not yet visible.
-    pub fn refresh(&self, current: Option<&Checksum>) -> Result<Option<(Generation, Refreshed)>> {
+    /// summary `current` serves, or if `rollback` refuses what it moved;
+    /// else the new generation, not yet visible. The rollback check runs
+    /// once the new commits are verified and before anything is pruned:
+    /// a refused summary costs the served generation nothing.
+    pub fn refresh(
+        &self,
+        current: Option<&Checksum>,
+        rollback: Option<&RollbackCheck>,
+    ) -> Result<Refresh> {
         let Some((remote, meta)) = self.check(current)? else {
-            return Ok(None);
+            return Ok(Refresh::Unchanged);
         };
         sync::verify_commits(remote.as_ref(), &meta, &self.opts)?;
         let dest = Destination::begin(&self.repo(), &self.dir.join(OBJECTS_MANIFEST))?;
@@ -156,6 +176,13 @@ impl SiteMirror {
             .with_context(|| format!("mirroring {}", self.source))?;
         dest.write_commitmeta(&snap)?;
         let generation = self.build_generation(&snap.meta)?;
+        if let Some(check) = rollback {
+            let ages = ref_ages(&generation)?;
+            let found = rollback::rollbacks(&check.served, &ages);
+            if !rollback::judge(check.policy, &found, &check.metrics) {
+                return Ok(Refresh::RolledBack(snap.meta.summary_digest()));
+            }
+        }
         let mut history = dest.history(&snap);
         let pruned = match self.keep {
             Some(k) => Some(dest.prune(&mut history, &snap, k)?),
@@ -173,7 +200,7 @@ impl SiteMirror {
             summary_verified: snap.meta.verified_summary.is_some(),
             pruned,
         };
-        Ok(Some((generation, refreshed)))
+        Ok(Refresh::New(Box::new(generation), Box::new(refreshed)))
     }
 
     /// A generation serving the store with `meta`'s refs, config, summary
@@ -199,21 +226,22 @@ impl SiteMirror {
             refs.push((name, r.commit));
         }
         anyhow::ensure!(!refs.is_empty(), "nothing to publish: no refs");
-        building.commit(vec![self.repo()], refs)
+        let mut generation = building.commit(vec![self.repo()], refs)?;
+        // The store only holds files renamed into place after they verified.
+        generation.gate = crate::verify::ObjectGate::VerifiedStore;
+        Ok(generation)
     }
 }
 
-/// The remote's own files, verbatim, into a generation overlay.
+/// The remote's own files, verbatim, into a generation overlay: each path
+/// checked against the archive grammar, then written beneath the
+/// overlay's directory fd.
 fn write_overlay(dir: &Path, meta: &Metadata) -> Result<()> {
     let write = |rel: &str, bytes: &[u8]| -> Result<()> {
-        let p = super::store::layout_path(dir, rel)?;
-        if let Some(parent) = p.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
-        }
-        std::fs::write(&p, bytes).with_context(|| format!("writing {}", p.display()))
+        super::store::layout_path(dir, rel)?;
+        crate::fsutil::write_atomic(dir, rel, bytes)
+            .with_context(|| format!("writing {rel} into {}", dir.display()))
     };
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     write("config", &meta.config)?;
     for r in &meta.refs {
         write(&r.path(), format!("{}\n", r.commit).as_bytes())?;
@@ -225,6 +253,16 @@ fn write_overlay(dir: &Path, meta: &Metadata) -> Result<()> {
     Ok(())
 }
 
+/// What a refresh compares the new refs with, and what it does with a
+/// rollback.
+#[derive(Debug, Clone)]
+pub struct RollbackCheck {
+    pub policy: RollbackPolicy,
+    /// The served refs' ages (empty until something is published).
+    pub served: Vec<RefAge>,
+    pub metrics: Arc<Metrics>,
+}
+
 /// A site server's publisher: each check is one refresh of the mirror
 /// (the refresher retries the first with capped exponential backoff while
 /// `/readyz` says 503, then checks at every `--refresh-interval` and
@@ -232,8 +270,10 @@ fn write_overlay(dir: &Path, meta: &Metadata) -> Result<()> {
 #[derive(Debug)]
 pub struct SitePublisher {
     mirror: Arc<SiteMirror>,
-    /// The summary served now.
+    /// The summary served now, or the last one refused as a rollback
+    /// (checked again only once the source moves).
     current: Option<Checksum>,
+    rollback: Option<RollbackCheck>,
 }
 
 impl SitePublisher {
@@ -241,23 +281,56 @@ impl SitePublisher {
         Self {
             mirror: Arc::new(mirror),
             current: None,
+            rollback: None,
         }
+    }
+
+    /// Refuses (or, allowed, logs) a summary that moves a ref back in
+    /// time, before anything is pruned for it.
+    pub fn checking_rollback(mut self, policy: RollbackPolicy, metrics: Arc<Metrics>) -> Self {
+        metrics
+            .rollback_allowed
+            .set(i64::from(policy == RollbackPolicy::Allow));
+        self.rollback = Some(RollbackCheck {
+            policy,
+            served: Vec::new(),
+            metrics,
+        });
+        self
     }
 }
 
 impl Publisher for SitePublisher {
     /// One refresh on the blocking pool.
     async fn check(&mut self, _force: bool) -> Result<Checked> {
-        let (m, cur) = (self.mirror.clone(), self.current);
-        let r = tokio::task::spawn_blocking(move || m.refresh(cur.as_ref()))
-            .await
-            .context("refresh task")??;
-        let Some((generation, refreshed)) = r else {
-            return Ok(Checked::Unchanged);
+        let (m, cur, rb) = (self.mirror.clone(), self.current, self.rollback.clone());
+        let (r, ages) = tokio::task::spawn_blocking(move || {
+            let r = m.refresh(cur.as_ref(), rb.as_ref())?;
+            // The published refs' ages, for the next check.
+            let ages = match (&r, &rb) {
+                (Refresh::New(g, _), Some(_)) => Some(ref_ages(g)?),
+                _ => None,
+            };
+            anyhow::Ok((r, ages))
+        })
+        .await
+        .context("refresh task")??;
+        let (generation, refreshed) = match r {
+            Refresh::Unchanged => return Ok(Checked::Unchanged),
+            // Not mirrored again until the source moves; the refusal is
+            // logged and counted.
+            Refresh::RolledBack(summary) => {
+                self.current = Some(summary);
+                return Ok(Checked::Unchanged);
+            }
+            Refresh::New(g, r) => (g, r),
         };
+        if let (Some(rb), Some(ages)) = (&mut self.rollback, ages) {
+            rb.served = ages;
+        }
         announce(&generation, &refreshed, &self.mirror.source);
         self.current = Some(refreshed.summary);
-        Ok(Checked::New(Box::new(generation)))
+        Ok(Checked::New(generation))
     }
 
     fn what(&self) -> &str {

@@ -6,6 +6,7 @@ use crate::publish::{self, PublishRequest};
 use crate::served::Generation;
 use crate::signing::{self, SignatureOptions};
 use crate::state::StateDir;
+use crate::verify::VerdictCache;
 use anyhow::{Context, Result};
 use std::sync::Arc;
 
@@ -17,13 +18,17 @@ pub(super) struct LocalPublisher {
     pub req: Arc<PublishRequest>,
     pub state_dir: Arc<StateDir>,
     pub sigs: SignatureOptions,
+    /// What the last publication verified, by file identity: a refresh
+    /// hashes only objects that are new or changed.
+    pub verdicts: Arc<VerdictCache>,
 }
 
 impl LocalPublisher {
     /// Publishes the source on the blocking pool.
     async fn publish(&self) -> Result<Generation> {
         let (r, sd, s) = (self.req.clone(), self.state_dir.clone(), self.sigs.clone());
-        tokio::task::spawn_blocking(move || publish::publish_signed(&r, &sd, &s))
+        let v = self.verdicts.clone();
+        tokio::task::spawn_blocking(move || publish::publish_verified(&r, &sd, &s, Some(v)))
             .await
             .context("publish task")?
             .with_context(|| format!("publishing {}", self.req.source.repo_path().display()))

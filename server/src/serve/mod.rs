@@ -17,7 +17,7 @@ use crate::source;
 use crate::state::StateDir;
 use anyhow::{Context, Result};
 use local::LocalPublisher;
-use refresher::{Refresher, Schedule};
+use refresher::{Refresher, RollbackPolicy, Schedule};
 use signals::Signals;
 use sink::Sink;
 use std::io::Write;
@@ -106,8 +106,15 @@ async fn start_publishing(
         max_backoff: Some(Duration::from_secs(args.registry.max_backoff.max(1))),
     };
     let hup = signals.hup.clone();
+    let rollback = if args.allow_rollback {
+        RollbackPolicy::Allow
+    } else {
+        RollbackPolicy::Refuse
+    };
     if let Some(site) = site_source(&args.source) {
-        let publisher = site_publisher(site.clone(), args, &sigs)?;
+        // The site mirror checks for rollbacks itself, before it prunes.
+        let publisher = site_publisher(site.clone(), args, &sigs)?
+            .checking_rollback(rollback, sink.metrics().clone());
         let mut refresher = Refresher::new(publisher, sink.clone(), hup, schedule);
         // A refused bundle stops the server with the reason.
         if matches!(site, SiteSource::Bundle(_)) {
@@ -125,6 +132,7 @@ async fn start_publishing(
             }),
             state_dir,
             sigs: sigs.clone(),
+            verdicts: Default::default(),
         };
         // Republished at SIGHUP and when signatures change, never on a
         // timer: a failure waits for the next of those.
@@ -137,8 +145,9 @@ async fn start_publishing(
         return Ok(tokio::spawn(refresher.run()));
     }
     let publisher = image_publisher(args, &sigs)?;
-    let refresher =
-        Refresher::new(publisher, sink.clone(), hup, schedule).watching(&sigs, signatures_poll);
+    let refresher = Refresher::new(publisher, sink.clone(), hup, schedule)
+        .watching(&sigs, signatures_poll)
+        .checking_rollback(rollback);
     Ok(tokio::spawn(refresher.run()))
 }
 

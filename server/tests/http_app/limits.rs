@@ -195,9 +195,10 @@ async fn a_slow_request_head_is_cut_off_and_an_idle_connection_closed() {
 
 #[tokio::test]
 async fn metadata_over_its_cap_is_refused_with_a_clear_error() {
-    let (fx, server) = serving_v1().await;
-    // A planted 5 KiB ref in the live repo (refs are capped at 4 KiB).
-    let heads = fx.v1.dir.join("refs/heads");
+    let (_fx, server) = serving_v1().await;
+    // A planted 5 KiB ref where the served refs live (refs are capped at
+    // 4 KiB).
+    let heads = server.overlay().join("refs/heads");
     std::fs::write(heads.join("huge"), vec![b'a'; 5 * 1024]).unwrap();
     let r = server.get("/refs/heads/huge").await;
     assert_eq!(r.status, 500);

@@ -14,3 +14,4 @@ mod limits;
 mod operations;
 mod paths;
 mod support;
+mod verified;

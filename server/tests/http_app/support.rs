@@ -24,7 +24,7 @@ pub const REF: &str = "test/os/stable";
 /// A checksum no fixture holds.
 pub const ABSENT: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
-fn ostree(repo: &Path, args: &[&str]) -> String {
+pub fn ostree(repo: &Path, args: &[&str]) -> String {
     let out = Command::new("ostree")
         .arg(format!("--repo={}", repo.display()))
         .args(args)
@@ -142,12 +142,16 @@ impl Fixture {
     }
 
     pub fn publish(&self, repo: &Repo) -> Generation {
+        self.try_publish(repo).unwrap()
+    }
+
+    pub fn try_publish(&self, repo: &Repo) -> anyhow::Result<Generation> {
         let req = PublishRequest {
             source: Source::Repo(repo.dir.clone()),
             commit: None,
             refs: Vec::new(),
         };
-        publish::publish(&req, &self.state).unwrap()
+        publish::publish(&req, &self.state)
     }
 }
 
@@ -189,6 +193,15 @@ impl Server {
 
     pub fn publish(&self, generation: Generation) {
         self.sink.publish(generation);
+    }
+
+    /// The overlay of the generation served now: where its refs live.
+    pub fn overlay(&self) -> PathBuf {
+        self.sink
+            .current()
+            .expect("a generation is served")
+            .overlay
+            .clone()
     }
 
     pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {

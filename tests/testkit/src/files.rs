@@ -183,3 +183,28 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
         })
         .collect()
 }
+
+/// Bytes of disk the files under `root` take (allocated blocks, so sparse
+/// files count for what they hold), not following symlinks; bounded.
+pub fn disk_used(root: &Path) -> Result<u64> {
+    const MAX_ENTRIES: usize = 1_000_000;
+    let (mut total, mut seen) = (0u64, 0usize);
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| format!("listing {}", d.display()))? {
+            let e = e?;
+            seen += 1;
+            ensure!(
+                seen <= MAX_ENTRIES,
+                "more than {MAX_ENTRIES} entries under {}",
+                root.display()
+            );
+            let m = e.path().symlink_metadata()?;
+            total += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    Ok(total)
+}

@@ -35,6 +35,7 @@ pub mod proxy;
 pub mod registry;
 pub mod server;
 pub mod signing;
+pub mod tmpfs;
 pub mod tools;
 
 pub use access_log::*;
@@ -48,4 +49,5 @@ pub use process::*;
 pub use server::builder::*;
 pub use server::launch::*;
 pub use server::*;
+pub use tmpfs::SmallFs;
 pub use tools::*;

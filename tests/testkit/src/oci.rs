@@ -5,9 +5,11 @@
 //! ustar fields, never `set_path`), so that it can hold what a safe writer
 //! refuses: `..`, absolute paths, escaping links, devices, FIFOs.
 
+use crate::ostree::{tiny_commit, TINY_REF};
 use crate::sha256_hex;
+use crate::tools::tempdir;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub use tar::EntryType;
 
@@ -364,4 +366,40 @@ pub fn write_multiarch_layout(layout: &Path, tag: &str, images: &[Platform<'_>])
     let (d, n) = put_blob(layout, &index);
     write_index_json(layout, tag, OCI_INDEX, &d, n);
     d
+}
+
+/// A hand-made oscontainer: a tiny archive repo (one commit bound to
+/// [`TINY_REF`], version `version`) as `srv/repo`, then whatever `extra`
+/// appends to the same layer (after the repo, so that the staging dir has
+/// content when the bad entry comes).
+#[derive(Debug)]
+pub struct Crafted {
+    pub work: tempfile::TempDir,
+    pub layout: PathBuf,
+    pub tag: String,
+    pub commit: String,
+    pub version: String,
+}
+
+pub fn crafted(seed: u32, extra: impl FnOnce(Tar) -> Tar) -> Crafted {
+    let work = tempdir();
+    let version = format!("1.{seed}");
+    let repo = work.path().join("repo");
+    let commit = tiny_commit(&repo, &version, Some(TINY_REF), seed).unwrap();
+    let tar = extra(Tar::new().dir("srv").tree("srv/repo", &repo)).finish();
+    let layout = work.path().join("oci");
+    let tag = "crafted".to_owned();
+    write_layout(
+        &layout,
+        &tag,
+        &[Layer::gz(tar)],
+        &[(COMMIT_LABEL, &commit), ("version", &version)],
+    );
+    Crafted {
+        work,
+        layout,
+        tag,
+        commit,
+        version,
+    }
 }

@@ -2,7 +2,8 @@
 //! proxy in front of a genuine, signed server) tries every attack in
 //! [`attacks`] on a node that updates with verification on. For each
 //! client (stock `ostree pull` and our `oscontent pull`), every attack must
-//! fail, and leave the node's refs, commit and repo as they were.
+//! fail, and leave the node's refs, commit and repo as they were, its disk
+//! no fuller than the genuine objects fetched before the lie was found.
 //!
 //! Stock ostree runs as a careful admin would: `gpg-verify=true`,
 //! `gpg-verify-summary=true`, the key imported with `--gpg-import`, and
@@ -15,7 +16,11 @@
 // the failure report (clippy.toml allows it inside them).
 #![allow(clippy::unwrap_used)]
 
+mod bundle;
+mod image;
 mod lab;
+mod peers;
+mod upstream;
 
 use lab::{lab, Base, Lab, REF};
 use oscontent_testkit::proxy::{Action, Proxy, Rule};
@@ -30,6 +35,10 @@ use std::time::{Duration, Instant};
 const GARBAGE_CAP: u64 = 1 << 30;
 /// "1 GiB" announced in Content-Length.
 const ONE_GIB: u64 = 1 << 30;
+/// What a stopped attack may leave on the node's disk: the genuine
+/// objects fetched before the lie was found (the releases are small),
+/// not the gigabytes some attacks offer.
+const DISK_SLACK: u64 = 16 << 20;
 /// Bound on one client run (an attack must not hang the suite).
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -440,6 +449,8 @@ struct Outcome {
     refs_after: BTreeMap<String, String>,
     /// `ostree fsck` of the node repo afterwards.
     fsck: Result<(), String>,
+    /// Disk the node repo takes, before and after.
+    disk: (u64, u64),
     garbage_sent: u64,
     elapsed: Duration,
     requests: Vec<String>,
@@ -447,7 +458,10 @@ struct Outcome {
 
 impl Outcome {
     fn stopped(&self) -> bool {
-        self.failed && self.refs_before == self.refs_after && self.fsck.is_ok()
+        self.failed
+            && self.refs_before == self.refs_after
+            && self.fsck.is_ok()
+            && self.disk.1 <= self.disk.0 + DISK_SLACK
     }
 }
 
@@ -499,6 +513,7 @@ fn run(lab: &Lab, attack: &Attack, client: &dyn Client) -> Outcome {
         "{}: the node starts where it should",
         attack.id
     );
+    let disk_before = disk_used(&repo.repo).unwrap();
     let start = Instant::now();
     let out = client.pull(lab, &repo);
     let elapsed = start.elapsed();
@@ -519,6 +534,7 @@ fn run(lab: &Lab, attack: &Attack, client: &dyn Client) -> Outcome {
         refs_before,
         refs_after: ref_targets(&repo).unwrap_or_default(),
         fsck: repo.fsck().map(drop).map_err(|e| format!("{e:#}")),
+        disk: (disk_before, disk_used(&repo.repo).unwrap_or(u64::MAX)),
         garbage_sent,
         elapsed,
         requests,
@@ -567,8 +583,8 @@ fn suite(client: &dyn Client) {
             }
         } else {
             not_stopped.push(format!(
-                "{} ({}): exit {}, refs before {:?} after {:?}, fsck {:?}; stderr: {}",
-                a.id, a.what, o.exit, o.refs_before, o.refs_after, o.fsck, o.error
+                "{} ({}): exit {}, refs before {:?} after {:?}, fsck {:?}, disk {:?}; stderr: {}",
+                a.id, a.what, o.exit, o.refs_before, o.refs_after, o.fsck, o.disk, o.error
             ));
         }
         eprintln!(

@@ -20,4 +20,5 @@ mod native;
 mod pull;
 mod refresh;
 mod space;
+mod state_full;
 mod support;

@@ -259,3 +259,66 @@ fn sighup_republishes_a_local_oscontainer() {
     assert_eq!(served_ref(&server, fixture_ref()), v2.commit);
     assert_eq!(server.get("/readyz").unwrap().status, 200);
 }
+
+fn rollbacks(server: &Server, result: &str) -> f64 {
+    server
+        .metrics()
+        .unwrap()
+        .get("oscontent_rollbacks_total", &[("result", result)])
+        .unwrap_or(-1.0)
+}
+
+#[test]
+fn a_tag_moved_back_is_refused_unless_rollback_is_allowed() {
+    let (v1, v2) = (v1(), v2());
+    for allow in [false, true] {
+        let reg = Registry::start();
+        reg.push_release(v2, "os:stable", &[]);
+        let mut cmd = image_server(&reg, &[reg.image("os:stable")]);
+        if allow {
+            cmd = cmd.args(["--allow-rollback"]);
+        }
+        let mut server = ready(cmd);
+        assert_eq!(served_ref(&server, fixture_ref()), v2.commit);
+        let m = server.metrics().unwrap();
+        assert_eq!(
+            m.get("oscontent_rollback_allowed", &[]),
+            Some(f64::from(allow))
+        );
+        assert_eq!(rollbacks(&server, "refused"), 0.0, "shown from the start");
+
+        // The attacker who controls the tag replays the older release.
+        reg.push_release(v1, "os:stable", &[]);
+        server.sighup().unwrap();
+        if allow {
+            wait_for_ref(&server, fixture_ref(), &v1.commit);
+            assert_eq!(rollbacks(&server, "allowed"), 1.0);
+            let warned = server.stderr_lines("publishing it (--allow-rollback)");
+            assert!(!warned.is_empty(), "{}", server.stderr());
+            continue;
+        }
+        let errors = server
+            .wait_stderr_lines(" ERROR ", 1, SWITCH_TIMEOUT)
+            .unwrap();
+        assert!(
+            errors.iter().any(|l| l.contains(fixture_ref())
+                && l.contains(&v1.commit)
+                && l.contains("still serving the previous generation")),
+            "the refusal names the ref, the older commit and what is served: {errors:?}"
+        );
+        assert_eq!(rollbacks(&server, "refused"), 1.0);
+        assert_eq!(served_ref(&server, fixture_ref()), v2.commit);
+        assert_eq!(
+            server.metrics().unwrap().get("oscontent_generation", &[]),
+            Some(1.0)
+        );
+        // A fresh node still installs v2.
+        pull_and_fsck(&server, fixture_ref(), &v2.commit);
+        // Refused once: the same digest is not refetched and refused again.
+        server.sighup().unwrap();
+        wait_for_metrics(&server, "an unchanged check", |s| {
+            checks(s, "unchanged") >= 1.0
+        });
+        assert_eq!(rollbacks(&server, "refused"), 1.0);
+    }
+}

@@ -12,59 +12,11 @@ use oscontent_testkit::proxy::Action;
 use oscontent_testkit::*;
 use std::io::Write;
 use std::path::Path;
-use std::process::Command;
-use std::time::Duration;
 
 /// The small filesystem the node repo lives on.
 const FS_BYTES: u64 = 32 << 20;
 /// The big file of the commit: incompressible, well over half the fs.
 const BIG: usize = 20 << 20;
-
-/// A tmpfs of [`FS_BYTES`] mounted on a fresh directory; unmounted (lazily,
-/// so a failed test cannot leave it busy) when dropped.
-struct SmallFs {
-    dir: tempfile::TempDir,
-}
-
-impl SmallFs {
-    fn mount() -> SmallFs {
-        let dir = tempdir();
-        let out = run_bounded(
-            Command::new("mount")
-                .args(["-t", "tmpfs", "-o"])
-                .arg(format!("size={FS_BYTES}"))
-                .arg("tmpfs")
-                .arg(dir.path()),
-            Duration::from_secs(30),
-        )
-        .unwrap();
-        assert!(
-            out.status.success(),
-            "mounting a tmpfs (the disk tests run as root): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        SmallFs { dir }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// Bytes free to unprivileged writers.
-    fn free(&self) -> u64 {
-        let st = rustix::fs::statvfs(self.path()).unwrap();
-        st.f_bavail * st.f_frsize
-    }
-}
-
-impl Drop for SmallFs {
-    fn drop(&mut self) {
-        let _ = run_bounded(
-            Command::new("umount").arg("-l").arg(self.dir.path()),
-            Duration::from_secs(30),
-        );
-    }
-}
 
 fn deflate(parts: &[&[u8]]) -> Vec<u8> {
     let mut e = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -110,7 +62,7 @@ fn the_repos_reserve_is_kept() {
     let liar = serve_lying(&src.repo, std::sync::Arc::new(|_: &str| None));
     // (min-free-space-percent, exit)
     for (percent, code) in [(Some("50"), 5), (None, 0)] {
-        let fs = SmallFs::mount();
+        let fs = SmallFs::mount(FS_BYTES);
         let node = Ostree::init(&fs.path().join("repo"), "bare-user").unwrap();
         if let Some(p) = percent {
             node.run(["config", "set", "core.min-free-space-percent", p])
@@ -147,7 +99,7 @@ fn a_header_declaring_too_much_is_refused_before_writing() {
     let zeros = vec![0u8; 64 << 20];
     let lie = forged_filez(&genuine, 1 << 30, &deflate(&[&zeros]));
     let liar = serve_lying_about(&src.repo, &obj_path(&big, "filez"), Action::Bytes(lie));
-    let fs = SmallFs::mount();
+    let fs = SmallFs::mount(FS_BYTES);
     let node = Ostree::init(&fs.path().join("repo"), "bare-user").unwrap();
     let before = fs.free();
     let out = run_client(&pull_args(&node.repo, &liar.url, REF, &[]));

@@ -1,8 +1,9 @@
 //! The node client trusts nothing from outside (issue 14, items 8 and 10):
 //! a hidden or empty signed artifact is a verification failure, never a
 //! reason to skip verification; a slow-drip server is cut off by the
-//! pull's deadline; redirects stay within the origin; a commit bound to
-//! another collection is refused; credentials in the URL are never shown.
+//! pull's deadline; redirects stay within the origin; collection bindings
+//! are checked as stock ostree checks them; a dirtree is read no further
+//! than its declared size; credentials in the URL are never shown.
 //! Each against [`Proxy::serve_dir`], a server that lies about one thing.
 
 use super::support::*;
@@ -271,38 +272,102 @@ fn redirects_stay_within_the_origin() {
     }
 }
 
-/// Item 10: `ostree.collection-binding` must match the remote's
-/// configured collection ID when both are set.
+/// Item 10: the collection bindings, as stock ostree checks them
+/// (`_ostree_repo_verify_bindings`): from a remote configured with a
+/// `collection-id`, a commit needs a ref binding and a collection binding
+/// naming that collection; otherwise a binding to another collection is
+/// refused. Every case is run by stock `ostree pull` too, and both must
+/// agree.
 #[test]
-fn collection_binding_is_checked() {
+fn collection_bindings_match_stock_ostree() {
+    const OS: &str = "org.example.Os";
     let t = tempdir();
-    let src = source(
-        t.path(),
-        &small_files(),
-        &["--add-metadata-string=ostree.collection-binding=org.example.Os"],
-    );
-    let liar = serve_lying(&src.repo, Arc::new(|_: &str| None));
-    // (remote's collection-id, exit)
-    let cases = [
-        (Some("org.example.Other"), 3),
-        (Some("org.example.Os"), 0),
-        (None, 0),
+    let bind_os = format!("--add-metadata-string=ostree.collection-binding={OS}");
+    // (what the commit carries, its `ostree commit` arguments)
+    let commits: [(&str, Vec<&str>); 3] = [
+        ("no bindings", vec!["--no-bindings"]),
+        ("a ref binding only", vec![]),
+        ("ref and collection bindings", vec![bind_os.as_str()]),
     ];
-    for (i, (cid, code)) in cases.into_iter().enumerate() {
-        let node = Ostree::init(&t.path().join(format!("node{i}")), "bare-user").unwrap();
-        let mut extra = vec![];
+    // (commit, remote's collection-id, refusal; "" accepted)
+    let cases = [
+        (0, None, ""),
+        (0, Some(OS), "no ref binding"),
+        (1, None, ""),
+        (1, Some(OS), "no collection binding"),
+        (2, None, ""),
+        (2, Some(OS), ""),
+        (
+            2,
+            Some("org.example.Other"),
+            "bound to collection \"org.example.Os\"",
+        ),
+    ];
+    let liars: Vec<_> = commits
+        .iter()
+        .enumerate()
+        .map(|(i, (_, extra))| {
+            let src = source(&t.path().join(format!("src{i}")), &small_files(), extra);
+            serve_lying(&src.repo, Arc::new(|_: &str| None))
+        })
+        .collect();
+    for (i, (c, cid, says)) in cases.into_iter().enumerate() {
+        let what = format!("{} from a remote of collection {cid:?}", commits[c].0);
         let set = cid.map(|c| format!("--set=collection-id={c}"));
-        extra.extend(set.as_deref());
-        node.remote_add("origin", &liar.url, &extra).unwrap();
+        let extra: Vec<&str> = set.as_deref().into_iter().collect();
+        let stock = Ostree::init(&t.path().join(format!("stock{i}")), "bare-user").unwrap();
+        stock.remote_add("origin", &liars[c].url, &extra).unwrap();
+        let stock_ok = stock.pull(&["origin", REF]).is_ok();
+        assert_eq!(stock_ok, says.is_empty(), "stock ostree, {what}");
+
+        let node = Ostree::init(&t.path().join(format!("node{i}")), "bare-user").unwrap();
+        node.remote_add("origin", &liars[c].url, &extra).unwrap();
         let out = pull_remote(&node);
-        let what = format!("remote collection {cid:?}");
-        if code == 0 {
+        if says.is_empty() {
             expect_ok(&out, &what);
             continue;
         }
-        expect_refusal(&out, code, "bound to collection \"org.example.Os\"", &what);
+        expect_refusal(&out, 3, says, &what);
         assert_eq!(ref_target(&node, &format!("origin:{REF}")), None, "{what}");
     }
+}
+
+/// Item 9: a dirtree is read no further than the size the verified
+/// commit declares for it (`ostree.sizes`), not up to the 16 MiB cap of
+/// its kind: a server announcing megabytes is refused before a byte of
+/// the body is read.
+#[test]
+fn a_dirtree_is_capped_at_its_declared_size() {
+    let t = tempdir();
+    let src = source(t.path(), &small_files(), &["--generate-sizes"]);
+    let commit = std::fs::read(object_path(&src.repo, &src.commit, "commit")).unwrap();
+    let root = oscontent_format::Commit::parse(&commit).unwrap().root_tree;
+    let declared = std::fs::metadata(object_path(&src.repo, &root.to_hex(), "dirtree"))
+        .unwrap()
+        .len();
+    let liar = serve_lying_about(
+        &src.repo,
+        &obj_path(&root.to_hex(), "dirtree"),
+        Action::Garbage {
+            announce: Some(8 << 20),
+            cap: 8 << 20,
+        },
+    );
+    let node = Ostree::init(&t.path().join("node"), "bare-user").unwrap();
+    node.remote_add("origin", &liar.url, &[]).unwrap();
+    let out = pull_remote(&node);
+    let text = said(&out);
+    assert!(
+        text.contains(&format!("exceeds the {declared} byte limit")),
+        "the limit is the declared {declared} bytes:\n{text}"
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        liar.garbage_sent() < 1 << 20,
+        "{} bytes sent",
+        liar.garbage_sent()
+    );
+    assert_eq!(ref_target(&node, &format!("origin:{REF}")), None);
 }
 
 /// Item 10: credentials in the remote URL never appear in an error, an

@@ -16,3 +16,4 @@ mod repo_mode;
 mod shutdown;
 mod summary;
 mod traversal;
+mod verified;

@@ -232,8 +232,9 @@ fn sign_key_covers_images_and_live_repo_changes() {
     assert_pulled(&repo, &tiny.commit, "image");
     drop(server);
 
-    // --repo is live: a ref another tool adds is signed (and verified) by
-    // the next publication, which the server makes on its own.
+    // --repo: a ref another tool adds is signed (and verified) only by a
+    // publication the operator asks for (SIGHUP), never on its own: the
+    // server is no signing oracle for whoever can write the repo.
     let live = tmp.path().join("live");
     let first = tiny_commit(&live, "1", Some(TINY_REF), 22).unwrap();
     let r = Ostree::at(&live);
@@ -262,9 +263,16 @@ fn sign_key_covers_images_and_live_repo_changes() {
     .unwrap();
     r.run(["refs", "--force", &format!("--create={TINY_REF}"), &second])
         .unwrap();
-    server
-        .wait_stderr_lines("publishing again", 1, NOTICE_TIMEOUT)
-        .unwrap();
+    // Several signature polls go by: nothing is published, signed or served.
+    std::thread::sleep(NOTICE_TIMEOUT.min(std::time::Duration::from_secs(3)));
+    assert!(server.stderr_lines("publishing again").is_empty());
+    for ext in ["commit", "commitmeta"] {
+        let path = format!("/{}", object_rel(&second, ext));
+        assert_eq!(server.get(&path).unwrap().status, 404, "{path}");
+    }
+    let r = server.get(&format!("/refs/heads/{TINY_REF}")).unwrap();
+    assert_eq!(String::from_utf8_lossy(&r.body).trim(), first);
+    server.sighup().unwrap();
     let signed = wait_for(
         NOTICE_TIMEOUT,
         std::time::Duration::from_millis(100),

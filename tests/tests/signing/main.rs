@@ -11,5 +11,6 @@
 mod gate;
 mod interop;
 mod keys;
+mod live_repo;
 mod summary;
 mod support;

@@ -63,7 +63,7 @@ pub fn write_remote_files(store: &Store, meta: &Metadata) -> Result<()> {
     // The directories a local ostree repo has, so that stock tools also
     // open a bundle in place (`ostree fsck --repo=DIR`).
     for d in ["refs/heads", "refs/mirrors", "refs/remotes"] {
-        std::fs::create_dir_all(root.join(d))
+        crate::fsutil::create_dirs(&root, d)
             .with_context(|| format!("creating {}/{d}", root.display()))?;
     }
     let wanted: BTreeSet<String> = meta.refs.iter().map(PublishedRef::path).collect();

@@ -187,6 +187,26 @@ impl Server {
         }
     }
 
+    /// `serve --upstream URL`.
+    pub fn upstream(url: &str) -> ServerBuilder {
+        Self::source(vec!["--upstream".into(), url.into()])
+    }
+
+    /// `serve --bundle DIR`.
+    pub fn bundle(dir: &Path) -> ServerBuilder {
+        Self::source(vec!["--bundle".into(), dir.into()])
+    }
+
+    fn source(source: Vec<OsString>) -> ServerBuilder {
+        ServerBuilder {
+            source,
+            extra: Vec::new(),
+            state_dir: None,
+            env: Vec::new(),
+            verbatim: false,
+        }
+    }
+
     /// `serve --image REF [--image REF]...`. `REGISTRY_AUTH_FILE` is
     /// removed from the environment (set it with [`ServerBuilder::env`]).
     pub fn images<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(refs: I) -> ServerBuilder {

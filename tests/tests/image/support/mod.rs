@@ -16,7 +16,7 @@ pub use oscontent_testkit::oci::*;
 pub use oscontent_testkit::proxy::Proxy;
 pub use oscontent_testkit::registry::{write_authfile, Registry};
 use oscontent_testkit::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -56,39 +56,4 @@ pub fn flip_byte(path: &Path, offset: u64) {
     b[0] ^= 0xff;
     f.write_all_at(&b, offset).unwrap();
     f.sync_all().unwrap();
-}
-
-/// A hand-made oscontainer: a tiny archive repo (one commit bound to
-/// [`TINY_REF`], version `version`) as `srv/repo`, then whatever `extra`
-/// appends to the same layer (after the repo, so that the staging dir has
-/// content when the bad entry comes).
-pub struct Crafted {
-    pub work: tempfile::TempDir,
-    pub layout: PathBuf,
-    pub tag: String,
-    pub commit: String,
-    pub version: String,
-}
-
-pub fn crafted(seed: u32, extra: impl FnOnce(Tar) -> Tar) -> Crafted {
-    let work = tempdir();
-    let version = format!("1.{seed}");
-    let repo = work.path().join("repo");
-    let commit = tiny_commit(&repo, &version, Some(TINY_REF), seed).unwrap();
-    let tar = extra(Tar::new().dir("srv").tree("srv/repo", &repo)).finish();
-    let layout = work.path().join("oci");
-    let tag = "crafted".to_owned();
-    write_layout(
-        &layout,
-        &tag,
-        &[Layer::gz(tar)],
-        &[(COMMIT_LABEL, &commit), ("version", &version)],
-    );
-    Crafted {
-        work,
-        layout,
-        tag,
-        commit,
-        version,
-    }
 }

@@ -1,5 +1,6 @@
-//! Pure decisions made before a ref moves: downgrade protection and the
-//! CoreOS version order.
+//! How old a commit is, compared: the CoreOS version order and the
+//! downgrade decision. One home for the node client (a ref never moves
+//! back) and the server (a refresh never publishes a rollback).
 
 use std::cmp::Ordering;
 

@@ -1,0 +1,216 @@
+//! No rollback on refresh: a moved tag or a new upstream summary whose ref
+//! goes back in time would make every fresh node install the old release,
+//! so a new generation that moves any published ref to an older commit
+//! (older timestamp, or lower `version`) is refused unless the operator
+//! allowed it (`--allow-rollback`). Decided per ref: a ref that appears or
+//! disappears is not a rollback, only one that moves back.
+
+use crate::metrics::Metrics;
+use crate::served::Generation;
+use anyhow::{Context, Result};
+use oscontent_format::age::{downgrade_reason, Age};
+use oscontent_format::Checksum;
+
+/// A published ref and how old its commit is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefAge {
+    pub name: String,
+    pub commit: Checksum,
+    pub timestamp: u64,
+    pub version: Option<String>,
+}
+
+impl RefAge {
+    fn age(&self) -> Age<'_> {
+        Age {
+            timestamp: self.timestamp,
+            version: self.version.as_deref(),
+        }
+    }
+}
+
+/// A ref the next generation would move back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollback {
+    pub name: String,
+    pub from: Checksum,
+    pub to: Checksum,
+    pub why: String,
+}
+
+impl std::fmt::Display for Rollback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ref {} would move back from {} to {}: {}",
+            self.name, self.from, self.to, self.why
+        )
+    }
+}
+
+/// Every ref that `next` moves to an older commit than `served` has
+/// (pure).
+pub fn rollbacks(served: &[RefAge], next: &[RefAge]) -> Vec<Rollback> {
+    next.iter()
+        .filter_map(|n| {
+            let s = served.iter().find(|s| s.name == n.name)?;
+            if s.commit == n.commit {
+                return None;
+            }
+            let why = downgrade_reason(&s.age(), &n.age())?;
+            Some(Rollback {
+                name: n.name.clone(),
+                from: s.commit,
+                to: n.commit,
+                why,
+            })
+        })
+        .collect()
+}
+
+/// The refs a generation publishes, with their commits' ages (reads each
+/// commit, verified by its checksum; blocking).
+pub fn ref_ages(g: &Generation) -> Result<Vec<RefAge>> {
+    g.derived_refs
+        .iter()
+        .map(|(name, commit)| {
+            let c = g
+                .commit(commit)
+                .with_context(|| format!("reading the commit of ref {name}"))?;
+            Ok(RefAge {
+                name: name.clone(),
+                commit: *commit,
+                timestamp: c.timestamp,
+                version: c.version(),
+            })
+        })
+        .collect()
+}
+
+/// What to do with a generation that moves a ref back in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RollbackPolicy {
+    Refuse,
+    /// Published, with a warning (`--allow-rollback`).
+    Allow,
+}
+
+/// Logs and counts what `found` moves back; whether to publish anyway.
+pub fn judge(policy: RollbackPolicy, found: &[Rollback], metrics: &Metrics) -> bool {
+    for r in found {
+        match policy {
+            RollbackPolicy::Allow => {
+                metrics.rollbacks.with_label_values(&["allowed"]).inc();
+                tracing::warn!("{r}; publishing it (--allow-rollback)");
+            }
+            RollbackPolicy::Refuse => {
+                metrics.rollbacks.with_label_values(&["refused"]).inc();
+                tracing::error!(
+                    "{r}: refused, still serving the previous generation \
+                     (--allow-rollback publishes it)"
+                );
+            }
+        }
+    }
+    found.is_empty() || policy == RollbackPolicy::Allow
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(n: u8) -> Checksum {
+        Checksum::from_bytes(&[n; 32]).expect("32 bytes")
+    }
+
+    fn r(name: &str, commit: u8, timestamp: u64, version: Option<&str>) -> RefAge {
+        RefAge {
+            name: name.to_owned(),
+            commit: c(commit),
+            timestamp,
+            version: version.map(str::to_owned),
+        }
+    }
+
+    /// What, the refs served, the refs next, the refs refused.
+    type Case = (
+        &'static str,
+        Vec<RefAge>,
+        Vec<RefAge>,
+        &'static [&'static str],
+    );
+
+    #[test]
+    fn decided_per_ref() {
+        const A: &str = "os/x86_64/stable";
+        const B: &str = "os/aarch64/stable";
+        let (a, b) = (A, B);
+        let cases: &[Case] = &[
+            (
+                "forward in time",
+                vec![r(a, 1, 100, None)],
+                vec![r(a, 2, 200, None)],
+                &[],
+            ),
+            (
+                "back in time",
+                vec![r(a, 1, 200, None)],
+                vec![r(a, 2, 100, None)],
+                &[A],
+            ),
+            (
+                "same commit",
+                vec![r(a, 1, 200, None)],
+                vec![r(a, 1, 200, None)],
+                &[],
+            ),
+            (
+                "same second, higher version",
+                vec![r(a, 1, 100, Some("41.2"))],
+                vec![r(a, 2, 100, Some("41.10"))],
+                &[],
+            ),
+            (
+                "newer timestamp, lower version (a rebuilt old release)",
+                vec![r(a, 1, 100, Some("41.3"))],
+                vec![r(a, 2, 200, Some("41.2"))],
+                &[A],
+            ),
+            (
+                "a new ref is not a rollback",
+                vec![r(a, 1, 200, None)],
+                vec![r(a, 1, 200, None), r(b, 2, 1, None)],
+                &[],
+            ),
+            (
+                "a ref removed is not a rollback",
+                vec![r(a, 1, 200, None), r(b, 2, 300, None)],
+                vec![r(a, 1, 200, None)],
+                &[],
+            ),
+            (
+                "only the ref that moved back",
+                vec![r(a, 1, 200, None), r(b, 2, 200, None)],
+                vec![r(a, 3, 300, None), r(b, 4, 100, None)],
+                &[B],
+            ),
+            ("nothing served yet", vec![], vec![r(a, 1, 1, None)], &[]),
+        ];
+        for (what, served, next, want) in cases {
+            let got: Vec<String> = rollbacks(served, next)
+                .into_iter()
+                .map(|r| r.name)
+                .collect();
+            assert_eq!(got, *want, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_refusal_names_the_ref_and_both_commits() {
+        let got = rollbacks(&[r("x", 1, 200, None)], &[r("x", 2, 100, None)]);
+        let text = got[0].to_string();
+        for want in ["ref x", &c(1).to_hex(), &c(2).to_hex(), "older"] {
+            assert!(text.contains(want), "{text:?} lacks {want:?}");
+        }
+    }
+}

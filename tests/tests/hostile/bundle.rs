@@ -1,0 +1,353 @@
+//! The hostile bundle: `serve --bundle DIR` over a bundle (made by
+//! `oscontent-server mirror URL bundle:DIR` from the hostile upstream's
+//! genuine repo) that is swapped, once the genuine release is served, for
+//! a tampered one, as untrusted media would be. Some rows also fix up the
+//! bundle's manifest so that its own file list agrees with the tampering:
+//! the manifest is not a signature, only the objects' checksums are.
+
+use crate::peers::*;
+use crate::upstream::{obj, pristine, Pristine, Upstream, REF};
+use oscontent_format::{build_summary, parse_summary};
+use oscontent_testkit::proxy::Proxy;
+use oscontent_testkit::*;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+
+const MANIFEST: &str = "oscontent-bundle.json";
+
+/// Bundles of the pristine upstream with its ref at v1, v2 and v3.
+struct Bundles {
+    _tmp: tempfile::TempDir,
+    at: Vec<PathBuf>,
+}
+
+fn bundles() -> &'static Bundles {
+    static B: OnceLock<Bundles> = OnceLock::new();
+    B.get_or_init(|| {
+        let p = pristine();
+        let tmp = tempdir();
+        let sentinel = Sentinel::new();
+        let (_copy, repo) = fresh_copy(&p.repo);
+        let u = Upstream {
+            p,
+            repo,
+            sentinel: &sentinel,
+        };
+        let proxy = Proxy::serve_dir(&u.repo, Arc::new(|_: &str| None)).unwrap();
+        let at = (0..3)
+            .map(|i| {
+                u.point(i);
+                let dir = tmp.path().join(format!("v{}", i + 1));
+                let o = run_bounded(
+                    Command::new(server_bin())
+                        .env("NO_COLOR", "1")
+                        .args(["mirror", &proxy.url])
+                        .arg(format!("bundle:{}", dir.display())),
+                    REFUSAL_TIMEOUT,
+                )
+                .unwrap();
+                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+                dir
+            })
+            .collect();
+        Bundles { _tmp: tmp, at }
+    })
+}
+
+/// Writes `bytes` at `rel` in bundle `b`; with `fix`, the manifest is
+/// updated to list them (and the summary's digest, for the summary).
+fn tamper(b: &Path, rel: &str, bytes: &[u8], fix: bool) {
+    let path = b.join(rel);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, bytes).unwrap();
+    if !fix {
+        return;
+    }
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(b.join(MANIFEST)).unwrap()).unwrap();
+    let sha = hex::encode(Sha256::digest(bytes));
+    m["files"][rel] = serde_json::json!({ "sha256": sha, "size": bytes.len() });
+    if rel == "summary" {
+        m["summary_sha256"] = sha.into();
+    }
+    std::fs::write(b.join(MANIFEST), serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+}
+
+/// The bundle's summary with `f` applied, written back (manifest fixed).
+fn forge_summary(b: &Path, f: impl FnOnce(&mut oscontent_format::Summary)) {
+    let mut s = parse_summary(&std::fs::read(b.join("summary")).unwrap()).unwrap();
+    f(&mut s);
+    tamper(b, "summary", &build_summary(&s).unwrap(), true);
+}
+
+/// Where a row's attack happens: the served bundle dir, the releases.
+struct Scene<'a> {
+    dir: &'a Path,
+    p: &'a Pristine,
+    sentinel: &'a Sentinel,
+}
+
+impl Scene<'_> {
+    /// The served bundle becomes a copy of the one at release `i`.
+    fn swap_to(&self, i: usize) {
+        std::fs::remove_dir_all(self.dir).unwrap();
+        copy_dir(&bundles().at[i], self.dir).unwrap();
+    }
+
+    fn rel(checksum: &str, ext: &str) -> String {
+        obj(checksum, ext).trim_start_matches('/').to_owned()
+    }
+}
+
+struct Attack {
+    id: &'static str,
+    what: &'static str,
+    attack: fn(&Scene),
+    says: &'static str,
+}
+
+fn attacks() -> Vec<Attack> {
+    [object_attacks(), path_attacks()]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Older releases and tampered objects.
+fn object_attacks() -> Vec<Attack> {
+    vec![
+        Attack {
+            id: "B1",
+            what: "the ref moved back to an older release",
+            attack: |s| s.swap_to(0),
+            says: "would move back",
+        },
+        Attack {
+            id: "B2",
+            what: "a new release with a content object replaced by garbage",
+            attack: |s| {
+                s.swap_to(2);
+                let rel = Scene::rel(&s.p.v3_filez, "filez");
+                tamper(s.dir, &rel, &[0xa5; 4096], false);
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "B3",
+            what: "a content object swapped for a valid other, the manifest agreeing",
+            attack: |s| {
+                s.swap_to(2);
+                let held = list_objects(s.dir).unwrap().get(CONTENT);
+                let other = held.iter().find(|c| **c != s.p.v3_filez).unwrap();
+                let other = std::fs::read(s.dir.join(Scene::rel(other, "filez"))).unwrap();
+                tamper(s.dir, &Scene::rel(&s.p.v3_filez, "filez"), &other, true);
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "B4",
+            what: "a dirtree replaced by garbage, the manifest agreeing",
+            attack: |s| {
+                s.swap_to(2);
+                let rel = Scene::rel(&s.p.v3_dirtree, "dirtree");
+                tamper(s.dir, &rel, &[7; 300], true);
+            },
+            says: "ERROR",
+        },
+    ]
+}
+
+/// Paths climbing out, and a missing commit.
+fn path_attacks() -> Vec<Attack> {
+    vec![
+        Attack {
+            id: "B5",
+            what: "a collection ID with ../ in the summary, the manifest agreeing",
+            attack: |s| {
+                s.swap_to(2);
+                let bad = s.sentinel.traversal();
+                forge_summary(s.dir, |sum| {
+                    sum.collection_map.insert(bad, sum.refs.clone());
+                });
+            },
+            says: "invalid collection ID",
+        },
+        Attack {
+            id: "B6",
+            what: "a ref name with ../ in the summary, the manifest agreeing",
+            attack: |s| {
+                s.swap_to(2);
+                let bad = format!("{}/x", s.sentinel.traversal());
+                forge_summary(s.dir, |sum| {
+                    let mut r = sum.refs[0].clone();
+                    r.name = bad;
+                    sum.refs.push(r);
+                });
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "B7",
+            what: "a manifest listing a path with ../",
+            attack: |s| {
+                s.swap_to(2);
+                let bad = s.sentinel.traversal();
+                tamper(
+                    s.dir,
+                    "summary",
+                    &std::fs::read(s.dir.join("summary")).unwrap(),
+                    true,
+                );
+                let mut m: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(s.dir.join(MANIFEST)).unwrap()).unwrap();
+                m["files"][bad] = serde_json::json!({ "sha256": "00".repeat(32), "size": 1 });
+                std::fs::write(s.dir.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+            },
+            says: "not an archive repo path",
+        },
+        Attack {
+            id: "B8",
+            what: "a new release whose commit object is missing, the manifest agreeing",
+            attack: |s| {
+                s.swap_to(2);
+                let rel = Scene::rel(&s.p.commits[2], "commit");
+                std::fs::remove_file(s.dir.join(&rel)).unwrap();
+                let mut m: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(s.dir.join(MANIFEST)).unwrap()).unwrap();
+                m["files"].as_object_mut().unwrap().remove(&rel);
+                std::fs::write(s.dir.join(MANIFEST), serde_json::to_vec(&m).unwrap()).unwrap();
+            },
+            says: "ERROR",
+        },
+    ]
+}
+
+fn run(p: &Pristine, a: &Attack) -> Result<(), String> {
+    let sentinel = Sentinel::new();
+    // The untrusted media: outside the sentinel parent (the server only
+    // reads it).
+    let usb = tempdir();
+    let dir = usb.path().join("os");
+    copy_dir(&bundles().at[1], &dir).unwrap();
+    let mut server = Server::bundle(&dir)
+        .state_dir(&sentinel.state())
+        .start()
+        .map_err(|e| format!("the genuine bundle: {e:#}"))?;
+    let genuine = [(REF, p.commits[1].as_str())];
+    serves_only(&server, &genuine).map_err(|e| format!("before the attack: {e}"))?;
+    let before = refusals(&server);
+    (a.attack)(&Scene {
+        dir: &dir,
+        p,
+        sentinel: &sentinel,
+    });
+    server.sighup().map_err(|e| format!("{e:#}"))?;
+    wait_refused(&server, before, a.says)?;
+    serves_only(&server, &genuine)?;
+    nothing_outside(&sentinel)
+}
+
+#[test]
+fn hostile_bundle() {
+    let p = pristine();
+    let verdicts: Vec<Verdict> = attacks()
+        .iter()
+        .map(|a| Verdict {
+            id: a.id,
+            what: a.what,
+            result: run(p, a),
+        })
+        .collect();
+    tally("hostile bundle", &verdicts);
+}
+
+/// The control: the genuine next bundle is published.
+#[test]
+fn a_genuine_newer_bundle_is_published() {
+    let p = pristine();
+    let sentinel = Sentinel::new();
+    let usb = tempdir();
+    let dir = usb.path().join("os");
+    copy_dir(&bundles().at[1], &dir).unwrap();
+    let mut server = Server::bundle(&dir)
+        .state_dir(&sentinel.state())
+        .start()
+        .unwrap();
+    Scene {
+        dir: &dir,
+        p,
+        sentinel: &sentinel,
+    }
+    .swap_to(2);
+    server.sighup().unwrap();
+    let moved = poll(REFUSAL_TIMEOUT, || -> anyhow::Result<Option<()>> {
+        let refs = served_refs(&server).map_err(anyhow::Error::msg)?;
+        Ok(refs
+            .iter()
+            .any(|(r, c)| r == REF && *c == p.commits[2])
+            .then_some(()))
+    })
+    .unwrap();
+    assert!(moved.is_some(), "{}", server.stderr());
+    serves_only(&server, &[(REF, &p.commits[2])]).unwrap();
+    nothing_outside(&sentinel).unwrap();
+}
+
+/// `mirror URL bundle:DIR` into a bundle someone tampered with: symlinks
+/// planted where the next release's objects and the refs go, pointing
+/// outside. The mirror refuses, naming the symlink, and writes nothing
+/// through it.
+#[test]
+fn mirror_into_a_tampered_bundle_writes_nothing_through_a_symlink() {
+    let p = pristine();
+    let sentinel = Sentinel::new();
+    let (_copy, repo) = fresh_copy(&p.repo);
+    let u = Upstream {
+        p,
+        repo,
+        sentinel: &sentinel,
+    };
+    u.point(2);
+    let proxy = Proxy::serve_dir(&u.repo, Arc::new(|_: &str| None)).unwrap();
+    let usb = tempdir();
+    let dir = usb.path().join("os");
+    copy_dir(&bundles().at[1], &dir).unwrap();
+    let outside = tempdir();
+    // (where, what the mirror writes there next)
+    let planted = [
+        p.v3_only
+            .iter()
+            .map(|c| dir.join("objects").join(&c[..2]))
+            .find(|d| !d.exists())
+            .expect("an object directory only v3 needs"),
+        dir.join("refs/heads/os"),
+    ];
+    for (i, at) in planted.iter().enumerate() {
+        let target = outside.path().join(i.to_string());
+        std::fs::create_dir(&target).unwrap();
+        if at.exists() {
+            std::fs::remove_dir_all(at).unwrap();
+        }
+        std::os::unix::fs::symlink(&target, at).unwrap();
+        let o = run_bounded(
+            Command::new(server_bin())
+                .env("NO_COLOR", "1")
+                .args(["mirror", &proxy.url])
+                .arg(format!("bundle:{}", dir.display())),
+            REFUSAL_TIMEOUT,
+        )
+        .unwrap();
+        let err = strip_ansi(&String::from_utf8_lossy(&o.stderr));
+        assert!(!o.status.success(), "{}: mirrored through it", at.display());
+        assert!(err.contains("is a symlink or not a directory"), "{err}");
+        let leaked: Vec<_> = std::fs::read_dir(&target).unwrap().collect();
+        assert!(
+            leaked.is_empty(),
+            "written through {}: {leaked:?}",
+            at.display()
+        );
+        std::fs::remove_file(at).unwrap();
+    }
+}

@@ -1,0 +1,404 @@
+//! The hostile upstream: `serve --upstream` fed by a stock `ostree` repo
+//! (served as files by the testkit proxy) that turns hostile once the
+//! site server has published its genuine release. Each row changes the
+//! upstream's files or what the proxy answers, then SIGHUP asks for a
+//! refresh; the site server must refuse it, keep serving the genuine
+//! release (verified by a stock pull), and write nothing beside its state
+//! dir.
+
+use crate::peers::*;
+use oscontent_format::{build_summary, parse_summary};
+use oscontent_testkit::proxy::{only, Action, Proxy, Rule};
+use oscontent_testkit::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+pub const REF: &str = "os/stable";
+
+/// The pristine upstream, built once: commits v1 < v2 < v3 (versions and
+/// content), the ref at v2, and the objects only v3 has.
+pub struct Pristine {
+    _tmp: tempfile::TempDir,
+    pub repo: PathBuf,
+    pub commits: Vec<String>,
+    /// A `.filez` and a `.dirtree` that v3 has and v2 does not.
+    pub v3_filez: String,
+    pub v3_dirtree: String,
+    /// A `.filez` of v2 (valid, but not the one asked for).
+    pub v2_filez: String,
+    /// Every object only v3 has.
+    pub v3_only: Vec<String>,
+}
+
+pub fn pristine() -> &'static Pristine {
+    static P: OnceLock<Pristine> = OnceLock::new();
+    P.get_or_init(|| {
+        require_ostree();
+        let tmp = tempdir();
+        let commits: Vec<TinyCommit<'_>> = ["1.0", "2.0", "3.0"]
+            .iter()
+            .zip(1..)
+            .map(|(version, seed)| TinyCommit {
+                version,
+                bind_ref: Some(REF),
+                seed,
+            })
+            .collect();
+        // The same content without v3, to tell v3's own objects apart.
+        let two = tmp.path().join("two");
+        tiny_repo(&two, &commits[..2]).unwrap();
+        let repo = tmp.path().join("upstream");
+        let made = tiny_repo(&repo, &commits).unwrap();
+        let old = list_objects(&two).unwrap();
+        let all = list_objects(&repo).unwrap();
+        let only_v3 = |kind: &str| {
+            all.get(kind)
+                .difference(&old.get(kind))
+                .next()
+                .cloned()
+                .unwrap_or_else(|| panic!("v3 has no {kind} of its own"))
+        };
+        let (v3_filez, v3_dirtree) = (only_v3(CONTENT), only_v3("dirtree"));
+        let v2_filez = old.get(CONTENT).into_iter().next().unwrap();
+        let v3_only = [CONTENT, "dirtree", "dirmeta", "commit"]
+            .iter()
+            .flat_map(|k| {
+                all.get(k)
+                    .difference(&old.get(k))
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        Pristine {
+            _tmp: tmp,
+            repo,
+            commits: made,
+            v3_filez,
+            v3_dirtree,
+            v2_filez,
+            v3_only,
+        }
+    })
+}
+
+/// One row's upstream: a copy of the pristine one, the ref at v2.
+pub struct Upstream<'a> {
+    pub p: &'a Pristine,
+    pub repo: PathBuf,
+    pub sentinel: &'a Sentinel,
+}
+
+impl Upstream<'_> {
+    pub fn point(&self, i: usize) {
+        let r = Ostree::at(&self.repo);
+        r.run(["refs", "--delete", REF]).ok();
+        r.run(["refs", &format!("--create={REF}"), &self.p.commits[i]])
+            .unwrap();
+        r.run(["summary", "-u"]).unwrap();
+    }
+
+    pub fn summary(&self) -> oscontent_format::Summary {
+        parse_summary(&std::fs::read(self.repo.join("summary")).unwrap()).unwrap()
+    }
+}
+
+pub fn obj(checksum: &str, ext: &str) -> String {
+    format!("/objects/{}/{}.{ext}", &checksum[..2], &checksum[2..])
+}
+
+/// A rule answering `path` with `bytes`.
+fn bytes(path: &str, b: Vec<u8>) -> Option<Rule> {
+    Some(only(path, Action::Bytes(b.into())))
+}
+
+fn file(repo: &Path, checksum: &str, ext: &str) -> Vec<u8> {
+    std::fs::read(repo.join(obj(checksum, ext).trim_start_matches('/'))).unwrap()
+}
+
+/// One attack: what it does to the upstream (files, proxy rule) after the
+/// genuine v2 is served, and what the server's refusal must say.
+struct Attack {
+    id: &'static str,
+    what: &'static str,
+    attack: fn(&Upstream) -> Option<Rule>,
+    says: &'static str,
+}
+
+fn attacks() -> Vec<Attack> {
+    [summary_attacks(), object_attacks()]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// Lies in the summary: paths, an older release.
+fn summary_attacks() -> Vec<Attack> {
+    vec![
+        Attack {
+            id: "U1",
+            what: "a collection ID with ../ in the summary's collection map",
+            attack: |u| {
+                let mut s = u.summary();
+                s.collection_map
+                    .insert(u.sentinel.traversal(), s.refs.clone());
+                bytes("/summary", build_summary(&s).unwrap())
+            },
+            says: "invalid collection ID",
+        },
+        Attack {
+            id: "U2",
+            what: "a ref name with ../ in the summary",
+            attack: |u| {
+                let mut s = u.summary();
+                let mut r = s.refs[0].clone();
+                r.name = format!("{}/x", u.sentinel.traversal());
+                s.refs.push(r);
+                bytes("/summary", build_summary(&s).unwrap())
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "U3",
+            what: "the ref moved back to an older release",
+            attack: |u| {
+                u.point(0);
+                None
+            },
+            says: "would move back",
+        },
+    ]
+}
+
+/// A new release whose objects or metadata lie.
+fn object_attacks() -> Vec<Attack> {
+    vec![
+        Attack {
+            id: "U4",
+            what: "a new release with a content object replaced by garbage",
+            attack: |u| {
+                u.point(2);
+                bytes(&obj(&u.p.v3_filez, "filez"), vec![0xa5; 4096])
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "U5",
+            what: "a new release with a content object swapped for a valid other",
+            attack: |u| {
+                u.point(2);
+                let other = file(&u.repo, &u.p.v2_filez, "filez");
+                bytes(&obj(&u.p.v3_filez, "filez"), other)
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "U6",
+            what: "a new release with a dirtree replaced by garbage",
+            attack: |u| {
+                u.point(2);
+                bytes(&obj(&u.p.v3_dirtree, "dirtree"), vec![7; 300])
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "U7",
+            what: "a new release whose commit object is garbage",
+            attack: |u| {
+                u.point(2);
+                bytes(&obj(&u.p.commits[2], "commit"), vec![1; 200])
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "U8",
+            what: "an endless summary",
+            attack: |_| {
+                Some(only(
+                    "/summary",
+                    Action::Garbage {
+                        announce: None,
+                        cap: 1 << 30,
+                    },
+                ))
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "U9",
+            what: "a new release with a config announcing 1 GiB",
+            attack: |u| {
+                u.point(2);
+                Some(only(
+                    "/config",
+                    Action::Garbage {
+                        announce: Some(1 << 30),
+                        cap: 1 << 30,
+                    },
+                ))
+            },
+            says: "ERROR",
+        },
+        Attack {
+            id: "U10",
+            what: "a new release whose commit the upstream does not have",
+            attack: |u| {
+                u.point(2);
+                Some(only(&obj(&u.p.commits[2], "commit"), Action::Status(404)))
+            },
+            says: "ERROR",
+        },
+    ]
+}
+
+fn run(p: &Pristine, a: &Attack) -> Result<(), String> {
+    let sentinel = Sentinel::new();
+    let (_copy, repo) = fresh_copy(&p.repo);
+    let u = Upstream {
+        p,
+        repo,
+        sentinel: &sentinel,
+    };
+    u.point(1);
+    let switch = Switch::default();
+    let proxy = Proxy::serve_dir(&u.repo, switch.rule()).unwrap();
+    let mut server = Server::upstream(&proxy.url)
+        .state_dir(&sentinel.state())
+        .start()
+        .map_err(|e| format!("the genuine upstream: {e:#}"))?;
+    let genuine = [(REF, p.commits[1].as_str())];
+    serves_only(&server, &genuine).map_err(|e| format!("before the attack: {e}"))?;
+    let before = refusals(&server);
+    switch.set((a.attack)(&u));
+    server.sighup().map_err(|e| format!("{e:#}"))?;
+    wait_refused(&server, before, a.says)?;
+    serves_only(&server, &genuine)?;
+    nothing_outside(&sentinel)
+}
+
+#[test]
+fn hostile_upstream() {
+    let p = pristine();
+    let verdicts: Vec<Verdict> = attacks()
+        .iter()
+        .map(|a| Verdict {
+            id: a.id,
+            what: a.what,
+            result: run(p, a),
+        })
+        .collect();
+    tally("hostile upstream", &verdicts);
+}
+
+/// Not an attack, the control: the same upstream moving forward is
+/// published, so the rows above fail for what they did.
+#[test]
+fn an_upstream_moving_forward_is_published() {
+    let p = pristine();
+    let sentinel = Sentinel::new();
+    let (_copy, repo) = fresh_copy(&p.repo);
+    let u = Upstream {
+        p,
+        repo,
+        sentinel: &sentinel,
+    };
+    u.point(1);
+    let proxy = Proxy::serve_dir(&u.repo, Arc::new(|_: &str| None)).unwrap();
+    let mut server = Server::upstream(&proxy.url)
+        .state_dir(&sentinel.state())
+        .start()
+        .unwrap();
+    u.point(2);
+    server.sighup().unwrap();
+    let moved = poll(REFUSAL_TIMEOUT, || -> anyhow::Result<Option<()>> {
+        let refs: BTreeMap<_, _> = served_refs(&server)
+            .map_err(anyhow::Error::msg)?
+            .into_iter()
+            .collect();
+        Ok((refs.get(REF) == Some(&p.commits[2])).then_some(()))
+    })
+    .unwrap();
+    assert!(moved.is_some(), "{}", server.stderr());
+    serves_only(&server, &[(REF, &p.commits[2])]).unwrap();
+    nothing_outside(&sentinel).unwrap();
+}
+
+/// Item 1's last clause: a symlink planted inside the state dir (here the
+/// store's object directory the next release writes into, pointing
+/// outside) is never followed: the refresh is refused, naming it, and
+/// nothing lands outside.
+#[test]
+fn a_symlink_planted_in_the_state_dir_is_never_followed() {
+    let p = pristine();
+    let sentinel = Sentinel::new();
+    let (_copy, repo) = fresh_copy(&p.repo);
+    let u = Upstream {
+        p,
+        repo,
+        sentinel: &sentinel,
+    };
+    u.point(1);
+    let proxy = Proxy::serve_dir(&u.repo, Arc::new(|_: &str| None)).unwrap();
+    let mut server = Server::upstream(&proxy.url)
+        .state_dir(&sentinel.state())
+        .start()
+        .unwrap();
+    let outside = tempdir();
+    // A directory v3 writes into and nothing served uses yet.
+    let objects = sentinel.state().join("mirror/repo/objects");
+    let planted = p
+        .v3_only
+        .iter()
+        .map(|c| objects.join(&c[..2]))
+        .find(|d| !d.exists())
+        .expect("an object directory only v3 needs");
+    std::os::unix::fs::symlink(outside.path(), &planted).unwrap();
+    let before = refusals(&server);
+    u.point(2);
+    server.sighup().unwrap();
+    wait_refused(&server, before, "is a symlink or not a directory").unwrap();
+    let leaked: Vec<_> = std::fs::read_dir(outside.path()).unwrap().collect();
+    assert!(leaked.is_empty(), "written through the symlink: {leaked:?}");
+    serves_only(&server, &[(REF, &p.commits[1])]).unwrap();
+    nothing_outside(&sentinel).unwrap();
+}
+
+/// With `--allow-rollback`, the upstream moved back is published (with a
+/// warning, counted as allowed), and nothing was pruned from under it.
+#[test]
+fn allow_rollback_publishes_an_upstream_moved_back() {
+    let p = pristine();
+    let sentinel = Sentinel::new();
+    let (_copy, repo) = fresh_copy(&p.repo);
+    let u = Upstream {
+        p,
+        repo,
+        sentinel: &sentinel,
+    };
+    u.point(1);
+    let proxy = Proxy::serve_dir(&u.repo, Arc::new(|_: &str| None)).unwrap();
+    let mut server = Server::upstream(&proxy.url)
+        .args(["--allow-rollback", "--keep", "1"])
+        .state_dir(&sentinel.state())
+        .start()
+        .unwrap();
+    u.point(0);
+    server.sighup().unwrap();
+    let moved = poll(REFUSAL_TIMEOUT, || -> anyhow::Result<Option<()>> {
+        let refs = served_refs(&server).map_err(anyhow::Error::msg)?;
+        Ok((refs == [(REF.to_owned(), p.commits[0].clone())]).then_some(()))
+    })
+    .unwrap();
+    assert!(moved.is_some(), "{}", server.stderr());
+    let m = server.metrics().unwrap();
+    assert_eq!(
+        m.get("oscontent_rollbacks_total", &[("result", "allowed")]),
+        Some(1.0)
+    );
+    assert_eq!(m.get("oscontent_rollback_allowed", &[]), Some(1.0));
+    assert!(!server
+        .stderr_lines("publishing it (--allow-rollback)")
+        .is_empty());
+    serves_only(&server, &[(REF, &p.commits[0])]).unwrap();
+    nothing_outside(&sentinel).unwrap();
+}

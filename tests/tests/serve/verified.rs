@@ -1,0 +1,95 @@
+//! Nothing is served before it is verified (issue 14, item 2), against the
+//! binary: a `--repo` whose new release carries a tampered object (under a
+//! genuine commit) is refused at SIGHUP, naming the object, while the
+//! verified generation serves on; at start it is refused outright.
+
+use oscontent_testkit::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A copy of v1's repo with its ref, as another tool would keep it.
+fn live_repo(tmp: &Path) -> PathBuf {
+    let v1 = v1();
+    let copy = tmp.join("repo");
+    copy_dir(&v1.repo, &copy).unwrap();
+    Ostree::at(&copy)
+        .run(["refs", &format!("--create={}", fixture_ref()), &v1.commit])
+        .unwrap();
+    copy
+}
+
+/// Another tool pulls v2 into the repo and moves the ref; one of v2's new
+/// content objects is then overwritten with another object's bytes (the
+/// commit stays genuine). Returns that object's checksum.
+fn tampered_update(copy: &Path) -> String {
+    let (v1, v2) = (v1(), v2());
+    let cli = Ostree::at(copy);
+    cli.run(["pull-local", v2.repo.to_str().unwrap(), &v2.commit])
+        .unwrap();
+    cli.run([
+        "refs",
+        "--force",
+        &format!("--create={}", fixture_ref()),
+        &v2.commit,
+    ])
+    .unwrap();
+    let old = list_objects(&v1.repo).unwrap().get(CONTENT);
+    let new: Vec<String> = list_objects(copy)
+        .unwrap()
+        .get(CONTENT)
+        .difference(&old)
+        .cloned()
+        .collect();
+    let (victim, donor) = (&new[0], &new[1]);
+    let bytes = std::fs::read(object_path(copy, donor, "filez")).unwrap();
+    // A new file, never a write through: `pull-local` hardlinks the shared
+    // fixture's objects.
+    let path = object_path(copy, victim, "filez");
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, bytes).unwrap();
+    victim.clone()
+}
+
+#[test]
+fn a_tampered_object_is_refused_and_the_verified_generation_serves_on() {
+    let v1 = v1();
+    let tmp = tempdir();
+    let copy = live_repo(tmp.path());
+    let mut server = Server::repo(&copy).start().unwrap();
+    let victim = tampered_update(&copy);
+    server.sighup().unwrap();
+    let errors = server
+        .wait_stderr_lines(" ERROR ", 1, Duration::from_secs(60))
+        .unwrap();
+    assert!(
+        errors
+            .iter()
+            .any(|l| l.contains(&format!("content object {victim} is corrupt"))),
+        "the error names the object: {errors:?}"
+    );
+    assert_eq!(server.get("/readyz").unwrap().status, 200);
+    let r = server
+        .get(&format!("/refs/heads/{}", fixture_ref()))
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&r.body).trim(), v1.commit);
+    for (c, ext) in [(&v2().commit, "commit"), (&victim, "filez")] {
+        let p = object_url_path(c, ext);
+        assert_eq!(server.get(&p).unwrap().status, 404, "{p}");
+    }
+    pull_and_fsck(&server, fixture_ref(), &v1.commit);
+}
+
+#[test]
+fn a_repo_with_a_tampered_object_is_refused_at_start() {
+    let tmp = tempdir();
+    let copy = live_repo(tmp.path());
+    let victim = tampered_update(&copy);
+    let refusal = Server::repo(&copy).start_expect_failure().unwrap();
+    assert!(
+        refusal
+            .stderr
+            .contains(&format!("content object {victim} is corrupt")),
+        "{}",
+        refusal.stderr
+    );
+}
