@@ -510,27 +510,35 @@ pub fn publish_releases_signed(
                 format!("{}\n", commit.checksum).as_bytes(),
             )?;
         }
-        let roots: Vec<Root> = releases
-            .iter()
-            .map(|r| Root {
-                path: r.repo.clone(),
-                preverified: r.preverified,
-            })
-            .collect();
-        let commits: Vec<Checksum> = releases.iter().map(|r| r.commit).collect();
-        let started = std::time::Instant::now();
-        let set = verify::verify_closure(&roots, &commits, &VerifyOptions::default())
-            .context("verifying the images' objects")?;
-        tracing::info!(
-            objects = set.len(),
-            hashed = set.hashed,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "verified what the generation serves"
-        );
+        let set = verify_releases(releases)?;
         Ok((
             claims.into_iter().map(|(n, c)| (n, c.checksum)).collect(),
             set,
         ))
     })();
     finish_generation(result, sources, building, sigs)
+}
+
+/// What a generation of `releases` serves: each labelled commit's closure,
+/// read as the generation resolves it (earlier images first); a native
+/// image's objects were verified at conversion and are walked only.
+fn verify_releases(releases: &[Release]) -> Result<VerifiedSet> {
+    let roots: Vec<Root> = releases
+        .iter()
+        .map(|r| Root {
+            path: r.repo.clone(),
+            preverified: r.preverified,
+        })
+        .collect();
+    let commits: Vec<Checksum> = releases.iter().map(|r| r.commit).collect();
+    let started = std::time::Instant::now();
+    let set = verify::verify_closure(&roots, &commits, &VerifyOptions::default())
+        .context("verifying the images' objects")?;
+    tracing::info!(
+        objects = set.len(),
+        hashed = set.hashed,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "verified what the generation serves"
+    );
+    Ok(set)
 }
