@@ -268,7 +268,9 @@ pub fn publish_verified(
         let started = std::time::Instant::now();
         let opts = VerifyOptions { jobs: 0, cache };
         let roots = [Root::plain(repo.clone())];
-        let mut set = verify::verify_with_history(&roots, &commits, verify::MAX_HISTORY, &opts)
+        let others = newest_commits(&repo, &probe, verify::MAX_HISTORY)?;
+        let history = verify::MAX_HISTORY;
+        let mut set = verify::verify_with_history(&roots, &commits, &others, history, &opts)
             .with_context(|| format!("verifying {}", repo.display()))?;
         verify::verify_deltas(&repo, &commits, &mut set)
             .with_context(|| format!("verifying {}", repo.display()))?;
@@ -276,6 +278,21 @@ pub fn publish_verified(
         Ok((refs, set))
     })();
     finish_generation(result, vec![repo], building, sigs)
+}
+
+/// The `n` newest commits in `repo` (by timestamp), those that load: what
+/// a `--repo` serves by checksum beside its refs. One that does not load
+/// is left out, and so not served.
+fn newest_commits(repo: &Path, probe: &Generation, n: usize) -> Result<Vec<Checksum>> {
+    let mut found: Vec<(u64, Checksum)> = Vec::new();
+    for c in find_commits(repo)? {
+        match probe.commit(&c) {
+            Ok(commit) => found.push((commit.timestamp, c)),
+            Err(e) => tracing::warn!(commit = %c, "not serving the commit: {e:#}"),
+        }
+    }
+    found.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(found.into_iter().take(n).map(|(_, c)| c).collect())
 }
 
 /// Derives refs for the one commit (`--commit`, else the repo's only one)
@@ -510,27 +527,35 @@ pub fn publish_releases_signed(
                 format!("{}\n", commit.checksum).as_bytes(),
             )?;
         }
-        let roots: Vec<Root> = releases
-            .iter()
-            .map(|r| Root {
-                path: r.repo.clone(),
-                preverified: r.preverified,
-            })
-            .collect();
-        let commits: Vec<Checksum> = releases.iter().map(|r| r.commit).collect();
-        let started = std::time::Instant::now();
-        let set = verify::verify_closure(&roots, &commits, &VerifyOptions::default())
-            .context("verifying the images' objects")?;
-        tracing::info!(
-            objects = set.len(),
-            hashed = set.hashed,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "verified what the generation serves"
-        );
+        let set = verify_releases(releases)?;
         Ok((
             claims.into_iter().map(|(n, c)| (n, c.checksum)).collect(),
             set,
         ))
     })();
     finish_generation(result, sources, building, sigs)
+}
+
+/// What a generation of `releases` serves: each labelled commit's closure,
+/// read as the generation resolves it (earlier images first); a native
+/// image's objects were verified at conversion and are walked only.
+fn verify_releases(releases: &[Release]) -> Result<VerifiedSet> {
+    let roots: Vec<Root> = releases
+        .iter()
+        .map(|r| Root {
+            path: r.repo.clone(),
+            preverified: r.preverified,
+        })
+        .collect();
+    let commits: Vec<Checksum> = releases.iter().map(|r| r.commit).collect();
+    let started = std::time::Instant::now();
+    let set = verify::verify_closure(&roots, &commits, &VerifyOptions::default())
+        .context("verifying the images' objects")?;
+    tracing::info!(
+        objects = set.len(),
+        hashed = set.hashed,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "verified what the generation serves"
+    );
+    Ok(set)
 }

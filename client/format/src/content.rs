@@ -204,4 +204,43 @@ mod tests {
         assert!(header_len(&[0xff, 0, 0, 0, 0, 0, 0, 0]).is_err());
         assert_eq!(header_len(&[0, 0, 0, 26, 0, 0, 0, 0]).unwrap(), 26);
     }
+
+    /// `archive_checksum` against what the encoder wrote and libostree's
+    /// content checksum of the same parts (`ContentHasher`), and the
+    /// malformed bodies it must refuse.
+    #[test]
+    fn archive_checksum_is_the_content_checksum_and_refuses_bad_bodies() {
+        use crate::filez::{ContentHasher, FileMeta, FilezWriter};
+        use std::io::Write;
+        let filez = |meta: &FileMeta, body: &[u8]| {
+            let mut w = FilezWriter::new(Vec::new(), meta, body.len() as u64).unwrap();
+            w.write_all(body).unwrap();
+            w.finish().unwrap()
+        };
+        let expected = |meta: &FileMeta, body: &[u8]| {
+            let mut h = ContentHasher::new(meta).unwrap();
+            h.update(body);
+            h.finish()
+        };
+        let file = FileMeta::regular(0, 0, 0o644, Vec::new());
+        let link = FileMeta::symlink(0, 0, "target".into(), Vec::new());
+        let body = b"hello, content\n".repeat(1000);
+        for (meta, body) in [(&file, &body[..]), (&file, &b""[..]), (&link, &b""[..])] {
+            let bytes = filez(meta, body);
+            let got = archive_checksum(&bytes[..]).unwrap();
+            assert_eq!(got, expected(meta, body));
+        }
+        let good = filez(&file, &body);
+        let mut trailing = good.clone();
+        trailing.push(0);
+        let cases: [(&str, &[u8]); 4] = [
+            ("trailing", &trailing),
+            ("truncated", &good[..good.len() - 5]),
+            ("empty", &[]),
+            ("header only", &good[..HEADER_PREFIX_LEN]),
+        ];
+        for (what, bytes) in cases {
+            assert!(archive_checksum(bytes).is_err(), "{what}");
+        }
+    }
 }

@@ -30,8 +30,9 @@ use std::sync::{Arc, Mutex};
 
 pub use walk::{verify_closure, verify_deltas, verify_with_history};
 
-/// Ancestors of the published commits a `--repo` publication verifies and
-/// serves (by checksum, for rollbacks); older ones answer 404.
+/// Commits besides the published ones (their ancestors, and the other
+/// commits a `--repo` holds, newest first) that a publication verifies and
+/// serves, by checksum (rollbacks); any more answer 404.
 pub const MAX_HISTORY: usize = 64;
 
 /// Verification threads: enough to keep a disk and a core busy, few enough

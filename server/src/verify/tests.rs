@@ -227,20 +227,20 @@ fn history_is_served_as_far_as_it_is_present_and_intact() {
     let old = name_of(&only_first[0]);
     let roots = [Root::plain(repo.clone())];
     let opts = VerifyOptions::default();
-    let set = verify_with_history(&roots, &[second], MAX_HISTORY, &opts).unwrap();
+    let set = verify_with_history(&roots, &[second], &[], MAX_HISTORY, &opts).unwrap();
     assert!(set.contains(&ObjectName::new(first, ObjectKind::Commit)) && set.contains(&old));
-    assert!(!verify_with_history(&roots, &[second], 0, &opts)
+    assert!(!verify_with_history(&roots, &[second], &[], 0, &opts)
         .unwrap()
         .contains(&old));
     // Pruned from history: skipped. Corrupt: refused, named.
     let saved = std::fs::read(&only_first[0]).unwrap();
     std::fs::remove_file(&only_first[0]).unwrap();
-    let set = verify_with_history(&roots, &[second], MAX_HISTORY, &opts).unwrap();
+    let set = verify_with_history(&roots, &[second], &[], MAX_HISTORY, &opts).unwrap();
     assert!(set.contains(&ObjectName::new(first, ObjectKind::Commit)) && !set.contains(&old));
     std::fs::write(&only_first[0], &saved[..saved.len() - 1]).unwrap();
     let err = format!(
         "{:#}",
-        verify_with_history(&roots, &[second], MAX_HISTORY, &opts).unwrap_err()
+        verify_with_history(&roots, &[second], &[], MAX_HISTORY, &opts).unwrap_err()
     );
     assert!(err.contains(&old.checksum.to_hex()), "{err}");
 }

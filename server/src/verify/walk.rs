@@ -134,17 +134,19 @@ pub fn verify_closure(
     commits: &[Checksum],
     opts: &VerifyOptions,
 ) -> Result<VerifiedSet> {
-    verify_with_history(roots, commits, 0, opts)
+    verify_with_history(roots, commits, &[], 0, opts)
 }
 
-/// [`verify_closure`] of `tips`, then of up to `history` of their
-/// ancestors (`parent` links) whose commit objects are present: what stock
-/// ostree pulls by checksum (a rollback). An ancestor's absent objects
-/// (pruned trees, a missing parent: how a truncated history looks) are
-/// skipped and answer 404; a corrupt one fails as it would for a tip.
+/// [`verify_closure`] of `tips`, then of up to `history` more commits:
+/// `others` (other commits the source holds) and the ancestors (`parent`
+/// links) whose commit objects are present: what stock ostree pulls by
+/// checksum (a rollback). Their absent objects (pruned trees, a missing
+/// parent: how a truncated history looks) are skipped and answer 404; a
+/// corrupt one fails as it would for a tip.
 pub fn verify_with_history(
     roots: &[Root],
     tips: &[Checksum],
+    others: &[Checksum],
     history: usize,
     opts: &VerifyOptions,
 ) -> Result<VerifiedSet> {
@@ -162,6 +164,9 @@ pub fn verify_with_history(
     };
     let mut set = VerifiedSet::default();
     let mut parents = walk.closure(tips, jobs, &mut set)?;
+    parents.extend(others.iter().filter(|c| !tips.contains(c)));
+    parents.sort();
+    parents.dedup();
     walk.lenient.store(true, Ordering::Relaxed);
     let mut left = history;
     while !parents.is_empty() && left > 0 {

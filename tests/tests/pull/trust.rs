@@ -8,6 +8,7 @@ use oscontent_format::build_gpgsigs;
 use oscontent_format::openpgp::{self, KeyAlgo};
 use oscontent_testkit::*;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 const REF: &str = "tiny/stable";
 
@@ -101,7 +102,12 @@ fn verify_exits_by_key(server: &Server, s: &Signed, c2: &str) {
 }
 
 /// A wrong key, or stripped signatures: exit 3, nothing written, no ref.
-fn wrong_or_stripped_signatures_write_nothing(tmp: &Path, server: &Server, s: &Signed, c2: &str) {
+fn wrong_or_stripped_signatures_write_nothing(
+    tmp: &Path,
+    server: &mut Server,
+    s: &Signed,
+    c2: &str,
+) {
     // A wrong key: exit 3, nothing written, no ref.
     let fresh = Ostree::init(&tmp.join("fresh"), "bare-user").unwrap();
     let out = run_client(&pull_args(&fresh.repo, &server.url, REF, &keys(&s.bad)));
@@ -113,25 +119,45 @@ fn wrong_or_stripped_signatures_write_nothing(tmp: &Path, server: &Server, s: &S
         "objects written before verification"
     );
 
-    // Stripped signatures: the summary's, then the commit's.
-    for (what, file) in [
-        ("summary.sig", s.src.join("summary.sig")),
-        ("commitmeta", object_path(&s.src, c2, "commitmeta")),
+    // Stripped signatures: the summary's (served as the last publication
+    // snapshotted it, so stripped by publishing again), then the commit's
+    // (detached metadata is read live).
+    let cm = object_path(&s.src, c2, "commitmeta");
+    for (what, file, url) in [
+        (
+            "summary.sig",
+            s.src.join("summary.sig"),
+            "/summary.sig".to_owned(),
+        ),
+        ("commitmeta", cm, object_url_path(c2, "commitmeta")),
     ] {
         let saved = std::fs::read(&file).unwrap();
         std::fs::remove_file(&file).unwrap();
+        republished(server, &url, 404);
         let out = run_client(&pull_args(&fresh.repo, &server.url, REF, &keys(&s.good)));
         expect_code(&out, 3, &format!("stripped {what}"));
         assert!(fresh.refs().unwrap().is_empty(), "{what}");
         std::fs::write(&file, saved).unwrap();
+        republished(server, &url, 200);
     }
+}
+
+/// Publishes the source again (SIGHUP) and waits, bounded, until `path`
+/// answers `status`.
+fn republished(server: &mut Server, path: &str, status: u16) {
+    server.sighup().unwrap();
+    let seen = poll(Duration::from_secs(30), || -> anyhow::Result<Option<()>> {
+        Ok((server.get(path)?.status == status).then_some(()))
+    })
+    .unwrap();
+    assert!(seen.is_some(), "{path} never answered {status}");
 }
 
 #[test]
 fn signatures_bindings_and_downgrades() {
     let tmp = tempdir();
     let s = signed_repo(tmp.path());
-    let server = Server::repo(&s.src).start().unwrap();
+    let mut server = Server::repo(&s.src).start().unwrap();
     let (c1, c2) = (&s.commits[0], &s.commits[1]);
 
     // The right key: verified, and the events say by whom.
@@ -145,7 +171,7 @@ fn signatures_bindings_and_downgrades() {
     node.fsck().unwrap();
 
     verify_exits_by_key(&server, &s, c2);
-    wrong_or_stripped_signatures_write_nothing(tmp.path(), &server, &s, c2);
+    wrong_or_stripped_signatures_write_nothing(tmp.path(), &mut server, &s, c2);
 
     // A remote configured with gpg-verify and a key path needs no flag.
     node.run([
