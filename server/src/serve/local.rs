@@ -1,13 +1,15 @@
-//! The `--oscontainer` and `--repo` publisher.
+//! The `--oscontainer` and `--repo` publisher (an ostree-native image
+//! root is converted first: `source::native::root`).
 
 use super::refresher::{Checked, Publisher};
 use crate::images::announce;
-use crate::publish::{self, PublishRequest};
+use crate::publish::PublishRequest;
 use crate::served::Generation;
 use crate::signing::{self, SignatureOptions};
+use crate::source::native::root::{self, NativeRoots};
 use crate::state::StateDir;
 use anyhow::{Context, Result};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Publishes a local source (again) at each check: at start, at SIGHUP (a
 /// remounted image volume, refs added to a repo) and, with signatures,
@@ -17,13 +19,16 @@ pub(super) struct LocalPublisher {
     pub req: Arc<PublishRequest>,
     pub state_dir: Arc<StateDir>,
     pub sigs: SignatureOptions,
+    /// The conversion of a native root, reused while its commit is served.
+    pub native: Arc<Mutex<NativeRoots>>,
 }
 
 impl LocalPublisher {
     /// Publishes the source on the blocking pool.
     async fn publish(&self) -> Result<Generation> {
         let (r, sd, s) = (self.req.clone(), self.state_dir.clone(), self.sigs.clone());
-        tokio::task::spawn_blocking(move || publish::publish_signed(&r, &sd, &s))
+        let native = self.native.clone();
+        tokio::task::spawn_blocking(move || root::publish_local(&r, &sd, &s, &native))
             .await
             .context("publish task")?
             .with_context(|| format!("publishing {}", self.req.source.repo_path().display()))

@@ -19,5 +19,6 @@ mod lifecycle;
 mod native;
 mod pull;
 mod refresh;
+mod root;
 mod space;
 mod support;

@@ -30,6 +30,7 @@ pub mod closure;
 mod layer;
 pub mod objects;
 pub mod path;
+pub mod root;
 
 use super::unpack::{self, Compression, LayerSink, StreamTotals};
 use super::verify::VerifyingReader;
