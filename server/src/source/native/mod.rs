@@ -32,7 +32,7 @@ pub mod objects;
 pub mod path;
 pub mod root;
 
-use super::unpack::{self, Compression, LayerSink, StreamTotals};
+use super::unpack::{self, LayerInfo, LayerSink, StreamTotals};
 use super::verify::VerifyingReader;
 use super::{Limits, SourceError, Subject};
 use objects::{Objects, WriteError};
@@ -106,24 +106,18 @@ impl LayerSink for Converter {
     fn apply_layer<R: Read>(
         &mut self,
         blob: &mut VerifyingReader<R>,
-        compression: Compression,
-        subject: &Subject,
+        info: &LayerInfo<'_>,
         limits: &Limits,
     ) -> Result<(), SourceError> {
-        let mut state = layer::LayerState::new(subject, limits, self.commit);
+        let mut state = layer::LayerState::new(info.subject, limits, self.commit);
         let mut totals = StreamTotals {
             entries: &mut self.entries,
             decompressed: &mut self.decompressed,
         };
         let objects = &mut self.objects;
-        unpack::each_entry(
-            blob,
-            compression,
-            subject,
-            limits,
-            &mut totals,
-            &mut |h, data| state.entry(objects, h, data),
-        )?;
+        unpack::each_entry(blob, info, limits, &mut totals, &mut |h, data| {
+            state.entry(objects, h, data)
+        })?;
         state.finish()
     }
 }
