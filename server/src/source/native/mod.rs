@@ -59,6 +59,19 @@ fn write_err(subject: &Subject, e: WriteError) -> SourceError {
     }
 }
 
+/// A content or metadata object that failed to stage: refused naming it
+/// (`HEX.ext`), or the staging filesystem's error.
+pub(super) fn object_err(subject: &Subject, object: String, e: WriteError) -> SourceError {
+    match e {
+        WriteError::Bad(reason) => SourceError::BadObject {
+            subject: subject.clone(),
+            object,
+            reason,
+        },
+        WriteError::Io(p, e) => SourceError::from_io(subject, p.display().to_string(), e),
+    }
+}
+
 impl Converter {
     /// Starts the archive repo under `root` (the new staging directory)
     /// for the commit the label names.

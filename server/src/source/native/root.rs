@@ -235,10 +235,7 @@ impl Walk<'_> {
     }
 
     fn write_err(&self, object: String, e: WriteError) -> SourceError {
-        match e {
-            WriteError::Bad(why) => self.bad(object, why),
-            WriteError::Io(p, e) => SourceError::from_io(self.subject, p.display().to_string(), e),
-        }
+        super::object_err(self.subject, object, e)
     }
 
     fn read_io(&self, rel: &str, e: std::io::Error) -> SourceError {
