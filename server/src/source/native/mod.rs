@@ -86,12 +86,13 @@ impl Converter {
 
     /// Bytes written into object files.
     pub fn written_bytes(&self) -> u64 {
-        self.objects.written_bytes
+        self.objects.written_bytes()
     }
 
     /// After the last ostree layer: the commit's closure is complete, and
     /// nothing temporary is left.
-    pub fn finish(&self, subject: &Subject, limits: &Limits) -> Result<(), SourceError> {
+    pub fn finish(&mut self, subject: &Subject, limits: &Limits) -> Result<(), SourceError> {
+        self.objects.drain().map_err(|e| write_err(subject, e))?;
         let walked =
             closure::check(&self.objects, &self.commit, limits.max_depth).map_err(|e| match e {
                 closure::ClosureError::Object { object, reason } => SourceError::BadObject {
@@ -105,7 +106,7 @@ impl Converter {
         tracing::debug!(
             image = subject.image,
             commit = %self.commit,
-            objects_written = self.objects.written,
+            objects_written = self.objects.written(),
             dirtrees = walked.dirtrees,
             dirmetas = walked.dirmetas,
             files = walked.files,
