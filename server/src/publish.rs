@@ -237,8 +237,11 @@ pub fn publish_verified(
     }
     let config = check_archive_repo(&repo)?;
     // Also checked before the state dir was created; the repo may have
-    // moved since, and this is cheap.
-    check_disjoint(state.path(), &repo)?;
+    // moved since, and this is cheap. A native root's conversion is the
+    // server's own, staged in the state dir (`source::native::root`).
+    if !repo.starts_with(state.path().join(crate::source::native::root::ROOTS_DIR)) {
+        check_disjoint(state.path(), &repo)?;
+    }
     let existing = Generation::list_refs(&repo)?;
     if let Source::Oscontainer(_) = req.source {
         if config.is_none() {

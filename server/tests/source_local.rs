@@ -544,3 +544,53 @@ fn parent_directories_an_entry_creates_count_against_the_entry_limit() {
         &["tar entries", "parent directories", "layer 2/2"],
     );
 }
+
+/// A layer's decompressed stream, all of it (what follows the tar end
+/// marker included), must hash to its `rootfs.diff_ids` entry: a config
+/// that describes other content is refused naming the layer.
+#[test]
+fn a_layer_is_checked_against_its_diff_id() {
+    let work = tempfile::tempdir().unwrap();
+    let (repo, commit) = repo_layer(&work.path().join("src"));
+    // Padding after the end marker, as GNU tar writes to fill a record:
+    // part of the diff ID, never seen by the tar reader.
+    let mut padded = Tar::new().dir("srv/repo/refs").finish();
+    padded.extend_from_slice(&[0u8; 8192]);
+    let padded = Layer::gz(padded);
+    let labels = [(COMMIT_LABEL, commit.as_str()), ("version", "1.0")];
+    let parent = work.path().join("staging");
+    // (case, diff ID of layer 2 or None to keep it, what the error names)
+    let cases: &[(&str, Option<String>, &[&str])] = &[
+        ("right", None, &[]),
+        (
+            "doctored",
+            Some(format!("sha256:{}", "ab".repeat(32))),
+            &["layer 2/2", "rootfs.diff_ids", &padded.diff_id],
+        ),
+        (
+            "not sha256",
+            Some("md5:00".into()),
+            &["rootfs.diff_ids[1]", "not a sha256 digest"],
+        ),
+    ];
+    for (i, (what, diff_id, needles)) in cases.iter().enumerate() {
+        let mut second = padded.clone();
+        if let Some(d) = diff_id {
+            second.diff_id = d.clone();
+        }
+        let layout = work.path().join(format!("oci-{i}"));
+        write_layout(&layout, "t", &[repo.clone(), second], &labels);
+        let image = format!("oci:{}:t", layout.display());
+        let r = fetch(&image, &opts(&[]), &parent);
+        if needles.is_empty() {
+            let s = r.unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(s.commit, commit, "{what}");
+            std::fs::remove_dir_all(&s.root).unwrap();
+            continue;
+        }
+        let mut all = vec![image.as_str()];
+        all.extend_from_slice(needles);
+        let e = assert_failed(r, &parent, &all);
+        assert!(!e.is_retryable(), "{what}: {e}");
+    }
+}

@@ -212,6 +212,12 @@ struct StartupArgs {
     /// Exit non-zero if a target is missed.
     #[arg(long)]
     strict: bool,
+    /// Serve v2 of the ostree-native fixture (from the registry and from
+    /// an OCI layout) against ostree-ext's import into bare-user then
+    /// `ostree pull-local` into an archive repo, instead of the legacy
+    /// oscontainer against skopeo + umoci.
+    #[arg(long)]
+    native: bool,
 }
 
 #[derive(Args)]
@@ -290,6 +296,7 @@ fn main() -> anyhow::Result<()> {
                     server_bin: a.server_bin,
                     drop_caches: !a.warm,
                     strict: a.strict,
+                    native: a.native,
                 })?
             }
             BenchCmd::UpdateBytes(a) => {

@@ -4,6 +4,7 @@ use super::serve_args::{RegistryArgs, SourceArgs};
 use crate::images::{self, IMAGES_DIR};
 use crate::publish::{self, PublishRequest};
 use crate::signing;
+use crate::source::native::root::{self as native_root, NativeRoots};
 use crate::state::StateDir;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
@@ -149,7 +150,9 @@ pub(super) fn sign(args: SignArgs) -> Result<()> {
             commit: args.commit,
             refs: args.refs,
         };
-        publish::publish(&req, &state_dir)
+        let native = std::sync::Mutex::new(NativeRoots::open(&state_dir)?);
+        let sigs = crate::signing::SignatureOptions::default();
+        native_root::publish_local(&req, &state_dir, &sigs, &native, None)
             .with_context(|| format!("publishing {}", source.repo_path().display()))?
     } else {
         anyhow::ensure!(

@@ -1,14 +1,16 @@
-//! The `--oscontainer` and `--repo` publisher.
+//! The `--oscontainer` and `--repo` publisher (an ostree-native image
+//! root is converted first: `source::native::root`).
 
 use super::refresher::{Checked, Publisher};
 use crate::images::announce;
-use crate::publish::{self, PublishRequest};
+use crate::publish::PublishRequest;
 use crate::served::Generation;
 use crate::signing::{self, SignatureOptions};
+use crate::source::native::root::{self, NativeRoots};
 use crate::state::StateDir;
 use crate::verify::VerdictCache;
 use anyhow::{Context, Result};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Publishes a local source (again) at each check: at start, at SIGHUP (a
 /// remounted image volume, refs added to a repo) and, with signatures,
@@ -21,14 +23,16 @@ pub(super) struct LocalPublisher {
     /// What the last publication verified, by file identity: a refresh
     /// hashes only objects that are new or changed.
     pub verdicts: Arc<VerdictCache>,
+    /// The conversion of a native root, reused while its commit is served.
+    pub native: Arc<Mutex<NativeRoots>>,
 }
 
 impl LocalPublisher {
     /// Publishes the source on the blocking pool.
     async fn publish(&self) -> Result<Generation> {
         let (r, sd, s) = (self.req.clone(), self.state_dir.clone(), self.sigs.clone());
-        let v = self.verdicts.clone();
-        tokio::task::spawn_blocking(move || publish::publish_verified(&r, &sd, &s, Some(v)))
+        let (v, native) = (self.verdicts.clone(), self.native.clone());
+        tokio::task::spawn_blocking(move || root::publish_local(&r, &sd, &s, &native, Some(v)))
             .await
             .context("publish task")?
             .with_context(|| format!("publishing {}", self.req.source.repo_path().display()))

@@ -14,6 +14,7 @@ use crate::mirror::upstream::{SiteMirror, SitePublisher, SiteSource};
 use crate::publish::PublishRequest;
 use crate::signing::SignatureOptions;
 use crate::source;
+use crate::source::native::root::NativeRoots;
 use crate::state::StateDir;
 use anyhow::{Context, Result};
 use local::LocalPublisher;
@@ -124,6 +125,7 @@ async fn start_publishing(
     }
     if let Some(source) = args.source.local() {
         let state_dir = Arc::new(StateDir::open(&args.state_dir, &[source.repo_path()])?);
+        let native = Arc::new(std::sync::Mutex::new(NativeRoots::open(&state_dir)?));
         let publisher = LocalPublisher {
             req: Arc::new(PublishRequest {
                 source,
@@ -133,6 +135,7 @@ async fn start_publishing(
             state_dir,
             sigs: sigs.clone(),
             verdicts: Default::default(),
+            native,
         };
         // Republished at SIGHUP and when signatures change, never on a
         // timer: a failure waits for the next of those.

@@ -134,6 +134,14 @@ pub enum SourceError {
         object: String,
         reason: String,
     },
+    /// A layer whose decompressed stream is not what the config's
+    /// `rootfs.diff_ids` says (its compressed digest matched the manifest).
+    #[error("{subject}: its uncompressed content hashes to {actual}, not to {expected}, its entry in the config's rootfs.diff_ids: the config does not describe this layer")]
+    DiffIdMismatch {
+        subject: Subject,
+        expected: String,
+        actual: String,
+    },
     /// Layers after `ostree.final-diffid`: what the image runs is not the
     /// commit it carries.
     #[error("{subject}: {count} derived layer(s) after the ostree layers (label ostree.final-diffid): the image runs content that is not in its ostree commit {commit}, so serving that commit would not serve what the image runs; pass --serve-base-commit to serve the base commit anyway")]
@@ -189,6 +197,7 @@ impl SourceError {
             | SourceError::Invalid { .. }
             | SourceError::Unsupported { .. }
             | SourceError::BadObject { .. }
+            | SourceError::DiffIdMismatch { .. }
             | SourceError::DerivedLayers { .. }
             | SourceError::Cancelled { .. } => false,
         }
@@ -214,6 +223,7 @@ impl SourceError {
             | SourceError::DiskFull { subject, .. }
             | SourceError::Io { subject, .. }
             | SourceError::BadObject { subject, .. }
+            | SourceError::DiffIdMismatch { subject, .. }
             | SourceError::DerivedLayers { subject, .. }
             | SourceError::Cancelled { subject }
             | SourceError::TimedOut { subject, .. } => Some(subject),

@@ -5,7 +5,7 @@
 use super::detect::{self, Detected, ImageFormat};
 use super::error::{SourceError, Subject};
 use super::reference::{normalize_arch, Platform};
-use super::unpack::{Compression, LayerSink, Tree};
+use super::unpack::{Compression, LayerInfo, LayerSink, Tree};
 use super::verify::{self, Stop, VerifyingReader};
 use super::{native, FetchOptions, StagedImage};
 use oci_spec::image::{Descriptor, ImageConfiguration, ImageIndex, ImageManifest};
@@ -360,9 +360,10 @@ pub fn pull_into(
     let detected =
         detect::detect(&config.labels).map_err(|p| config.label_err(image, p.label, p.reason))?;
     check_layer_totals(m.layers(), image, &resolved.manifest_digest, opts)?;
+    check_diff_ids(&config, m.layers().len(), image)?;
     let (layer_bytes, written_bytes) = match detected.format {
         ImageFormat::Legacy => {
-            let n = apply_layers(store, image, m.layers(), tree, stop, opts)?;
+            let n = apply_layers(store, image, m.layers(), &config.diff_ids, tree, stop, opts)?;
             check_commit_present(root, image, &config, &detected.commit)?;
             (n, tree.written_bytes)
         }
@@ -423,7 +424,15 @@ fn stage_native(
         config.label_err(image, detect::NATIVE_COMMIT_LABEL, "not a checksum".into())
     })?;
     let mut conv = native::Converter::create(root, commit, &subject)?;
-    let n = apply_layers(store, image, &layers[..base], &mut conv, stop, opts)?;
+    let n = apply_layers(
+        store,
+        image,
+        &layers[..base],
+        &config.diff_ids[..base],
+        &mut conv,
+        stop,
+        opts,
+    )?;
     conv.finish(&Subject::new(image, ""), &opts.limits)?;
     Ok((n, conv.written_bytes()))
 }
@@ -527,26 +536,57 @@ fn check_layer_totals(
     Ok(())
 }
 
+/// The config's `rootfs.diff_ids`, one `sha256:` digest per layer of the
+/// manifest, checked before any layer is fetched.
+fn check_diff_ids(config: &Config, layers: usize, image: &str) -> Result<(), SourceError> {
+    let subject = || Subject::new(image, format!("config {}", config.digest));
+    if config.diff_ids.len() != layers {
+        return Err(invalid(
+            &subject(),
+            format!(
+                "rootfs.diff_ids lists {} diff IDs for the manifest's {layers} layers",
+                config.diff_ids.len()
+            ),
+        ));
+    }
+    for (i, d) in config.diff_ids.iter().enumerate() {
+        check_digest(d, &subject()).map_err(|_| {
+            invalid(
+                &subject(),
+                format!("rootfs.diff_ids[{i}] {d:?} is not a sha256 digest"),
+            )
+        })?;
+    }
+    Ok(())
+}
+
 /// Streams every layer, in order, into `tree`, each verified by digest and
-/// size. Returns the compressed bytes read.
+/// size, and its decompressed stream by its diff ID (`diff_ids[i]`).
+/// Returns the compressed bytes read.
 fn apply_layers(
     store: &mut dyn Store,
     image: &str,
     layers: &[Descriptor],
+    diff_ids: &[String],
     tree: &mut impl LayerSink,
     stop: &Stop,
     opts: &FetchOptions,
 ) -> Result<u64, SourceError> {
     let mut compressed_bytes = 0;
-    for (i, l) in layers.iter().enumerate() {
+    for ((i, l), diff_id) in layers.iter().enumerate().zip(diff_ids) {
         let digest = l.digest().to_string();
         let s = Subject::new(image, format!("layer {}/{} {digest}", i + 1, layers.len()));
         check_digest(&digest, &s)?;
-        let c = compression(l.media_type().as_ref(), &s)?;
+        let compression = compression(l.media_type().as_ref(), &s)?;
         let (r, origin) = store.blob(&digest, &s)?;
         let mut vr =
             VerifyingReader::new(r, s.clone(), origin, &digest, l.size(), Some(stop.clone()));
-        tree.apply_layer(&mut vr, c, &s, &opts.limits)?;
+        let info = LayerInfo {
+            subject: &s,
+            compression,
+            diff_id,
+        };
+        tree.apply_layer(&mut vr, &info, &opts.limits)?;
         vr.finish()?;
         compressed_bytes += vr.count();
         tracing::debug!(image, layer = %digest, bytes = vr.count(), "layer applied");

@@ -225,6 +225,51 @@ impl NativeLayers {
         out
     }
 
+    /// The image root these objects unpack to (as a mounted image volume
+    /// has it: `sysroot/ostree/repo` in bare-split-xattrs mode, owners and
+    /// modes applied, xattrs links hardlinked, checkout paths hardlinks to
+    /// the objects) under `dir`; the root's native repo.
+    pub fn unpack_root(&self, dir: &Path) -> Result<PathBuf> {
+        use std::os::unix::fs::{lchown, symlink};
+        let at = |rel: &str| -> Result<PathBuf> {
+            let p = dir.join(rel);
+            std::fs::create_dir_all(p.parent().context("a parent")?)?;
+            Ok(p)
+        };
+        std::fs::write(
+            at(&format!("{REPO}/config"))?,
+            b"[core]\nrepo_version=1\nmode=bare-split-xattrs\n",
+        )?;
+        for (sum, ext, bytes) in &self.metadata {
+            std::fs::write(at(&native_object_path(sum, ext))?, bytes)?;
+        }
+        for f in self.files.values() {
+            let xpath = at(&native_object_path(
+                &crate::sha256_hex(&f.xattrs),
+                "file-xattrs",
+            ))?;
+            std::fs::write(&xpath, &f.xattrs)?;
+            let link = at(&native_object_path(&f.checksum, "file-xattrs-link"))?;
+            std::fs::hard_link(&xpath, &link).context("linking xattrs")?;
+            let obj = at(&native_object_path(&f.checksum, "file"))?;
+            match &f.symlink {
+                Some(t) => symlink(t, &obj)?,
+                None => {
+                    std::fs::write(&obj, &f.content)?;
+                }
+            }
+            lchown(&obj, Some(f.uid), Some(f.gid)).context("chown (tests run as root)")?;
+            if f.symlink.is_none() {
+                // After chown, which clears setuid.
+                std::fs::set_permissions(&obj, std::fs::Permissions::from_mode(f.perms))?;
+            }
+            for p in &f.paths {
+                std::fs::hard_link(&obj, at(p)?).with_context(|| format!("linking {p}"))?;
+            }
+        }
+        Ok(dir.join(REPO))
+    }
+
     /// Appends content objects (xattrs, link, object, checkout paths).
     pub fn content(&self, mut tar: Tar, checksums: &[String]) -> Tar {
         let mut xattrs_written = BTreeSet::new();

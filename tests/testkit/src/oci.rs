@@ -222,7 +222,7 @@ pub fn sha256_digest(b: &[u8]) -> String {
 }
 
 /// A layer blob and what the config says about it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Layer {
     pub blob: Vec<u8>,
     pub media_type: &'static str,

@@ -99,6 +99,27 @@ fn a_file_whose_content_is_not_its_name_is_refused_naming_object_and_layer() {
 }
 
 #[test]
+fn a_layer_whose_content_is_not_its_diff_id_is_refused_naming_it() {
+    let doctored = format!("sha256:{}", "cd".repeat(32));
+    let diff_id = doctored.clone();
+    let img = native_image(
+        9,
+        Tamper {
+            layers: Some(Box::new(move |layers: &mut Vec<Layer>| {
+                layers[1].diff_id = diff_id;
+            })),
+            ..Tamper::default()
+        },
+    );
+    let layer = format!(
+        "layer 2/{} {}",
+        img.layer_digests.len(),
+        img.layer_digests[1]
+    );
+    refused(&img, &[&layer, "rootfs.diff_ids", &doctored]);
+}
+
+#[test]
 fn a_missing_object_in_the_closure_is_refused() {
     let img = native_image(
         3,
@@ -334,10 +355,11 @@ fn native_images_mirror_into_bundles_and_layouts() {
     }
 }
 
-/// An unpacked native image root is not served in place: the refusal says
-/// what it is and what to do instead.
+/// An image root whose `sysroot/ostree/repo` is not a native image's
+/// (`bare-split-xattrs`) is refused naming what it is (native roots are
+/// served: `root.rs`).
 #[test]
-fn an_unpacked_native_root_is_refused_with_directions() {
+fn a_root_whose_repo_is_not_a_native_images_is_refused_naming_its_mode() {
     let tmp = tempdir();
     let root = tmp.path().join("root");
     let repo = root.join("sysroot/ostree/repo");
@@ -346,7 +368,11 @@ fn an_unpacked_native_root_is_refused_with_directions() {
         .start_expect_failure()
         .unwrap_or_else(|e| panic!("{e:#}"));
     let err = refusal.error();
-    for needle in ["ostree-native image root", "sysroot/ostree/repo", "--image"] {
+    for needle in [
+        "sysroot/ostree/repo",
+        "\"bare-user\" repo",
+        "\"bare-split-xattrs\"",
+    ] {
         assert!(err.contains(needle), "{needle:?} in {err}");
     }
 }

@@ -112,15 +112,22 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     opts.prior_build = prior.as_ref();
     opts.max_layers = args.max_layers;
     opts.created = args.created;
-    let digest = encapsulate(&repo, &commit, &config, Some(opts), &dest.imgref)
+    encapsulate(&repo, &commit, &config, Some(opts), &dest.imgref)
         .await
         .with_context(|| format!("encapsulating {commit} into {}", args.dest))?;
+    let (dir, tag) = args
+        .dest
+        .strip_prefix("oci:")
+        .and_then(|d| d.rsplit_once(':'))
+        .with_context(|| format!("--dest {}: expected oci:DIR:TAG", args.dest))?;
+    let digest = crate::pin::pin_history(std::path::Path::new(dir), tag)
+        .with_context(|| format!("pinning the history times of {}", args.dest))?;
     // Read back through skopeo: what the importer and registries will see.
     let (manifest, read_digest) = fetch_manifest(&dest)
         .await
         .with_context(|| format!("reading back {}", args.dest))?;
     ensure!(
-        read_digest == digest,
+        read_digest.to_string() == digest,
         "{} reads back as {read_digest}, not the {digest} written",
         args.dest
     );

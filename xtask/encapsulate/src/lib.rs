@@ -13,6 +13,7 @@ pub mod components;
 mod encapsulate;
 mod imgref;
 mod import;
+mod pin;
 
 /// Encapsulate ostree commits into chunked container images, and import
 /// them, with ostree-ext.

@@ -103,7 +103,8 @@ pub fn check(
     Ok(out)
 }
 
-fn join(dir: &str, name: &str) -> String {
+/// `name` in directory `dir` (`/` for the root), as errors show paths.
+pub fn join(dir: &str, name: &str) -> String {
     if dir == "/" {
         format!("/{name}")
     } else {

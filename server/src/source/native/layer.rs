@@ -58,10 +58,7 @@ impl<'a> LayerState<'a> {
     }
 
     fn write_err(&self, object: String, e: WriteError) -> SourceError {
-        match e {
-            WriteError::Bad(why) => self.bad(object, why),
-            WriteError::Io(p, e) => SourceError::from_io(self.subject, p.display().to_string(), e),
-        }
+        super::object_err(self.subject, object, e)
     }
 
     /// Handles one entry.

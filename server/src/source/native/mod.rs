@@ -30,8 +30,9 @@ pub mod closure;
 mod layer;
 pub mod objects;
 pub mod path;
+pub mod root;
 
-use super::unpack::{self, Compression, LayerSink, StreamTotals};
+use super::unpack::{self, LayerInfo, LayerSink, StreamTotals};
 use super::verify::VerifyingReader;
 use super::{Limits, SourceError, Subject};
 use objects::{Objects, WriteError};
@@ -58,6 +59,19 @@ fn write_err(subject: &Subject, e: WriteError) -> SourceError {
     }
 }
 
+/// A content or metadata object that failed to stage: refused naming it
+/// (`HEX.ext`), or the staging filesystem's error.
+pub(super) fn object_err(subject: &Subject, object: String, e: WriteError) -> SourceError {
+    match e {
+        WriteError::Bad(reason) => SourceError::BadObject {
+            subject: subject.clone(),
+            object,
+            reason,
+        },
+        WriteError::Io(p, e) => SourceError::from_io(subject, p.display().to_string(), e),
+    }
+}
+
 impl Converter {
     /// Starts the archive repo under `root` (the new staging directory)
     /// for the commit the label names.
@@ -72,12 +86,13 @@ impl Converter {
 
     /// Bytes written into object files.
     pub fn written_bytes(&self) -> u64 {
-        self.objects.written_bytes
+        self.objects.written_bytes()
     }
 
     /// After the last ostree layer: the commit's closure is complete, and
     /// nothing temporary is left.
-    pub fn finish(&self, subject: &Subject, limits: &Limits) -> Result<(), SourceError> {
+    pub fn finish(&mut self, subject: &Subject, limits: &Limits) -> Result<(), SourceError> {
+        self.objects.drain().map_err(|e| write_err(subject, e))?;
         let walked =
             closure::check(&self.objects, &self.commit, limits.max_depth).map_err(|e| match e {
                 closure::ClosureError::Object { object, reason } => SourceError::BadObject {
@@ -91,7 +106,7 @@ impl Converter {
         tracing::debug!(
             image = subject.image,
             commit = %self.commit,
-            objects_written = self.objects.written,
+            objects_written = self.objects.written(),
             dirtrees = walked.dirtrees,
             dirmetas = walked.dirmetas,
             files = walked.files,
@@ -105,24 +120,18 @@ impl LayerSink for Converter {
     fn apply_layer<R: Read>(
         &mut self,
         blob: &mut VerifyingReader<R>,
-        compression: Compression,
-        subject: &Subject,
+        info: &LayerInfo<'_>,
         limits: &Limits,
     ) -> Result<(), SourceError> {
-        let mut state = layer::LayerState::new(subject, limits, self.commit);
+        let mut state = layer::LayerState::new(info.subject, limits, self.commit);
         let mut totals = StreamTotals {
             entries: &mut self.entries,
             decompressed: &mut self.decompressed,
         };
         let objects = &mut self.objects;
-        unpack::each_entry(
-            blob,
-            compression,
-            subject,
-            limits,
-            &mut totals,
-            &mut |h, data| state.entry(objects, h, data),
-        )?;
+        unpack::each_entry(blob, info, limits, &mut totals, &mut |h, data| {
+            state.entry(objects, h, data)
+        })?;
         state.finish()
     }
 }

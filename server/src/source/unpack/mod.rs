@@ -50,6 +50,7 @@ use apply::{Applier, Fs};
 use decode::Decoder;
 pub(in crate::source) use decode::Header;
 use limits::Counted;
+use sha2::{Digest as _, Sha256};
 use std::io::{self, Read};
 use std::path::Path;
 
@@ -94,13 +95,13 @@ impl Tree {
     /// Applies one layer, read (compressed) from `blob`. On success the
     /// layer's tar stream has been fully applied; the caller still has to
     /// `blob.finish()` to verify the digest.
-    pub fn apply_layer<R: Read>(
+    pub(in crate::source) fn apply_layer<R: Read>(
         &mut self,
         blob: &mut VerifyingReader<R>,
-        compression: Compression,
-        subject: &Subject,
+        layer: &LayerInfo<'_>,
         limits: &Limits,
     ) -> Result<(), SourceError> {
+        let subject = layer.subject;
         let fs = &self.fs;
         let mut applier = Applier::new(fs, subject, &mut self.written_bytes);
         // Entries applied so far, all layers: with the parents they made
@@ -111,27 +112,20 @@ impl Tree {
             entries: &mut self.entries,
             decompressed: &mut self.decompressed,
         };
-        each_entry(
-            blob,
-            compression,
-            subject,
-            limits,
-            &mut totals,
-            &mut |h, data| {
-                applied += 1;
-                let Some(e) = decode::classify(h, subject, limits)? else {
-                    return Ok(());
-                };
-                // Checked before each write, not once per image: the
-                // volume is shared with what is being served.
-                let space = fs
-                    .space()
-                    .map_err(|err| SourceError::from_io(subject, "the staging directory", err))?;
-                limits::check_space(&decode::show(&h.path), h.size, space, subject)?;
-                applier.apply(&e, &mut &mut *data)?;
-                limits::count_dirs(applied, fs.implicit_dirs(), limits, subject)
-            },
-        )
+        each_entry(blob, layer, limits, &mut totals, &mut |h, data| {
+            applied += 1;
+            let Some(e) = decode::classify(h, subject, limits)? else {
+                return Ok(());
+            };
+            // Checked before each write, not once per image: the
+            // volume is shared with what is being served.
+            let space = fs
+                .space()
+                .map_err(|err| SourceError::from_io(subject, "the staging directory", err))?;
+            limits::check_space(&decode::show(&h.path), h.size, space, subject)?;
+            applier.apply(&e, &mut &mut *data)?;
+            limits::count_dirs(applied, fs.implicit_dirs(), limits, subject)
+        })
     }
 }
 
@@ -143,8 +137,7 @@ pub(in crate::source) trait LayerSink {
     fn apply_layer<R: Read>(
         &mut self,
         blob: &mut VerifyingReader<R>,
-        compression: Compression,
-        subject: &Subject,
+        layer: &LayerInfo<'_>,
         limits: &Limits,
     ) -> Result<(), SourceError>;
 }
@@ -153,11 +146,10 @@ impl LayerSink for Tree {
     fn apply_layer<R: Read>(
         &mut self,
         blob: &mut VerifyingReader<R>,
-        compression: Compression,
-        subject: &Subject,
+        layer: &LayerInfo<'_>,
         limits: &Limits,
     ) -> Result<(), SourceError> {
-        Tree::apply_layer(self, blob, compression, subject, limits)
+        Tree::apply_layer(self, blob, layer, limits)
     }
 }
 
@@ -173,21 +165,26 @@ pub(in crate::source) struct StreamTotals<'a> {
 /// Decompresses one layer and hands each entry (extension headers applied,
 /// counted and bounded) to `on_entry` with its data. The layout of the
 /// image (legacy `srv/repo`, or an ostree-native repo) is `on_entry`'s
-/// business; the stream's limits and the error reported when the stream
-/// itself is at fault are this function's.
+/// business; the stream's limits, the layer's diff ID (the SHA-256 of the
+/// whole decompressed stream, past the tar end marker, must be
+/// `layer.diff_id`) and the error reported when the stream itself is at
+/// fault are this function's.
 pub(in crate::source) fn each_entry<R: Read>(
     blob: &mut VerifyingReader<R>,
-    compression: Compression,
-    subject: &Subject,
+    layer: &LayerInfo<'_>,
     limits: &Limits,
     totals: &mut StreamTotals<'_>,
     on_entry: &mut dyn FnMut(&Header, &mut dyn Read) -> Result<(), SourceError>,
 ) -> Result<(), SourceError> {
+    let subject = layer.subject;
     let count = blob.count_handle();
     let mut limit_hit = None;
     let result = {
         let counted = Counted {
-            inner: decompress(blob, compression, subject)?,
+            inner: DiffIdReader {
+                inner: decompress(blob, layer.compression, subject)?,
+                hasher: Sha256::new(),
+            },
             compressed: || count.get(),
             layer: 0,
             total: totals.decompressed,
@@ -195,15 +192,52 @@ pub(in crate::source) fn each_entry<R: Read>(
             subject,
             failure: &mut limit_hit,
         };
-        read_entries(
-            totals.entries,
-            tar::Archive::new(counted),
-            subject,
-            limits,
-            on_entry,
-        )
+        let mut archive = tar::Archive::new(counted);
+        read_entries(totals.entries, &mut archive, subject, limits, on_entry).and_then(|()| {
+            // What follows the end marker is part of the diff ID too.
+            let mut rest = archive.into_inner();
+            io::copy(&mut rest, &mut io::sink()).map_err(|e| decode::invalid(subject, e))?;
+            Ok(format!(
+                "sha256:{}",
+                hex::encode(rest.inner.hasher.finalize())
+            ))
+        })
     };
-    result.map_err(|e| root_cause(blob, limit_hit, e))
+    let actual = result.map_err(|e| root_cause(blob, limit_hit, e))?;
+    if actual != layer.diff_id {
+        // A corrupted transfer is the likelier cause: say that if so.
+        blob.finish()?;
+        return Err(SourceError::DiffIdMismatch {
+            subject: subject.clone(),
+            expected: layer.diff_id.to_owned(),
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// What [`each_entry`] needs to know about a layer besides its bytes.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::source) struct LayerInfo<'a> {
+    /// The image and `layer I/N sha256:…`.
+    pub subject: &'a Subject,
+    pub compression: Compression,
+    /// Its entry in the config's `rootfs.diff_ids`.
+    pub diff_id: &'a str,
+}
+
+/// The decompressed stream, hashed as it is read: the layer's diff ID.
+struct DiffIdReader<R> {
+    inner: R,
+    hasher: Sha256,
+}
+
+impl<R: Read> Read for DiffIdReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
 }
 
 /// The decompressed stream of a layer.
@@ -254,7 +288,7 @@ fn root_cause<R: Read>(
 /// Decodes each entry of a layer's tar stream and hands it on.
 fn read_entries<R: Read>(
     entries: &mut u64,
-    mut archive: tar::Archive<R>,
+    archive: &mut tar::Archive<R>,
     subject: &Subject,
     limits: &Limits,
     on_entry: &mut dyn FnMut(&Header, &mut dyn Read) -> Result<(), SourceError>,

@@ -71,6 +71,9 @@ pub struct Tamper {
     pub derived: Vec<Tar>,
     /// Changes the labels.
     pub labels: Edit<Vec<(&'static str, String)>>,
+    /// Changes the layers as the config and manifest describe them (after
+    /// the final diff ID label is taken from them).
+    pub layers: Edit<Vec<Layer>>,
 }
 
 /// A commit (seed `seed`) as a native image: the commit layer and two
@@ -97,6 +100,9 @@ pub fn native_image(seed: u32, tamper: Tamper) -> NativeImage {
     let mut layers: Vec<Layer> = tars.into_iter().map(|t| Layer::gz(t.finish())).collect();
     let final_diffid = layers.last().unwrap().diff_id.clone();
     layers.extend(tamper.derived.into_iter().map(|t| Layer::gz(t.finish())));
+    if let Some(f) = tamper.layers {
+        f(&mut layers);
+    }
     let mut labels: Vec<(&'static str, String)> = native_labels(&commit, &final_diffid, &version)
         .into_iter()
         .map(|(k, v)| (k, v.to_owned()))

@@ -30,6 +30,7 @@
 //! [`render`] prints the table; this file orders the steps.
 
 pub mod arms;
+pub mod native;
 pub mod render;
 pub mod results;
 
@@ -58,6 +59,8 @@ pub struct StartupOptions {
     pub drop_caches: bool,
     /// Exit non-zero when a target is missed.
     pub strict: bool,
+    /// The ostree-native arms ([`native`]) instead of the legacy ones.
+    pub native: bool,
 }
 
 use crate::bench::scratch::{self, ScratchFs, ScratchOptions};
@@ -103,6 +106,9 @@ struct Measured {
 /// registry, runs both arms `--runs` times in alternating order, then
 /// writes and prints the report (failing with `--strict` on a miss).
 pub fn startup(opts: &StartupOptions) -> Result<()> {
+    if opts.native {
+        return native::run(opts);
+    }
     crate::bench::interrupt()?;
     crate::bench::require(&[
         crate::bench::MKFS_XFS,

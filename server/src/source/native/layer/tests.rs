@@ -58,6 +58,8 @@ fn run(entries: &[E], commit: Checksum) -> (Result<(), String>, tempfile::TempDi
     let result = result
         .and_then(|()| state.finish())
         .map_err(|e| e.to_string());
+    // What the pool was handed is on disk from here.
+    objects.drain().unwrap();
     (result, dir, objects)
 }
 
