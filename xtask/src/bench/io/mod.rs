@@ -59,6 +59,7 @@
 
 pub mod analyse;
 pub mod arms;
+pub mod bootstrap;
 pub mod chart;
 pub mod etcd;
 pub mod neighbour;
@@ -66,6 +67,7 @@ pub mod render;
 pub mod repo;
 pub mod results;
 pub mod stats;
+pub mod timeweighted;
 pub mod trial;
 
 pub use self::arms::{parse_io_modes, select_arms, Arm, DEFAULT_IO_MODES};
