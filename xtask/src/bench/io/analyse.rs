@@ -35,7 +35,9 @@ pub(super) fn analyse(
         .map(|arm| arm_summary(arm, &trials, &sync_ratios, ostree_time))
         .collect::<Vec<_>>();
     let update = format!("{:.0}%", share * 100.0);
-    let targets = targets(&update, &summaries, default_mode);
+    let judgements = super::judge::judge(&trials, arms);
+    let mut targets = targets(&update, &summaries, default_mode);
+    targets.extend(super::judge::targets(&update, &judgements, default_mode));
     let chart = render::chart(&update, &trials, arms, logs);
     UpdateReport {
         share,
@@ -49,6 +51,7 @@ pub(super) fn analyse(
         baseline_bytes_per_op: per_op,
         trials: trials.into_iter().map(|(t, _)| t).collect(),
         summaries,
+        judgements,
         targets,
         chart,
     }
@@ -284,22 +287,7 @@ fn targets(update: &str, summaries: &[ArmSummary], default_mode: Option<&str>) -
         ),
     ];
     rows.into_iter()
-        .map(|(name, value, limit)| {
-            let value = value.unwrap_or(f64::NAN);
-            Target {
-                update: update.to_owned(),
-                name,
-                value,
-                limit,
-                verdict: if !value.is_finite() {
-                    "NOT RUN"
-                } else if value <= limit {
-                    "PASS"
-                } else {
-                    "MISS"
-                },
-            }
-        })
+        .map(|(name, value, limit)| Target::at_most(update, name, value.unwrap_or(f64::NAN), limit))
         .collect()
 }
 

@@ -62,6 +62,7 @@ pub mod arms;
 pub mod bootstrap;
 pub mod chart;
 pub mod etcd;
+pub mod judge;
 pub mod neighbour;
 pub mod render;
 pub mod repo;
@@ -87,8 +88,9 @@ use std::time::{Duration, SystemTime};
 pub const P99_TARGET: f64 = 1.5;
 /// Target: neighbour fdatasync max in the window / baseline's.
 pub const MAX_TARGET: f64 = 3.0;
-/// Target: update wall time / stock `ostree pull`'s.
-pub const TIME_TARGET: f64 = 1.3;
+/// Target: update wall time / stock `ostree pull`'s (issue 16: an update
+/// stock finishes in seconds may take up to twice as long).
+pub const TIME_TARGET: f64 = 2.0;
 /// Target: bytes written to the device / new objects' allocated size.
 pub const BYTES_TARGET: f64 = 1.1;
 /// The neighbour keeps running this long after the post-pull sync.

@@ -118,8 +118,30 @@ pub struct Target {
     pub name: String,
     pub value: f64,
     pub limit: f64,
-    /// PASS, MISS, or NOT RUN (the default mode's arm was not run).
+    /// How `value` must compare with `limit` to pass (`<=` or `>`).
+    pub rule: &'static str,
+    /// PASS, MISS, NOT RUN (the arm was not run), or CANNOT JUDGE.
     pub verdict: &'static str,
+}
+
+impl Target {
+    /// A target passed when `value <= limit`.
+    pub fn at_most(update: &str, name: String, value: f64, limit: f64) -> Target {
+        Target {
+            update: update.to_owned(),
+            name,
+            value,
+            limit,
+            rule: "<=",
+            verdict: if !value.is_finite() {
+                "NOT RUN"
+            } else if value <= limit {
+                "PASS"
+            } else {
+                "MISS"
+            },
+        }
+    }
 }
 
 /// One update (share) of the run.
@@ -137,6 +159,8 @@ pub struct UpdateReport {
     pub baseline_bytes_per_op: f64,
     pub trials: Vec<Trial>,
     pub summaries: Vec<ArmSummary>,
+    /// Intervals and time-weighted figures, arm by arm.
+    pub judgements: Vec<super::judge::ArmJudgement>,
     pub targets: Vec<Target>,
     pub chart: Option<PathBuf>,
 }
