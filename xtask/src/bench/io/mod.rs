@@ -60,6 +60,7 @@
 pub mod analyse;
 pub mod arms;
 pub mod bootstrap;
+pub mod burner;
 pub mod chart;
 pub mod etcd;
 pub mod judge;
@@ -362,6 +363,12 @@ fn update(
         client_bin: setup.client.bin.as_deref(),
         logs: &ulogs,
         dropped: std::cell::Cell::new(false),
+        cpu_match: setup
+            .client
+            .default_mode
+            .as_ref()
+            .map(|m| format!("oscontent:{m}"))
+            .filter(|a| setup.arms.iter().any(|x| &x.name() == a)),
     };
     let min_baseline = match opts.scale {
         Scale::Small => MIN_BASELINE_SMALL,

@@ -61,6 +61,8 @@ pub struct Trial {
     pub client_last_event: Option<serde_json::Value>,
     /// The etcd neighbour (`--etcd`).
     pub etcd: Option<EtcdTrial>,
+    /// The baseline's CPU burner (baseline trials).
+    pub baseline_load: Option<super::burner::Load>,
 }
 
 /// What the etcd neighbour saw in a trial's update window.
