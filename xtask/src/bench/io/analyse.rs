@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// Ratios against the baseline, corrected bytes, summaries, targets, chart.
 pub(super) fn analyse(
-    share: f64,
+    u: super::Update,
     mut trials: Vec<(Trial, NeighbourLog)>,
     arms: &[Arm],
     default_mode: Option<&str>,
@@ -34,13 +34,14 @@ pub(super) fn analyse(
         .iter()
         .map(|arm| arm_summary(arm, &trials, &sync_ratios, ostree_time))
         .collect::<Vec<_>>();
-    let update = format!("{:.0}%", share * 100.0);
+    let update = u.label();
     let judgements = super::judge::judge(&trials, arms);
     let mut targets = targets(&update, &summaries, default_mode);
     targets.extend(super::judge::targets(&update, &judgements, default_mode));
     let chart = render::chart(&update, &trials, arms, logs);
     UpdateReport {
-        share,
+        share: u.share,
+        update: update.clone(),
         fixture: PathBuf::new(),
         v1_commit: String::new(),
         v2_commit: String::new(),

@@ -82,8 +82,8 @@ fn update_header(u: &UpdateReport) -> String {
     let med = |x: &Summary| x.median;
     let pulling = u.summaries.iter().find(|x| x.arm != "baseline");
     format!(
-        "\n== {:.0}% update (v2 {}), new objects (median): {:.0}, apparent {}, allocated {}; baseline {:.0} device bytes per neighbour op\n",
-        u.share * 100.0,
+        "\n== {} update (v2 {}), new objects (median): {:.0}, apparent {}, allocated {}; baseline {:.0} device bytes per neighbour op\n",
+        u.update,
         &u.v2_commit.get(..12).unwrap_or(""),
         u.summaries
             .iter()

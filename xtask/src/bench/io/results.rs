@@ -149,7 +149,10 @@ impl Target {
 /// One update (share) of the run.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct UpdateReport {
+    /// The fixture's update share (the small update starts from its v1).
     pub share: f64,
+    /// `small`, `5%`, `30%`.
+    pub update: String,
     pub fixture: PathBuf,
     pub v1_commit: String,
     pub v2_commit: String,

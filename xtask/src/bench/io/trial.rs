@@ -73,7 +73,7 @@ impl Ctx<'_> {
     /// did direct I/O.
     pub fn trials(
         &self,
-        share: f64,
+        update: &str,
         arms: &[Arm],
         pulling: &[Arm],
         min_baseline: f64,
@@ -81,7 +81,14 @@ impl Ctx<'_> {
         let opts = self.opts;
         let mut trials: Vec<(Trial, NeighbourLog)> = Vec::new();
         let mut direct_io = true;
+        let started = Instant::now();
+        let n_updates = super::expand(&opts.updates).len().max(1) as u32;
+        let budget = opts.budget.map(|b| b / n_updates);
         for run in 0..opts.runs {
+            if run >= super::MIN_RUNS && budget.is_some_and(|b| started.elapsed() >= b) {
+                eprintln!("xtask: update {update}: --seconds budget used after {run} runs");
+                break;
+            }
             for (position, arm) in run_order(run, arms, pulling).into_iter().enumerate() {
                 check_interrupted()?;
                 let baseline = (
@@ -90,15 +97,9 @@ impl Ctx<'_> {
                 );
                 let (trial, log) = self
                     .trial(&arm, run, position, false, baseline)
-                    .with_context(|| {
-                        format!(
-                            "update {:.0}%, run {run}, arm {}",
-                            share * 100.0,
-                            arm.name()
-                        )
-                    })?;
+                    .with_context(|| format!("update {update}, run {run}, arm {}", arm.name()))?;
                 direct_io &= trial.direct_io;
-                progress(&trial, share, opts.runs);
+                progress(&trial, update, opts.runs);
                 trials.push((trial, log));
             }
         }
@@ -107,10 +108,8 @@ impl Ctx<'_> {
                 check_interrupted()?;
                 let (trial, log) = self
                     .trial(arm, opts.runs + s, position, true, (0.0, Load::IDLE))
-                    .with_context(|| {
-                        format!("update {:.0}%, solo {s}, arm {}", share * 100.0, arm.name())
-                    })?;
-                progress(&trial, share, opts.runs);
+                    .with_context(|| format!("update {update}, solo {s}, arm {}", arm.name()))?;
+                progress(&trial, update, opts.runs);
                 trials.push((trial, log));
             }
         }
@@ -464,11 +463,11 @@ fn baseline_len(opts: &IoOptions, trials: &[(Trial, NeighbourLog)], min_baseline
 }
 
 /// One line per trial on stderr.
-fn progress(t: &Trial, share: f64, runs: usize) {
+fn progress(t: &Trial, update: &str, runs: usize) {
     let r = t.ratios.unwrap_or_default();
     eprintln!(
-        "xtask: {:.0}% run {}/{}{} {:<28} update {:>7.2}s sync {:>6.2}s written {:>10} new {:>6} objs ({})  load {:.2}{}",
-        share * 100.0,
+        "xtask: {} run {}/{}{} {:<28} update {:>7.2}s sync {:>6.2}s written {:>10} new {:>6} objs ({})  load {:.2}{}",
+        update,
         t.run + 1,
         runs,
         if t.solo { " solo" } else { "" },
