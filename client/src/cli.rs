@@ -86,6 +86,11 @@ pub struct PullArgs {
     /// Flush latency the paced mode steers toward (e.g. 10ms, 0.5s).
     #[arg(long, default_value = "10ms", value_parser = parse_duration)]
     pub io_latency_target: Duration,
+    /// Never write faster than this in `paced` mode, e.g. 20M (MiB/s),
+    /// 512K, 1G; each object also counts a 16 KiB create. Default: no
+    /// ceiling but the feedback loop's.
+    #[arg(long, value_name = "BYTES_PER_S", value_parser = parse_rate)]
+    pub io_max_rate: Option<u64>,
     /// Requests (objects) in flight at once.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
@@ -138,6 +143,30 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("duration {s:?} must be at most an hour"));
     }
     parse_duration_within(s, Duration::from_secs(3600))
+}
+
+/// A `--io-max-rate`: a positive number with a K, M or G suffix (binary
+/// units, an optional `iB` and `/s`), or bare bytes per second.
+pub fn parse_rate(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix("/s").unwrap_or(t);
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, shift) = match t.as_bytes().last() {
+        Some(b'K' | b'k') => (&t[..t.len() - 1], 10),
+        Some(b'M') => (&t[..t.len() - 1], 20),
+        Some(b'G') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    let bad = || format!("invalid rate {s:?}: want e.g. 20M (MiB/s), 512K, 1G");
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    let bytes = v * (1u64 << shift) as f64;
+    if !(1.0..=1e15).contains(&bytes) {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
 }
 
 /// A `--timeout`: what [`parse_duration`] takes, hours (`2h`) too, up to
@@ -228,6 +257,7 @@ fn run_pull(a: PullArgs) -> u8 {
         allow_downgrade: a.allow_downgrade,
         io_mode: a.io_mode,
         io_latency_target: a.io_latency_target,
+        io_max_rate: a.io_max_rate,
         concurrency: a.concurrency,
         timeout: a.timeout,
         http1_only: a.http1,
@@ -340,6 +370,24 @@ mod tests {
         }
         for bad in ["", "ms", "-1s", "0", "abc", "2h", "nan"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn rates() {
+        let ok = [
+            ("20M", 20u64 << 20),
+            ("20MiB/s", 20 << 20),
+            ("512K", 512 << 10),
+            ("1.5G", 3 << 29),
+            ("4096", 4096),
+            ("8MB/s", 8 << 20),
+        ];
+        for (s, want) in ok {
+            assert_eq!(parse_rate(s), Ok(want), "{s}");
+        }
+        for bad in ["", "M", "-1M", "0", "abc", "nan", "1T", "0.5"] {
+            assert!(parse_rate(bad).is_err(), "{bad:?} accepted");
         }
     }
 

@@ -130,13 +130,20 @@ struct IoArgs {
     /// small (a quick development run).
     #[arg(long, value_enum, default_value_t = Scale::Full)]
     scale: Scale,
-    /// Which update: 30 (v2 rewrites 30% of the files, the headline), 5,
-    /// or both.
-    #[arg(long, value_enum, default_value_t = xtask::bench::io::Updates::Both)]
-    update: xtask::bench::io::Updates,
-    /// Repetitions of every arm (the arms alternate order between them).
-    #[arg(long, default_value_t = 5)]
+    /// Which updates, comma-separated: small (60 MiB of small files in
+    /// 1,600 new directories), 5 or 30 (v2 rewrites that share of v1's
+    /// files), both (30,5).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = [xtask::bench::io::Updates::Small, xtask::bench::io::Updates::Five, xtask::bench::io::Updates::Thirty])]
+    update: Vec<xtask::bench::io::Updates>,
+    /// Repetitions of every arm (the arms alternate order between them);
+    /// the bootstrap intervals need at least 5.
+    #[arg(long, visible_alias = "trials", default_value_t = 6)]
     runs: usize,
+    /// Time budget of the whole run, in seconds: no repetition starts
+    /// once an update has used its share (after at least 3 runs). A
+    /// repetition takes about arms x (warm-up + update + 2 s).
+    #[arg(long, value_name = "SECONDS")]
+    seconds: Option<u64>,
     /// Extra trials of every pulling arm without the neighbour, for clean
     /// device byte counts.
     #[arg(long, default_value_t = 1)]
@@ -326,6 +333,7 @@ fn main() -> anyhow::Result<()> {
                 scale: a.scale,
                 updates: a.update,
                 runs: a.runs,
+                budget: a.seconds.map(Duration::from_secs),
                 solo_runs: a.solo_runs,
                 arms: a.arms,
                 io_modes: a.io_modes,

@@ -12,6 +12,16 @@
 //! passes a few seconds' worth at the current rate, so the CPU-heavy work
 //! (download, inflate, checksum) overlaps the paced I/O instead of waiting
 //! for it, and dirty data never ages into the kernel's own writeback.
+//!
+//! Chunks, backlog and rate are measured in cost bytes (length plus a
+//! fixed cost per object, [`AimdConfig::cost`]): an update of thousands of
+//! small files is paced by its creates, not only by its few megabytes.
+//! `sync_file_range` writes data only; the creates sit in the filesystem's
+//! journal until something forces it, so every [`LOG_FORCE_OBJECTS`]
+//! objects the flusher `fdatasync`s the last file it flushed, which on a
+//! journalled filesystem commits the journal up to that point. The
+//! neighbour's own fdatasync would otherwise carry our creates, and the
+//! final `syncfs` would carry all of them at once.
 
 use super::aimd::{Aimd, AimdConfig};
 use super::samples::Samples;
@@ -43,6 +53,9 @@ pub const MIN_BACKLOG: u64 = 8 << 20;
 /// small node, and flushed long before `dirty_expire` (30 s) would hand it
 /// to the kernel's flusher at normal priority.
 pub const MAX_BACKLOG: u64 = 64 << 20;
+/// Objects flushed between two journal commits (see the module doc):
+/// about a hundred small creates, a few hundred KiB of journal.
+pub const LOG_FORCE_OBJECTS: u64 = 128;
 /// The schedule may run this far behind real time before the flusher
 /// sleeps, so pacing does not turn every chunk into a tiny sleep.
 const PACE_SLACK: Duration = Duration::from_millis(5);
@@ -66,11 +79,20 @@ struct Item {
     len: u64,
 }
 
+impl Item {
+    /// The first part of a file also carries the cost of its create.
+    fn cost(&self, config: &AimdConfig) -> u64 {
+        config.cost(self.len, u64::from(self.offset == 0))
+    }
+}
+
 #[derive(Debug)]
 struct State {
     queue: VecDeque<Item>,
-    /// Bytes queued plus the chunk in flight.
+    /// Cost queued plus the chunk in flight.
     backlog: u64,
+    /// Objects flushed since the journal was last committed.
+    unlogged: u64,
     in_flight: bool,
     closed: bool,
     /// The first error the flusher hit; every later call reports it.
@@ -97,15 +119,16 @@ impl State {
     fn take_chunk(&mut self) -> Vec<Item> {
         let limit = self.aimd.batch;
         let mut chunk = Vec::new();
-        let mut bytes = 0;
+        let mut cost = 0;
         while let Some(front) = self.queue.front_mut() {
-            if bytes >= limit || chunk.len() >= CHUNK_MAX_FILES {
+            if cost >= limit || chunk.len() >= CHUNK_MAX_FILES {
                 break;
             }
-            let room = limit - bytes;
-            if front.len > room {
+            let room = limit - cost;
+            if front.cost(&self.aimd.config) > room {
+                let create = front.cost(&self.aimd.config) - front.len;
                 // Page-aligned, so no page is written back twice.
-                let take = room & !(PAGE - 1);
+                let take = room.saturating_sub(create) & !(PAGE - 1);
                 if take == 0 {
                     break;
                 }
@@ -124,7 +147,7 @@ impl State {
                 break;
             }
             let item = self.queue.pop_front().expect("front exists");
-            bytes += item.len;
+            cost += item.cost(&self.aimd.config);
             chunk.push(item);
         }
         if chunk.is_empty() {
@@ -167,6 +190,7 @@ impl Flusher {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
                 backlog: 0,
+                unlogged: 0,
                 in_flight: false,
                 closed: false,
                 error: None,
@@ -187,20 +211,20 @@ impl Flusher {
         })
     }
 
-    /// Queues a written object for writeback; waits while the backlog is
+    /// Queues a written object for writeback (an empty one too: its
+    /// create costs the device all the same); waits while the backlog is
     /// over its limit.
     pub fn submit(&self, file: File, len: u64) -> io::Result<()> {
         let mut st = self.shared.lock();
         st.check()?;
-        if len > 0 {
-            st.queue.push_back(Item {
-                file,
-                offset: 0,
-                len,
-            });
-            st.backlog += len;
-            self.shared.work.notify_one();
-        }
+        let item = Item {
+            file,
+            offset: 0,
+            len,
+        };
+        st.backlog += item.cost(&st.aimd.config);
+        st.queue.push_back(item);
+        self.shared.work.notify_one();
         let t = Instant::now();
         let mut waited = false;
         while st.error.is_none()
@@ -251,11 +275,19 @@ fn run(shared: &Shared) {
                 return;
             }
             st.in_flight = true;
-            st.take_chunk()
+            let chunk = st.take_chunk();
+            let objects = chunk.iter().filter(|i| i.offset == 0).count() as u64;
+            st.unlogged += objects;
+            let force = st.unlogged >= LOG_FORCE_OBJECTS;
+            if force {
+                st.unlogged = 0;
+            }
+            let cost: u64 = chunk.iter().map(|i| i.cost(&st.aimd.config)).sum();
+            (chunk, cost, force)
         };
-        let bytes: u64 = chunk.iter().map(|i| i.len).sum();
+        let (chunk, bytes, force_log) = chunk;
         let t = Instant::now();
-        let r = flush_chunk(&chunk);
+        let r = flush_chunk(&chunk, force_log);
         let latency = t.elapsed();
         drop(chunk);
         let sleep = {
@@ -272,9 +304,10 @@ fn run(shared: &Shared) {
                 Ok(()) => {
                     st.stats.flushes += 1;
                     st.stats.samples.push(latency);
-                    if st.aimd.on_flush(latency, bytes) {
+                    if latency > st.aimd.config.target {
                         st.stats.flushes_over_target += 1;
                     }
+                    st.aimd.on_flush(latency, bytes);
                     let now = Instant::now();
                     let slot = st.next_slot.map_or(now, |s| s.max(now));
                     let next = slot + st.aimd.pace(bytes, latency);
@@ -293,13 +326,20 @@ fn run(shared: &Shared) {
 
 /// Starts writeback of every range of the chunk, then waits for all of
 /// them: one chunk in flight, its requests submitted together so the
-/// device can merge them.
-fn flush_chunk(chunk: &[Item]) -> io::Result<()> {
-    for i in chunk {
+/// device can merge them. With `force_log`, commits the journal (creates
+/// included) up to the chunk's last file.
+fn flush_chunk(chunk: &[Item], force_log: bool) -> io::Result<()> {
+    // A zero length means "to the end of the file" to sync_file_range;
+    // an empty object has no data to write back at all.
+    let data = || chunk.iter().filter(|i| i.len > 0);
+    for i in data() {
         sys::sync_file_range(i.file.as_fd(), i.offset, i.len, sys::SYNC_START)?;
     }
-    for i in chunk {
+    for i in data() {
         sys::sync_file_range(i.file.as_fd(), i.offset, i.len, sys::SYNC_WAIT)?;
+    }
+    if let (true, Some(last)) = (force_log, chunk.last()) {
+        rustix::fs::fdatasync(last.file.as_fd())?;
     }
     Ok(())
 }
@@ -314,12 +354,14 @@ mod tests {
         File::open(&p).unwrap()
     }
 
-    fn state(batch: u64, items: &[u64], dir: &std::path::Path) -> State {
+    fn state(batch: u64, object_cost: u64, items: &[u64], dir: &std::path::Path) -> State {
         let mut cfg = AimdConfig::new(Duration::from_millis(10));
         cfg.initial_batch = batch;
+        cfg.object_cost = object_cost;
         let mut st = State {
             queue: VecDeque::new(),
             backlog: 0,
+            unlogged: 0,
             in_flight: false,
             closed: false,
             error: None,
@@ -341,11 +383,13 @@ mod tests {
     fn chunks_split_big_files_and_group_small_ones() {
         let dir = tempfile::tempdir().unwrap();
         const K: u64 = 1024;
-        // (chunk size, queued file sizes, expected chunks as (offset, len) lists)
-        type Case = (u64, &'static [u64], &'static [&'static [(u64, u64)]]);
+        // (chunk cost, cost per object, queued file sizes, expected chunks
+        // as (offset, len) lists)
+        type Case = (u64, u64, &'static [u64], &'static [&'static [(u64, u64)]]);
         let cases: &[Case] = &[
             (
                 256 * K,
+                0,
                 &[100 * K, 100 * K, 100 * K],
                 &[
                     &[(0, 100 * K), (0, 100 * K), (0, 56 * K)],
@@ -354,11 +398,13 @@ mod tests {
             ),
             (
                 256 * K,
+                0,
                 &[600 * K],
                 &[&[(0, 256 * K)], &[(256 * K, 256 * K)], &[(512 * K, 88 * K)]],
             ),
             (
                 256 * K,
+                0,
                 &[10 * K, 600 * K],
                 &[
                     &[(0, 10 * K), (0, 244 * K)],
@@ -368,12 +414,31 @@ mod tests {
             ),
             (
                 256 * K,
+                0,
                 &[1; 40],
                 &[&[(0, 1); CHUNK_MAX_FILES], &[(0, 1); 8]],
             ),
+            // A create costs 16 KiB: the third file's first part carries
+            // its create and 8 KiB of data, the rest costs its bytes only.
+            (
+                256 * K,
+                16 * K,
+                &[100 * K, 100 * K, 100 * K],
+                &[
+                    &[(0, 100 * K), (0, 100 * K), (0, 8 * K)],
+                    &[(8 * K, 92 * K)],
+                ],
+            ),
+            // Empty files are paced by their creates alone.
+            (
+                64 * K,
+                16 * K,
+                &[0; 10],
+                &[&[(0, 0); 4], &[(0, 0); 4], &[(0, 0); 2]],
+            ),
         ];
-        for (batch, items, want) in cases {
-            let mut st = state(*batch, items, dir.path());
+        for (batch, object_cost, items, want) in cases {
+            let mut st = state(*batch, *object_cost, items, dir.path());
             let mut got = Vec::new();
             while !st.queue.is_empty() {
                 let c = st.take_chunk();
@@ -392,10 +457,15 @@ mod tests {
             f.submit(file_of(dir.path(), &i.to_string(), 300 << 10), 300 << 10)
                 .unwrap();
         }
+        for i in 0..200 {
+            f.submit(file_of(dir.path(), &format!("e{i}"), 0), 0)
+                .unwrap();
+        }
         f.drain().unwrap();
         let (s, _) = f.stats();
-        // 6000 KiB in chunks of at most the 1 MiB ceiling.
-        assert!(s.flushes >= 6000 / 1024, "{} flushes", s.flushes);
+        // 6000 KiB and 220 creates in chunks of at most the 1 MiB ceiling
+        // and 32 files.
+        assert!(s.flushes >= 6000 / 1024 + 200 / 32, "{} flushes", s.flushes);
         assert_eq!(f.shared.lock().backlog, 0);
         assert_eq!(s.samples.len() as u64, s.flushes);
     }

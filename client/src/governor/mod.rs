@@ -11,7 +11,10 @@
 //! - `paced` (default): a background [`flusher`] in the idle I/O class
 //!   writes back what the writers hand it in small chunks, one chunk in
 //!   flight at a time, at a rate the feedback loop ([`aimd`]) steers by the
-//!   chunks' own latency toward `--io-latency-target`.
+//!   tail of the chunks' own latency toward `--io-latency-target`: slow
+//!   start from a low rate, objects counted by their creates as well as
+//!   their bytes, the journal committed as it goes, and at most
+//!   `--io-max-rate`.
 //!
 //! All modes end with one `syncfs` barrier before any ref moves.
 //!
@@ -133,7 +136,7 @@ impl Governor {
     /// puts the calling thread in the idle I/O class and at nice
     /// [`PACED_NICE`]: call it before spawning any thread, so that they all
     /// inherit both.
-    pub fn new(mode: IoMode, target: Duration) -> io::Result<Self> {
+    pub fn new(mode: IoMode, target: Duration, max_rate: Option<u64>) -> io::Result<Self> {
         let mut stats = GovernorStats {
             io_mode: mode.as_str().to_owned(),
             ..Default::default()
@@ -151,7 +154,8 @@ impl Governor {
                 Ok(()) => stats.nice = PACED_NICE,
                 Err(e) => tracing::warn!("cannot lower the CPU priority: {e}"),
             }
-            flusher = Some(Flusher::start(AimdConfig::new(target))?);
+            let config = AimdConfig::new(target).with_max_rate(max_rate.map(|r| r as f64));
+            flusher = Some(Flusher::start(config)?);
         }
         Ok(Self {
             mode,
@@ -299,7 +303,7 @@ mod tests {
     #[test]
     fn writeback_mode_flushes_in_batches() {
         let dir = tempfile::tempdir().unwrap();
-        let g = Governor::new(IoMode::Writeback, Duration::from_millis(10)).unwrap();
+        let g = Governor::new(IoMode::Writeback, Duration::from_millis(10), None).unwrap();
         for i in 0..10 {
             let p = dir.path().join(format!("f{i}"));
             std::fs::write(&p, vec![7u8; 1 << 20]).unwrap();

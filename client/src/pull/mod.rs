@@ -77,7 +77,7 @@ pub fn pull(opts: &PullOptions, reporter: Arc<Reporter>) -> PullResult<()> {
     check_usage(opts)?;
     // Before any thread exists, so that all of them inherit the I/O class.
     let governor = Arc::new(
-        Governor::new(opts.io_mode, opts.io_latency_target)
+        Governor::new(opts.io_mode, opts.io_latency_target, opts.io_max_rate)
             .context("starting the I/O governor")
             .local()?,
     );
@@ -180,6 +180,7 @@ async fn connect(req: &PullRequest<'_>) -> PullResult<Arc<Fetcher>> {
             "repo": opts.repo, "url": fetcher.shown_base(), "remote": remote, "ref": opts.ref_name,
             "protocol": fetcher.protocol.as_str(), "io_mode": opts.io_mode.as_str(),
             "io_latency_target_ms": opts.io_latency_target.as_secs_f64() * 1e3,
+            "io_max_rate": opts.io_max_rate,
             "concurrency": opts.concurrency, "verify": trust.commits,
         }),
         None,

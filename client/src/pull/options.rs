@@ -31,6 +31,8 @@ pub struct PullOptions {
     pub allow_downgrade: bool,
     pub io_mode: IoMode,
     pub io_latency_target: Duration,
+    /// `--io-max-rate`, bytes (of cost) per second.
+    pub io_max_rate: Option<u64>,
     pub concurrency: usize,
     /// Fetching (everything before the barrier) must end within this.
     pub timeout: Duration,

@@ -127,6 +127,11 @@ pub fn drop_caches() -> Result<()> {
 /// CPU seconds (user + system) a process has used, and those of its
 /// children it has waited for, from `/proc/PID/stat`.
 pub fn cpu_seconds(pid: u32) -> Option<(f64, f64)> {
+    cpu_seconds_of(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// [`cpu_seconds`] from the text of a `/proc/.../stat` (a thread's too).
+pub fn cpu_seconds_of(stat: &str) -> Option<(f64, f64)> {
     static TICKS: OnceLock<f64> = OnceLock::new();
     let ticks = *TICKS.get_or_init(|| {
         Command::new("getconf")
@@ -136,7 +141,6 @@ pub fn cpu_seconds(pid: u32) -> Option<(f64, f64)> {
             .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
             .unwrap_or(100.0)
     });
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name, which may hold spaces: state is [0],
     // utime [11], stime [12], cutime [13], cstime [14].
     let rest = &stat[stat.rfind(')')? + 1..];

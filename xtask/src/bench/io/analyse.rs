@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 /// Ratios against the baseline, corrected bytes, summaries, targets, chart.
 pub(super) fn analyse(
-    share: f64,
+    u: super::Update,
     mut trials: Vec<(Trial, NeighbourLog)>,
     arms: &[Arm],
     default_mode: Option<&str>,
@@ -34,11 +34,14 @@ pub(super) fn analyse(
         .iter()
         .map(|arm| arm_summary(arm, &trials, &sync_ratios, ostree_time))
         .collect::<Vec<_>>();
-    let update = format!("{:.0}%", share * 100.0);
-    let targets = targets(&update, &summaries, default_mode);
+    let update = u.label();
+    let judgements = super::judge::judge(&trials, arms);
+    let mut targets = targets(&update, &summaries, default_mode);
+    targets.extend(super::judge::targets(&update, &judgements, default_mode));
     let chart = render::chart(&update, &trials, arms, logs);
     UpdateReport {
-        share,
+        share: u.share,
+        update: update.clone(),
         fixture: PathBuf::new(),
         v1_commit: String::new(),
         v2_commit: String::new(),
@@ -49,6 +52,7 @@ pub(super) fn analyse(
         baseline_bytes_per_op: per_op,
         trials: trials.into_iter().map(|(t, _)| t).collect(),
         summaries,
+        judgements,
         targets,
         chart,
     }
@@ -284,22 +288,7 @@ fn targets(update: &str, summaries: &[ArmSummary], default_mode: Option<&str>) -
         ),
     ];
     rows.into_iter()
-        .map(|(name, value, limit)| {
-            let value = value.unwrap_or(f64::NAN);
-            Target {
-                update: update.to_owned(),
-                name,
-                value,
-                limit,
-                verdict: if !value.is_finite() {
-                    "NOT RUN"
-                } else if value <= limit {
-                    "PASS"
-                } else {
-                    "MISS"
-                },
-            }
-        })
+        .map(|(name, value, limit)| Target::at_most(update, name, value.unwrap_or(f64::NAN), limit))
         .collect()
 }
 

@@ -59,13 +59,18 @@
 
 pub mod analyse;
 pub mod arms;
+pub mod bootstrap;
+pub mod burner;
 pub mod chart;
 pub mod etcd;
+pub mod judge;
 pub mod neighbour;
 pub mod render;
 pub mod repo;
 pub mod results;
+pub mod small;
 pub mod stats;
+pub mod timeweighted;
 pub mod trial;
 
 pub use self::arms::{parse_io_modes, select_arms, Arm, DEFAULT_IO_MODES};
@@ -85,10 +90,14 @@ use std::time::{Duration, SystemTime};
 pub const P99_TARGET: f64 = 1.5;
 /// Target: neighbour fdatasync max in the window / baseline's.
 pub const MAX_TARGET: f64 = 3.0;
-/// Target: update wall time / stock `ostree pull`'s.
-pub const TIME_TARGET: f64 = 1.3;
+/// Target: update wall time / stock `ostree pull`'s (issue 16: an update
+/// stock finishes in seconds may take up to twice as long).
+pub const TIME_TARGET: f64 = 2.0;
 /// Target: bytes written to the device / new objects' allocated size.
 pub const BYTES_TARGET: f64 = 1.1;
+/// Repetitions every update gets, whatever `--seconds` says: the fewest
+/// a bootstrap interval means anything with.
+pub const MIN_RUNS: usize = 3;
 /// The neighbour keeps running this long after the post-pull sync.
 pub(super) const TAIL: Duration = Duration::from_secs(1);
 /// The neighbour's file is preallocated to this size (writing wraps to the
@@ -119,36 +128,72 @@ pub const ETCDCTL: Tool = Tool {
     package: "etcd-client",
 };
 
-/// Which update(s) to run.
+/// Which update(s) to run (`--update small,5,30`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Updates {
-    /// v2 rewrites 30% of v1's files (the headline case).
-    #[value(name = "30")]
-    Thirty,
-    /// v2 rewrites 5% (the fixtures' default).
+    /// About 60 MiB of new small files in 1,600 new directories over the
+    /// 5% fixture's v1 (a burst that ends before feedback; [`small`]).
+    Small,
+    /// v2 rewrites 5% of v1's files (the fixtures' default).
     #[value(name = "5")]
     Five,
-    /// 30% then 5%.
+    /// v2 rewrites 30% (the biggest).
+    #[value(name = "30")]
+    Thirty,
+    /// 30 then 5.
     Both,
 }
 
-impl Updates {
-    pub fn shares(self) -> Vec<f64> {
-        match self {
-            Updates::Thirty => vec![0.3],
-            Updates::Five => vec![fixtures::DEFAULT_UPDATE_SHARE],
-            Updates::Both => vec![0.3, fixtures::DEFAULT_UPDATE_SHARE],
+/// One update to measure: the fixture share whose v1 it starts from, and
+/// whether v2 is that fixture's or the [`small`] one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Update {
+    pub share: f64,
+    pub small: bool,
+}
+
+impl Update {
+    /// `small`, `5%`, `30%`.
+    pub fn label(&self) -> String {
+        if self.small {
+            "small".into()
+        } else {
+            format!("{:.0}%", self.share * 100.0)
         }
     }
+}
+
+/// The updates of a `--update` list, in order, each once.
+pub fn expand(list: &[Updates]) -> Vec<Update> {
+    let five = fixtures::DEFAULT_UPDATE_SHARE;
+    let mut out: Vec<Update> = Vec::new();
+    for u in list {
+        let add: &[(f64, bool)] = match u {
+            Updates::Small => &[(five, true)],
+            Updates::Five => &[(five, false)],
+            Updates::Thirty => &[(0.3, false)],
+            Updates::Both => &[(0.3, false), (five, false)],
+        };
+        for &(share, small) in add {
+            let u = Update { share, small };
+            if !out.contains(&u) {
+                out.push(u);
+            }
+        }
+    }
+    out
 }
 
 /// Options of `cargo xtask bench io`.
 #[derive(Debug, Clone)]
 pub struct IoOptions {
     pub scale: Scale,
-    pub updates: Updates,
+    pub updates: Vec<Updates>,
     /// Repetitions of every arm.
     pub runs: usize,
+    /// `--seconds`: no repetition starts once an update has used its
+    /// share of this budget (after at least [`MIN_RUNS`]).
+    pub budget: Option<Duration>,
     /// Extra trials of every pulling arm without the neighbour.
     pub solo_runs: usize,
     /// Arms to run (names, `oscontent` for every mode); None: all.
@@ -288,7 +333,7 @@ fn announce(opts: &IoOptions, setup: &Setup) {
             .collect::<Vec<_>>()
             .join(", "),
         opts.runs * setup.arms.len() + opts.solo_runs * setup.pulling.len(),
-        opts.updates.shares().len(),
+        expand(&opts.updates).len(),
         opts.runs,
         opts.solo_runs
     );
@@ -301,9 +346,9 @@ fn measure(opts: &IoOptions, setup: &Setup) -> Result<Measured> {
         direct_io: true,
         ..Measured::default()
     };
-    for (ui, share) in opts.updates.shares().into_iter().enumerate() {
+    for (ui, u) in expand(&opts.updates).into_iter().enumerate() {
         check_interrupted()?;
-        let report = update(opts, setup, ui == 0, share, &mut m)?;
+        let report = update(opts, setup, ui == 0, u, &mut m)?;
         m.updates.push(report);
     }
     Ok(m)
@@ -315,21 +360,28 @@ fn update(
     opts: &IoOptions,
     setup: &Setup,
     first: bool,
-    share: f64,
+    u: Update,
     m: &mut Measured,
 ) -> Result<UpdateReport> {
     let spec = FixtureSpec {
-        update_share: share,
+        update_share: u.share,
         ..FixtureSpec::new(opts.scale)
     };
     eprintln!(
         "xtask: building (or reusing) the {} fixture with a {:.0}% update",
         opts.scale,
-        share * 100.0
+        u.share * 100.0
     );
-    let fx = fixtures::ensure(&spec, &fixtures::default_dir(&spec))?;
+    let mut fx = fixtures::ensure(&spec, &fixtures::default_dir(&spec))?;
+    if u.small {
+        let dir = super::bench_dir()?.join("io-small");
+        fx.releases[1] = small::ensure(&dir, &fx.releases[0], &spec.ref_name)?;
+    }
     let (v1, v2) = (&fx.releases[0], &fx.releases[1]);
-    let ulogs = setup.logs.join(format!("update-{:.0}", share * 100.0));
+    let label = u.label();
+    let ulogs = setup
+        .logs
+        .join(format!("update-{}", label.trim_end_matches('%')));
     std::fs::create_dir_all(&ulogs).with_context(|| format!("creating {}", ulogs.display()))?;
     let template = template(opts, setup, &fx, &spec.ref_name, &ulogs)?;
     m.fs_bytes = template.meta.fs_bytes;
@@ -358,18 +410,24 @@ fn update(
         client_bin: setup.client.bin.as_deref(),
         logs: &ulogs,
         dropped: std::cell::Cell::new(false),
+        cpu_match: setup
+            .client
+            .default_mode
+            .as_ref()
+            .map(|m| format!("oscontent:{m}"))
+            .filter(|a| setup.arms.iter().any(|x| &x.name() == a)),
     };
     let min_baseline = match opts.scale {
         Scale::Small => MIN_BASELINE_SMALL,
         Scale::Full => MIN_BASELINE_FULL,
     };
-    let (trials, direct_io) = ctx.trials(share, &setup.arms, &setup.pulling, min_baseline)?;
+    let (trials, direct_io) = ctx.trials(&label, &setup.arms, &setup.pulling, min_baseline)?;
     m.direct_io &= direct_io;
     let server_url = server.url.clone();
     drop(server);
 
     let default_mode = setup.client.default_mode.as_deref();
-    let mut report = analyse::analyse(share, trials, &setup.arms, default_mode, &ulogs);
+    let mut report = analyse::analyse(u, trials, &setup.arms, default_mode, &ulogs);
     report.fixture = fx.root.clone();
     report.v1_commit = v1.commit.clone();
     report.v2_commit = v2.commit.clone();
@@ -427,4 +485,31 @@ fn check_targets(strict: bool, report: &Report) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn update_lists() {
+        let five = fixtures::DEFAULT_UPDATE_SHARE;
+        // (--update list, expected labels)
+        let cases: &[(&[Updates], &[&str])] = &[
+            (
+                &[Updates::Small, Updates::Five, Updates::Thirty],
+                &["small", "5%", "30%"],
+            ),
+            (&[Updates::Both], &["30%", "5%"]),
+            (
+                &[Updates::Five, Updates::Both, Updates::Small],
+                &["5%", "30%", "small"],
+            ),
+        ];
+        for (list, want) in cases {
+            let got: Vec<String> = expand(list).iter().map(Update::label).collect();
+            assert_eq!(got, *want, "{list:?}");
+        }
+        assert_eq!(expand(&[Updates::Small])[0].share, five);
+    }
 }

@@ -3,6 +3,7 @@
 
 use super::arms::Arm;
 use super::chart;
+use super::judge::ArmJudgement;
 use super::neighbour::NeighbourLog;
 use super::results::{ArmSummary, Calibration, Report, Trial, UpdateReport};
 use crate::bench::{mib, report, Summary};
@@ -35,16 +36,18 @@ pub fn render(r: &Report) -> String {
     for u in &r.updates {
         s += &update_header(u);
         s += &latency_table(&u.summaries);
+        s += &judged_table(&u.judgements);
         s += &cost_table(&u.summaries);
         s += &etcd_table(&u.summaries);
         s += "\n";
         for t in &u.targets {
             s += &format!(
-                "{:<7} {:<4} {:<90} {} (target <= {:.2})\n",
+                "{:<12} {:<5} {:<90} {} (target {} {:.2})\n",
                 t.verdict,
                 t.update,
                 t.name,
                 num(t.value, 3),
+                t.rule,
                 t.limit
             );
         }
@@ -79,8 +82,8 @@ fn update_header(u: &UpdateReport) -> String {
     let med = |x: &Summary| x.median;
     let pulling = u.summaries.iter().find(|x| x.arm != "baseline");
     format!(
-        "\n== {:.0}% update (v2 {}), new objects (median): {:.0}, apparent {}, allocated {}; baseline {:.0} device bytes per neighbour op\n",
-        u.share * 100.0,
+        "\n== {} update (v2 {}), new objects (median): {:.0}, apparent {}, allocated {}; baseline {:.0} device bytes per neighbour op\n",
+        u.update,
         &u.v2_commit.get(..12).unwrap_or(""),
         u.summaries
             .iter()
@@ -119,6 +122,32 @@ fn latency_table(summaries: &[ArmSummary]) -> String {
             a.iops_ratio.median,
             a.p99_ms.median,
             a.max_ms.median
+        );
+    }
+    s
+}
+
+/// Ratios of medians with their intervals, and the time-weighted view.
+fn judged_table(judged: &[ArmJudgement]) -> String {
+    let mut s = String::from("\nratios of medians to the CPU-matched baseline [95% bootstrap interval]; the window by the clock: share stalled (an fdatasync in flight > 10/50/100 ms), fewest ops in a 100 ms slice, expected latency at a random instant\n");
+    s += &format!(
+        "{:<26} {:>3} {:>20} {:>20} {:>20} {:>7} {:>7} {:>7} {:>8} {:>9}\n",
+        "arm", "n", "p99 x", "max x", "E[lat] x", ">10ms", ">50ms", ">100ms", "min/100", "stall/os"
+    );
+    let pct = |x: &Summary| format!("{:.1}%", x.median * 100.0);
+    for j in judged {
+        s += &format!(
+            "{:<26} {:>3} {:>20} {:>20} {:>20} {:>7} {:>7} {:>7} {:>8.0} {:>9.2}\n",
+            j.arm,
+            j.trials,
+            j.p99.show(),
+            j.max.show(),
+            j.expected.show(),
+            pct(&j.stall_share[0]),
+            pct(&j.stall_share[1]),
+            pct(&j.stall_share[2]),
+            j.min_ops_per_slice.median,
+            j.stall_vs_ostree
         );
     }
     s

@@ -61,6 +61,8 @@ pub struct Trial {
     pub client_last_event: Option<serde_json::Value>,
     /// The etcd neighbour (`--etcd`).
     pub etcd: Option<EtcdTrial>,
+    /// The baseline's CPU burner (baseline trials).
+    pub baseline_load: Option<super::burner::Load>,
 }
 
 /// What the etcd neighbour saw in a trial's update window.
@@ -118,14 +120,39 @@ pub struct Target {
     pub name: String,
     pub value: f64,
     pub limit: f64,
-    /// PASS, MISS, or NOT RUN (the default mode's arm was not run).
+    /// How `value` must compare with `limit` to pass (`<=` or `>`).
+    pub rule: &'static str,
+    /// PASS, MISS, NOT RUN (the arm was not run), or CANNOT JUDGE.
     pub verdict: &'static str,
+}
+
+impl Target {
+    /// A target passed when `value <= limit`.
+    pub fn at_most(update: &str, name: String, value: f64, limit: f64) -> Target {
+        Target {
+            update: update.to_owned(),
+            name,
+            value,
+            limit,
+            rule: "<=",
+            verdict: if !value.is_finite() {
+                "NOT RUN"
+            } else if value <= limit {
+                "PASS"
+            } else {
+                "MISS"
+            },
+        }
+    }
 }
 
 /// One update (share) of the run.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct UpdateReport {
+    /// The fixture's update share (the small update starts from its v1).
     pub share: f64,
+    /// `small`, `5%`, `30%`.
+    pub update: String,
     pub fixture: PathBuf,
     pub v1_commit: String,
     pub v2_commit: String,
@@ -137,6 +164,8 @@ pub struct UpdateReport {
     pub baseline_bytes_per_op: f64,
     pub trials: Vec<Trial>,
     pub summaries: Vec<ArmSummary>,
+    /// Intervals and time-weighted figures, arm by arm.
+    pub judgements: Vec<super::judge::ArmJudgement>,
     pub targets: Vec<Target>,
     pub chart: Option<PathBuf>,
 }

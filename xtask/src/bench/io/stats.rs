@@ -2,6 +2,7 @@
 //! pure functions, no I/O, so they are tested on hand-made samples.
 
 use super::neighbour::Op;
+use super::timeweighted::{self, TimeWeighted};
 
 /// What the neighbour saw in one window: its fdatasync latencies (the
 /// figure etcd's `wal_fsync_duration` reports) and its rate.
@@ -22,6 +23,8 @@ pub struct WindowStats {
     /// mean the neighbour was throttled in the page cache (dirty limits)
     /// rather than at the device.
     pub write_max_ms: f64,
+    /// The window by the clock, not by the ops (see [`timeweighted`]).
+    pub time_weighted: TimeWeighted,
 }
 
 /// The statistics of the ops that complete within `[from_ns, to_ns)`
@@ -54,6 +57,7 @@ pub fn window(ops: &[Op], from_ns: u64, to_ns: u64) -> WindowStats {
         max_ms: ms(sync.last().copied()),
         mean_ms: mean,
         write_max_ms: ms(inside.iter().map(|o| o.write_ns).max()),
+        time_weighted: timeweighted::time_weighted(ops, from_ns, to_ns),
     }
 }
 
@@ -75,6 +79,8 @@ pub struct Ratios {
     pub p999: f64,
     pub max: f64,
     pub iops: f64,
+    /// Of the expected latency of an op issued at a random instant.
+    pub expected: f64,
 }
 
 impl Ratios {
@@ -85,6 +91,7 @@ impl Ratios {
             p999: trial.p999_ms / base.p999_ms,
             max: trial.max_ms / base.max_ms,
             iops: trial.iops / base.iops,
+            expected: trial.time_weighted.expected_ms / base.time_weighted.expected_ms,
         }
     }
 }
@@ -122,6 +129,18 @@ pub fn baseline_reference(baselines: &[(&[Op], u64, f64)], seconds: f64) -> Opti
         max_ms: med(|s| s.max_ms),
         mean_ms: med(|s| s.mean_ms),
         write_max_ms: med(|s| s.write_max_ms),
+        time_weighted: TimeWeighted {
+            stall_share: [0, 1, 2].map(|i| {
+                crate::bench::Summary::of(
+                    &w.iter()
+                        .map(|s| s.time_weighted.stall_share[i])
+                        .collect::<Vec<_>>(),
+                )
+                .median
+            }),
+            min_ops_per_slice: med(|s| s.time_weighted.min_ops_per_slice),
+            expected_ms: med(|s| s.time_weighted.expected_ms),
+        },
     })
 }
 

@@ -2,6 +2,7 @@
 //! an update's trials, and the calibration of the neighbour against fio.
 
 use super::arms::Arm;
+use super::burner::{self, Load};
 use super::neighbour::{self, Neighbour, NeighbourLog};
 use super::repo::{self, NewObjects, Server, Template};
 use super::results::{Calibration, EtcdTrial, Trial};
@@ -25,7 +26,13 @@ pub(super) struct Ctx<'a> {
     pub logs: &'a Path,
     /// The page cache was dropped for this update.
     pub dropped: std::cell::Cell<bool>,
+    /// The arm whose CPU use the baseline's burner matches (the default
+    /// io-mode's); None: every pulling arm, at nice 0.
+    pub cpu_match: Option<String>,
 }
+
+/// The client's `paced` nice value (`governor::PACED_NICE`).
+const PACED_NICE: i32 = 10;
 
 /// A trial's filesystem and the paths in it.
 struct TrialFs {
@@ -66,7 +73,7 @@ impl Ctx<'_> {
     /// did direct I/O.
     pub fn trials(
         &self,
-        share: f64,
+        update: &str,
         arms: &[Arm],
         pulling: &[Arm],
         min_baseline: f64,
@@ -74,21 +81,25 @@ impl Ctx<'_> {
         let opts = self.opts;
         let mut trials: Vec<(Trial, NeighbourLog)> = Vec::new();
         let mut direct_io = true;
+        let started = Instant::now();
+        let n_updates = super::expand(&opts.updates).len().max(1) as u32;
+        let budget = opts.budget.map(|b| b / n_updates);
         for run in 0..opts.runs {
+            if run >= super::MIN_RUNS && budget.is_some_and(|b| started.elapsed() >= b) {
+                eprintln!("xtask: update {update}: --seconds budget used after {run} runs");
+                break;
+            }
             for (position, arm) in run_order(run, arms, pulling).into_iter().enumerate() {
                 check_interrupted()?;
-                let baseline_len = baseline_len(opts, &trials, min_baseline);
+                let baseline = (
+                    baseline_len(opts, &trials, min_baseline),
+                    self.baseline_load(&trials),
+                );
                 let (trial, log) = self
-                    .trial(&arm, run, position, false, baseline_len)
-                    .with_context(|| {
-                        format!(
-                            "update {:.0}%, run {run}, arm {}",
-                            share * 100.0,
-                            arm.name()
-                        )
-                    })?;
+                    .trial(&arm, run, position, false, baseline)
+                    .with_context(|| format!("update {update}, run {run}, arm {}", arm.name()))?;
                 direct_io &= trial.direct_io;
-                progress(&trial, share, opts.runs);
+                progress(&trial, update, opts.runs);
                 trials.push((trial, log));
             }
         }
@@ -96,28 +107,44 @@ impl Ctx<'_> {
             for (position, arm) in pulling.iter().enumerate() {
                 check_interrupted()?;
                 let (trial, log) = self
-                    .trial(arm, opts.runs + s, position, true, 0.0)
-                    .with_context(|| {
-                        format!("update {:.0}%, solo {s}, arm {}", share * 100.0, arm.name())
-                    })?;
-                progress(&trial, share, opts.runs);
+                    .trial(arm, opts.runs + s, position, true, (0.0, Load::IDLE))
+                    .with_context(|| format!("update {update}, solo {s}, arm {}", arm.name()))?;
+                progress(&trial, update, opts.runs);
                 trials.push((trial, log));
             }
         }
         Ok((trials, direct_io))
     }
 
+    /// The baseline's CPU load: the matched arm's median CPU rate so far,
+    /// at its nice.
+    fn baseline_load(&self, trials: &[(Trial, NeighbourLog)]) -> Load {
+        let pulls: Vec<&Trial> = trials
+            .iter()
+            .map(|(t, _)| t)
+            .filter(|t| !t.solo && t.arm != "baseline")
+            .filter(|t| self.cpu_match.as_ref().is_none_or(|m| &t.arm == m))
+            .collect();
+        let cpu: Vec<f64> = pulls.iter().map(|t| t.cpu_s).collect();
+        let wall: Vec<f64> = pulls.iter().map(|t| t.update_s).collect();
+        let nice = match &self.cpu_match {
+            Some(m) if m == "oscontent:paced" => PACED_NICE,
+            _ => 0,
+        };
+        burner::matched(&cpu, &wall, nice)
+    }
+
     /// One arm of one repetition: a fresh filesystem from the template,
     /// cold caches, the neighbour(s) warmed up, the update window (or the
-    /// baseline's `baseline_len` seconds), the sync, then what the pull
-    /// added.
+    /// baseline's seconds, with its CPU load), the sync, then what the
+    /// pull added.
     fn trial(
         &self,
         arm: &Arm,
         run: usize,
         position: usize,
         solo: bool,
-        baseline_len: f64,
+        baseline: (f64, Load),
     ) -> Result<(Trial, NeighbourLog)> {
         let opts = self.opts;
         let limit = opts.warmup + opts.arm_timeout + Duration::from_secs(600);
@@ -134,7 +161,7 @@ impl Ctx<'_> {
         let log = self.logs.join(format!("{tag}.log"));
         let neighbours = start_neighbours(&tfs.wal, etcd, with_neighbour, limit)?;
         crate::bench::sleep(opts.warmup)?;
-        let window = self.window(&tfs, &neighbours, arm, baseline_len, &log)?;
+        let window = self.window(&tfs, &neighbours, arm, baseline, &log)?;
         let log_nb = neighbours.finish()?;
         let new_objects = self.new_objects(arm, &tfs.repo)?;
         let ops_csv = if with_neighbour {
@@ -145,6 +172,9 @@ impl Ctx<'_> {
             None
         };
         let mut trial = record(arm, run, position, solo, &tfs.fs, window, new_objects);
+        if *arm == Arm::Baseline {
+            trial.baseline_load = Some(baseline.1);
+        }
         trial.neighbour_wraps = log_nb.wraps;
         trial.client_last_event = matches!(arm, Arm::Oscontent(_))
             .then(|| last_json_line(&log))
@@ -218,7 +248,7 @@ impl Ctx<'_> {
         tfs: &TrialFs,
         neighbours: &Neighbours,
         arm: &Arm,
-        baseline_len: f64,
+        baseline: (f64, Load),
         log: &Path,
     ) -> Result<Window> {
         let load1 = crate::bench::load().0;
@@ -230,7 +260,7 @@ impl Ctx<'_> {
         let m0 = etcd.map(etcd::Etcd::metrics).transpose()?;
         let dev0 = tfs.fs.stats()?;
         let start = neighbours.epoch.elapsed();
-        self.run_arm(arm, &tfs.repo, baseline_len, log)?;
+        let burned = self.run_arm(arm, &tfs.repo, baseline, log)?;
         let end = neighbours.epoch.elapsed();
         let dev1 = tfs.fs.stats()?;
         let m1 = etcd.map(etcd::Etcd::metrics).transpose()?;
@@ -244,7 +274,7 @@ impl Ctx<'_> {
             end,
             sync_end,
             sync,
-            cpu_s: cpu1 - cpu0,
+            cpu_s: burned.unwrap_or(cpu1 - cpu0),
             server_cpu_s: scpu1 - scpu0,
             dev0,
             dev1,
@@ -254,11 +284,21 @@ impl Ctx<'_> {
     }
 
     /// What fills the window: the pull (bounded by `--arm-timeout`), or
-    /// for the baseline, `baseline_len` seconds of nothing.
-    fn run_arm(&self, arm: &Arm, repo_path: &Path, baseline_len: f64, log: &Path) -> Result<()> {
+    /// for the baseline, its seconds of CPU burning (returns the CPU
+    /// seconds burned).
+    fn run_arm(
+        &self,
+        arm: &Arm,
+        repo_path: &Path,
+        baseline: (f64, Load),
+        log: &Path,
+    ) -> Result<Option<f64>> {
         let timeout = self.opts.arm_timeout;
         match arm {
-            Arm::Baseline => crate::bench::sleep(Duration::from_secs_f64(baseline_len))?,
+            Arm::Baseline => {
+                let window = Duration::from_secs_f64(baseline.0);
+                return burner::burn(baseline.1, window).map(Some);
+            }
             Arm::Ostree | Arm::OstreePerObjectFsync => {
                 let mut cmd = Command::new("ostree");
                 cmd.arg(format!("--repo={}", repo_path.display()))
@@ -279,7 +319,7 @@ impl Ctx<'_> {
                 run_bounded(&mut cmd, log, timeout)?;
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Step 6: the ref must be at v2; the objects the pull added (none
@@ -389,6 +429,7 @@ fn record(
         log: PathBuf::new(),
         ops_csv: None,
         client_last_event: None,
+        baseline_load: None,
         etcd: w.etcd.map(|server| EtcdTrial {
             server,
             ..Default::default()
@@ -422,11 +463,11 @@ fn baseline_len(opts: &IoOptions, trials: &[(Trial, NeighbourLog)], min_baseline
 }
 
 /// One line per trial on stderr.
-fn progress(t: &Trial, share: f64, runs: usize) {
+fn progress(t: &Trial, update: &str, runs: usize) {
     let r = t.ratios.unwrap_or_default();
     eprintln!(
-        "xtask: {:.0}% run {}/{}{} {:<28} update {:>7.2}s sync {:>6.2}s written {:>10} new {:>6} objs ({})  load {:.2}{}",
-        share * 100.0,
+        "xtask: {} run {}/{}{} {:<28} update {:>7.2}s sync {:>6.2}s written {:>10} new {:>6} objs ({})  load {:.2}{}",
+        update,
         t.run + 1,
         runs,
         if t.solo { " solo" } else { "" },

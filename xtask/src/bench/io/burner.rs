@@ -1,0 +1,151 @@
+//! The baseline's CPU load: threads that burn as much CPU per second as a
+//! pull does, at its nice value, for the baseline window. Without it the
+//! baseline runs beside idle vCPUs, which on a VM wake late for the
+//! neighbour's I/O completions and make the neighbour *slower* alone than
+//! beside a pull; a pull then looks harmless (issue 16).
+
+use anyhow::{Context, Result};
+use std::time::{Duration, Instant};
+
+/// How the baseline loads the CPU.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Load {
+    /// CPU seconds per second (0: idle baseline).
+    pub cpu_per_s: f64,
+    pub nice: i32,
+}
+
+impl Load {
+    pub const IDLE: Load = Load {
+        cpu_per_s: 0.0,
+        nice: 0,
+    };
+}
+
+/// Each burner thread checks its own CPU time this often.
+const TICK: Duration = Duration::from_millis(2);
+
+/// The load matching pulls that used `cpu_s` CPU seconds over `wall_s`
+/// seconds each (medians), at `nice`; idle when nothing was measured.
+pub fn matched(cpu_s: &[f64], wall_s: &[f64], nice: i32) -> Load {
+    let rates: Vec<f64> = cpu_s
+        .iter()
+        .zip(wall_s)
+        .filter(|(_, w)| **w > 0.0)
+        .map(|(c, w)| c / w)
+        .collect();
+    let rate = super::bootstrap::median(&rates);
+    Load {
+        cpu_per_s: if rate.is_finite() { rate.max(0.0) } else { 0.0 },
+        nice,
+    }
+}
+
+/// Burns `load` for `window`; returns the CPU seconds burned.
+pub fn burn(load: Load, window: Duration) -> Result<f64> {
+    if load.cpu_per_s <= 0.0 {
+        crate::bench::sleep(window)?;
+        return Ok(0.0);
+    }
+    let threads = load.cpu_per_s.ceil() as usize;
+    let duty = load.cpu_per_s / threads as f64;
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|_| std::thread::spawn(move || burn_thread(duty, load.nice, start, window)))
+        .collect();
+    let mut total = 0.0;
+    for h in handles {
+        total += h
+            .join()
+            .map_err(|_| anyhow::anyhow!("a burner thread panicked"))??;
+    }
+    crate::bench::check_interrupted()?;
+    Ok(total)
+}
+
+/// One thread: spin while its CPU time is behind `duty` of the wall time
+/// so far, sleep while ahead (so preemption is made up for, not lost).
+fn burn_thread(duty: f64, nice: i32, start: Instant, window: Duration) -> Result<f64> {
+    // Linux keeps nice per thread: this sets only the burner's.
+    rustix::process::setpriority_process(None, nice).context("setting the burner's nice")?;
+    let cpu0 = thread_cpu()?;
+    let mut x = 0u64;
+    loop {
+        let el = start.elapsed();
+        if el >= window || crate::bench::interrupted() {
+            break;
+        }
+        if thread_cpu()? - cpu0 < duty * el.as_secs_f64() {
+            let until = Instant::now() + TICK;
+            while Instant::now() < until {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+        } else {
+            std::thread::sleep(TICK);
+        }
+    }
+    Ok(thread_cpu()? - cpu0)
+}
+
+/// This thread's CPU seconds (user + system), from procfs.
+fn thread_cpu() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat")
+        .context("reading /proc/thread-self/stat")?;
+    crate::bench::cpu_seconds_of(&stat)
+        .map(|(own, _)| own)
+        .context("parsing /proc/thread-self/stat")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matched_load() {
+        // (cpu s, wall s, expected cpu per s)
+        let cases: &[(&[f64], &[f64], f64)] = &[
+            (&[], &[], 0.0),
+            (&[2.0], &[4.0], 0.5),
+            (&[2.0, 6.0, 3.0], &[2.0, 2.0, 2.0], 1.5),
+            (&[1.0], &[0.0], 0.0),
+        ];
+        for &(c, w, want) in cases {
+            assert_eq!(
+                matched(c, w, 10),
+                Load {
+                    cpu_per_s: want,
+                    nice: 10
+                },
+                "{c:?} {w:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn burns_about_what_it_is_asked() {
+        let window = Duration::from_millis(600);
+        let burned = burn(
+            Load {
+                cpu_per_s: 0.5,
+                nice: 19,
+            },
+            window,
+        )
+        .unwrap();
+        // Procfs counts in 10 ms ticks; a loaded machine may starve the
+        // thread (nice 19), so only an upper bound is firm.
+        assert!(burned <= 0.5 * 0.6 + 0.05, "burned {burned}");
+        assert!(burned > 0.0, "burned nothing");
+        assert_eq!(
+            burn(
+                Load {
+                    cpu_per_s: 0.0,
+                    nice: 0
+                },
+                Duration::ZERO
+            )
+            .unwrap(),
+            0.0
+        );
+    }
+}
