@@ -53,6 +53,15 @@ pub const PACKAGES: &[(&str, &str)] = &[
         "ostree-ext's zstd (pkg-config) in xtask/encapsulate",
     ),
     ("libssl-dev", "ostree-ext's openssl in xtask/encapsulate"),
+    ("nginx-light", "the anchor server of `bench serve`"),
+    (
+        "nghttp2-client",
+        "h2load, the load generator of `bench serve`",
+    ),
+    (
+        "ostree-tests",
+        "ostree-trivial-httpd, stock ostree's test server, in `bench serve`",
+    ),
     (
         "xfsprogs",
         "isolated XFS filesystems on loop devices for benchmarks",

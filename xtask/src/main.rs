@@ -61,6 +61,11 @@ enum BenchCmd {
     /// a registry, stock `ostree pull` and `oscontent pull` from the server.
     /// Writes target/bench/update-bytes-<time>.json.
     UpdateBytes(UpdateBytesArgs),
+    /// What one request costs the server: one stock `ostree pull`'s request
+    /// mix replayed with h2load (HTTP/1.1 and h2c) against nginx, `ostree
+    /// trivial-httpd` and oscontent-server serving the same repo. Writes
+    /// target/bench/serve-<time>.json.
+    Serve(xtask::bench::serve::Options),
 }
 
 #[derive(Args)]
@@ -260,6 +265,7 @@ fn main() -> anyhow::Result<()> {
                     client_bin: a.client_bin,
                 })?
             }
+            BenchCmd::Serve(a) => xtask::bench::serve::run(&a)?,
             BenchCmd::Io(a) => xtask::bench::io::io(&xtask::bench::io::IoOptions {
                 scale: a.scale,
                 updates: a.update,

@@ -17,6 +17,7 @@ pub mod io;
 pub mod process;
 pub mod report;
 pub mod scratch;
+pub mod serve;
 pub mod startup;
 pub mod update_bytes;
 
