@@ -184,17 +184,24 @@ pub fn classify(path: &str) -> &'static str {
     }
 }
 
-/// Metrics and the access log for every request.
+/// Metrics and the access log for every request. Counting takes no lock
+/// (`Metrics::observe_request`); the log line is handed to the writer
+/// thread, and built only when there is a log.
 async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
     let start = Instant::now();
     let kind = classify(req.uri().path());
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
-    let version = req.version();
+    let head = req.method() == Method::HEAD;
+    let logged = st.access_log.as_ref().map(|_| {
+        (
+            req.method().clone(),
+            req.uri().path().to_owned(),
+            req.version(),
+        )
+    });
     let resp = next.run(req).await;
     let elapsed = start.elapsed();
     let status = resp.status().as_u16();
-    let bytes = if method == Method::HEAD {
+    let bytes = if head {
         0
     } else {
         resp.headers()
@@ -204,18 +211,8 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
             .unwrap_or(0)
     };
     st.metrics
-        .requests
-        .with_label_values(&[kind, &status.to_string()])
-        .inc();
-    st.metrics
-        .response_bytes
-        .with_label_values(&[kind])
-        .inc_by(bytes);
-    st.metrics
-        .latency
-        .with_label_values(&[kind])
-        .observe(elapsed.as_secs_f64());
-    if let Some(log) = &st.access_log {
+        .observe_request(kind, status, bytes, elapsed.as_secs_f64());
+    if let (Some(log), Some((method, path, version))) = (&st.access_log, logged) {
         let line = serde_json::json!({
             "ts": httpdate::fmt_http_date(SystemTime::now()),
             "method": method.as_str(),
