@@ -13,7 +13,7 @@ use std::sync::Arc;
 /// One read. Large enough that a 200 KiB object is one or two reads;
 /// small enough that a slow reader pins little (HTTP/2 send buffers are
 /// bounded separately).
-pub const CHUNK: usize = 256 * 1024;
+pub const CHUNK: usize = 64 * 1024;
 
 /// `count` bytes of `file` from `start`. A file that shrinks underneath
 /// ends the body early with an error (the client sees a short response),
