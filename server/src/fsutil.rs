@@ -8,24 +8,41 @@
 //! `oscontent_format::RepoPath` already refuses such names; this layer is
 //! the second lock on the same door.
 //!
+//! The request path opens objects with one `openat2` from a directory fd
+//! held for the generation ([`open_beneath`]): `RESOLVE_BENEATH` and
+//! `RESOLVE_NO_SYMLINKS` give the same guarantee as the walk in one
+//! syscall; where `openat2` is refused (old kernels, seccomp profiles) it
+//! falls back to the walk.
+//!
 //! [`write`] is the same walk for what the server writes from remote data.
 
 mod write;
 
 pub use write::{create_dirs, remove_file, rename_into, write_atomic, FILE_MODE};
 
-use rustix::fs::{openat, Mode, OFlags, CWD};
-use rustix::io::Errno;
+use rustix::fs::{openat, openat2, Mode, OFlags, ResolveFlags, CWD};
+use rustix::io::{Errno, ReadWriteFlags};
 use std::fs::File;
-use std::io::{self, Read};
-use std::os::fd::OwnedFd;
+use std::io::{self, IoSliceMut, Read};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Largest directory depth walked (refs nest a few levels; deltas two).
 pub const MAX_DEPTH: usize = 32;
 
 fn valid_component(c: &str) -> bool {
     !c.is_empty() && c != "." && c != ".." && !c.contains('\0')
+}
+
+/// Opens a served root directory (following a symlink at the root
+/// itself, as [`open_file`] does). `Ok(None)` if it does not exist.
+pub fn open_dir(root: &Path) -> io::Result<Option<OwnedFd>> {
+    match open_root(root) {
+        Ok(d) => Ok(Some(d)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 fn open_root(root: &Path) -> io::Result<OwnedFd> {
@@ -50,25 +67,41 @@ fn absent(e: Errno) -> io::Result<Option<OwnedFd>> {
 }
 
 fn walk(root: &Path, rel: &str, last_flags: OFlags) -> io::Result<Option<OwnedFd>> {
-    let comps: Vec<&str> = rel.split('/').collect();
-    if comps.len() > MAX_DEPTH || !comps.iter().all(|c| valid_component(c)) {
+    if !valid_rel(rel) {
         return Ok(None);
     }
-    let mut dir = match open_root(root) {
+    let dir = match open_root(root) {
         Ok(d) => d,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
+    walk_from(dir.as_fd(), rel, last_flags)
+}
+
+fn valid_rel(rel: &str) -> bool {
+    let mut n = 0;
+    rel.split('/').all(|c| {
+        n += 1;
+        n <= MAX_DEPTH && valid_component(c)
+    })
+}
+
+/// The component walk from an open directory; `rel` already checked.
+fn walk_from(root: BorrowedFd<'_>, rel: &str, last_flags: OFlags) -> io::Result<Option<OwnedFd>> {
+    let comps: Vec<&str> = rel.split('/').collect();
     let (last, parents) = comps.split_last().expect("split yields at least one");
+    let mut dir: Option<OwnedFd> = None;
     for c in parents {
         let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        dir = match openat(&dir, *c, flags, Mode::empty()) {
-            Ok(d) => d,
+        let at = dir.as_ref().map_or(root, |d| d.as_fd());
+        dir = match openat(at, *c, flags, Mode::empty()) {
+            Ok(d) => Some(d),
             Err(e) => return absent(e),
         };
     }
+    let at = dir.as_ref().map_or(root, |d| d.as_fd());
     match openat(
-        &dir,
+        at,
         *last,
         last_flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
@@ -76,6 +109,100 @@ fn walk(root: &Path, rel: &str, last_flags: OFlags) -> io::Result<Option<OwnedFd
         Ok(f) => Ok(Some(f)),
         Err(e) => absent(e),
     }
+}
+
+/// Cleared the first time the kernel refuses `openat2` itself.
+static OPENAT2: AtomicBool = AtomicBool::new(true);
+
+/// What [`open_beneath`] found.
+#[derive(Debug)]
+pub enum Opened {
+    File(File, std::fs::Metadata),
+    /// Not there, or not a regular file reached without a symlink.
+    Absent,
+    /// `nonblocking` was asked and the path is not all in the dentry
+    /// cache: open it again from a thread that may block.
+    WouldBlock,
+}
+
+/// Opens `rel` beneath the directory `root` (an fd the caller holds) if it
+/// is a regular file reached without any symlink or `..` leaving it:
+/// one `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`. With
+/// `nonblocking`, also `RESOLVE_CACHED`, so the runtime's threads never
+/// wait on the disk for a lookup. Falls back to the component walk where
+/// `openat2` is unavailable.
+pub fn open_beneath(root: BorrowedFd<'_>, rel: &str, nonblocking: bool) -> io::Result<Opened> {
+    if !valid_rel(rel) {
+        return Ok(Opened::Absent);
+    }
+    // O_NONBLOCK: never hang on a FIFO planted in the tree.
+    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = if OPENAT2.load(Ordering::Relaxed) {
+        let mut resolve =
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+        if nonblocking {
+            resolve |= ResolveFlags::CACHED;
+        }
+        match openat2(root, rel, flags, Mode::empty(), resolve) {
+            Ok(fd) => Some(fd),
+            Err(Errno::AGAIN) if nonblocking => return Ok(Opened::WouldBlock),
+            // EXDEV: the path would leave the root.
+            Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP | Errno::XDEV) => None,
+            Err(Errno::NOSYS | Errno::PERM) => {
+                tracing::info!("openat2 unavailable; reading the tree one component at a time");
+                OPENAT2.store(false, Ordering::Relaxed);
+                walk_from(root, rel, flags)?
+            }
+            Err(e) => return Err(e.into()),
+        }
+    } else if nonblocking {
+        return Ok(Opened::WouldBlock);
+    } else {
+        walk_from(root, rel, flags)?
+    };
+    let Some(fd) = fd else {
+        return Ok(Opened::Absent);
+    };
+    let file = File::from(fd);
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Ok(Opened::Absent);
+    }
+    Ok(Opened::File(file, meta))
+}
+
+/// Reads up to `buf.len()` bytes at `offset` only if they are in the page
+/// cache (`preadv2` with `RWF_NOWAIT`): `Ok(None)` means the read would
+/// wait on the disk (or the filesystem cannot say), so the caller reads
+/// from a thread that may block. A short count is what was cached.
+pub fn read_cached(file: &File, buf: &mut [u8], offset: u64) -> io::Result<Option<usize>> {
+    match rustix::io::preadv2(
+        file,
+        &mut [IoSliceMut::new(buf)],
+        offset,
+        ReadWriteFlags::NOWAIT,
+    ) {
+        Ok(0) if !buf.is_empty() => Ok(None),
+        Ok(n) => Ok(Some(n)),
+        Err(Errno::AGAIN | Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Fills `buf` from `offset`, blocking as needed; fewer bytes only at the
+/// end of the file.
+pub fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
 }
 
 /// Opens `root/rel` for reading if it is a regular file reached without any
@@ -211,6 +338,23 @@ mod tests {
         for (rel, found) in cases {
             let got = open_file(r, rel).unwrap();
             assert_eq!(got.is_some(), *found, "{rel}");
+        }
+        let dir = open_dir(r).unwrap().unwrap();
+        for nonblocking in [false, true] {
+            for (rel, found) in cases {
+                let got = match open_beneath(dir.as_fd(), rel, nonblocking).unwrap() {
+                    Opened::File(..) => true,
+                    Opened::Absent => false,
+                    // Not in the dentry cache yet: the blocking open says.
+                    Opened::WouldBlock => {
+                        matches!(
+                            open_beneath(dir.as_fd(), rel, false).unwrap(),
+                            Opened::File(..)
+                        )
+                    }
+                };
+                assert_eq!(got, *found, "openat2 {rel} (nonblocking {nonblocking})");
+            }
         }
         let listing = list_dir(r, "refs", 10).unwrap().unwrap();
         let escape = listing.iter().find(|e| e.name == "escape").unwrap();

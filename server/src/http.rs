@@ -3,12 +3,15 @@
 //! paths have empty bodies: ostree's fetcher can take an error body for
 //! object content when it falls through a mirrorlist.
 
+use crate::cache::{CachedObject, ObjectCache, Prepared};
 use crate::conditional::{self, Precondition, RangeOutcome, Validators};
 use crate::fsutil;
 use crate::listen::access_log::AccessLog;
 use crate::metrics::Metrics;
 use crate::serve::sink::Sink;
+use crate::served::body;
 use crate::served::metadata::{self, digest_etag, MetadataError};
+use crate::served::objects::Loaded;
 use crate::served::{Generation, Layer, Resolved};
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
@@ -22,28 +25,30 @@ use oscontent_format::{ObjectName, RepoPath};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
 /// Objects are content-addressed: their bytes never change.
 pub const IMMUTABLE: &str = "public, max-age=31536000, immutable";
-/// Streamed file chunk size.
-const CHUNK: usize = 64 * 1024;
+/// The object cache's default size (`--cache-size`): with the metadata
+/// caches and connections, well inside the deployment's 512 MiB limit.
+pub const DEFAULT_CACHE_SIZE: usize = 128 << 20;
 
 /// HTTP settings.
 #[derive(Debug, Clone)]
 pub struct HttpConfig {
     /// max-age for summary, summary.sig, refs, config, commitmeta, deltas.
     pub metadata_max_age: Duration,
+    /// Bytes of immutable objects kept in memory (0: none).
+    pub cache_size: usize,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             metadata_max_age: Duration::from_secs(30),
+            cache_size: DEFAULT_CACHE_SIZE,
         }
     }
 }
@@ -57,6 +62,10 @@ pub struct Inner {
     pub sink: Arc<Sink>,
     pub metrics: Arc<Metrics>,
     pub config: HttpConfig,
+    /// Immutable objects, by generation and name.
+    pub cache: ObjectCache,
+    /// `Cache-Control` of what is not immutable, made once.
+    short_lived: HeaderValue,
     access_log: Option<AccessLog>,
     draining: AtomicBool,
 }
@@ -92,9 +101,16 @@ impl AppState {
             .map(|w| AccessLog::start(w, metrics.access_log_dropped.clone()))
             .transpose()
             .context("starting the access log writer")?;
+        let short_lived = HeaderValue::from_str(&format!(
+            "public, max-age={}",
+            config.metadata_max_age.as_secs()
+        ))
+        .context("the metadata max-age as a header")?;
         Ok(Self(Arc::new(Inner {
             metrics,
             sink,
+            cache: ObjectCache::new(config.cache_size),
+            short_lived,
             config,
             access_log,
             draining: AtomicBool::new(false),
@@ -169,21 +185,27 @@ pub fn classify(path: &str) -> &'static str {
     }
 }
 
-/// Metrics and the access log for every request.
+/// Metrics and the access log for every request. Counting takes no lock
+/// (`Metrics::observe_request`); the log line is handed to the writer
+/// thread, and built only when there is a log.
 async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
     let start = Instant::now();
     let kind = classify(req.uri().path());
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
-    let version = req.version();
-    let client = req
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip().to_string());
+    let head = req.method() == Method::HEAD;
+    let logged = st.access_log.as_ref().map(|_| {
+        (
+            req.method().clone(),
+            req.uri().path().to_owned(),
+            req.version(),
+            req.extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0.ip().to_string()),
+        )
+    });
     let resp = next.run(req).await;
     let elapsed = start.elapsed();
     let status = resp.status().as_u16();
-    let bytes = if method == Method::HEAD {
+    let bytes = if head {
         0
     } else {
         resp.headers()
@@ -193,18 +215,8 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
             .unwrap_or(0)
     };
     st.metrics
-        .requests
-        .with_label_values(&[kind, &status.to_string()])
-        .inc();
-    st.metrics
-        .response_bytes
-        .with_label_values(&[kind])
-        .inc_by(bytes);
-    st.metrics
-        .latency
-        .with_label_values(&[kind])
-        .observe(elapsed.as_secs_f64());
-    if let Some(log) = &st.access_log {
+        .observe_request(kind, status, bytes, elapsed.as_secs_f64());
+    if let (Some(log), Some((method, path, version, client))) = (&st.access_log, logged) {
         let line = serde_json::json!({
             "ts": httpdate::fmt_http_date(SystemTime::now()),
             "client": client,
@@ -306,140 +318,185 @@ async fn serve_repo(
     let Some(generation) = st.sink.current() else {
         return Err(AppError::Unavailable);
     };
-    let rp2 = rp.clone();
-    let g2 = generation.clone();
-    let resolved = tokio::task::spawn_blocking(move || g2.resolve(&rp2))
-        .await
-        .map_err(|e| anyhow::anyhow!("resolver task: {e}"))??;
-    let cache = match policy(&rp) {
-        CachePolicy::Immutable => HeaderValue::from_static(IMMUTABLE),
-        CachePolicy::ShortLived => HeaderValue::from_str(&format!(
-            "public, max-age={}",
-            st.config.metadata_max_age.as_secs()
-        ))
-        .expect("ascii"),
-    };
     let head = method == Method::HEAD;
-    match resolved {
-        Resolved::Missing => Err(AppError::NotFound),
-        Resolved::Generated(g) => {
-            let v = Validators {
-                etag: digest_etag(&g.bytes),
-                last_modified: Some(g.produced),
-            };
-            Ok(respond_bytes(headers, g.bytes, &v, cache, head))
+    if let RepoPath::Object(name) = rp {
+        if policy(&rp) == CachePolicy::Immutable {
+            return serve_object(st, &generation, headers, name, head).await;
         }
-        Resolved::File { layer, root, rel } => match metadata::cap(&rp) {
-            Some(cap) => {
-                let f = read_metadata(st, &generation, root, rel, cap, path).await?;
-                Ok(respond_bytes(headers, f.0, &f.1, cache, head))
-            }
-            None => serve_file(headers, &rp, layer, root, rel, cache, head, path).await,
-        },
     }
-}
-
-/// A metadata file, read whole (bounded by `cap`) and cached per
-/// generation, with its validators.
-async fn read_metadata(
-    st: &AppState,
-    generation: &Arc<Generation>,
-    root: PathBuf,
-    rel: String,
-    cap: u64,
-    path: &str,
-) -> Result<(bytes::Bytes, Validators), AppError> {
+    let cache = st.short_lived.clone();
+    let cap = metadata::cap(&rp);
+    // One trip to the blocking pool resolves the path and reads (or opens)
+    // what it names.
     let g = generation.clone();
-    let read = tokio::task::spawn_blocking(move || g.read_metadata(&root, &rel, cap))
+    let found = tokio::task::spawn_blocking(move || find(&g, &rp, cap))
         .await
-        .map_err(|e| anyhow::anyhow!("read task: {e}"))?;
-    let read = match read {
-        Ok(r) => r,
-        Err(e @ MetadataError::TooLarge { .. }) => {
+        .map_err(|e| anyhow::anyhow!("resolver task: {e}"))?;
+    match found {
+        Ok(Found::Missing) => Err(AppError::NotFound),
+        Ok(Found::Bytes(bytes, v)) => Ok(respond_bytes(
+            headers,
+            bytes,
+            &Prepared::new(v),
+            cache,
+            head,
+        )),
+        Ok(Found::File(file, meta, layer)) => {
+            let v = Validators {
+                etag: format!(
+                    "\"{:x}-{:x}-{:x}.{:x}-{}\"",
+                    meta.ino(),
+                    meta.len(),
+                    meta.mtime(),
+                    meta.mtime_nsec(),
+                    u8::from(layer == Layer::Overlay)
+                ),
+                last_modified: meta.modified().ok(),
+            };
+            Ok(respond_file(
+                headers,
+                file,
+                meta.len(),
+                &Prepared::new(v),
+                cache,
+                head,
+            ))
+        }
+        Err(Refused::Metadata(e @ MetadataError::TooLarge { .. })) => {
             st.metrics
                 .oversized_metadata
                 .with_label_values(&[classify(path)])
                 .inc();
-            return Err(anyhow::Error::from(e).into());
+            Err(anyhow::Error::from(e).into())
         }
-        Err(e) => return Err(anyhow::Error::from(e).into()),
-    };
-    // Gone between resolve and read (a tool replacing it): 404, and the
-    // client retries.
-    let Some(f) = read else {
-        return Err(AppError::NotFound);
-    };
-    let v = Validators {
-        etag: f.etag,
-        last_modified: f.modified,
-    };
-    Ok((f.bytes, v))
+        Err(Refused::Metadata(e)) => Err(anyhow::Error::from(e).into()),
+        Err(Refused::Other(e)) => Err(e.context(format!("serving {path}")).into()),
+    }
 }
 
-/// Any other file (objects, deltas), streamed from an open handle.
-#[allow(clippy::too_many_arguments)] // one request's parts, passed through once
-async fn serve_file(
-    headers: &HeaderMap,
-    rp: &RepoPath,
-    layer: Layer,
-    root: PathBuf,
-    rel: String,
-    cache: HeaderValue,
-    head: bool,
-    path: &str,
-) -> Result<Response, AppError> {
-    let opened = tokio::task::spawn_blocking(move || fsutil::open_file(&root, &rel))
-        .await
-        .map_err(|e| anyhow::anyhow!("open task: {e}"))?
-        .map_err(|e| anyhow::anyhow!("opening {path}: {e}"))?;
-    let Some((file, meta)) = opened else {
-        return Err(AppError::NotFound);
-    };
-    let etag = match rp {
-        // Content-addressed: the name is the identity; length and inode
-        // guard against a re-compressed copy.
-        RepoPath::Object(ObjectName { checksum, kind }) => {
-            format!(
-                "\"{}.{}-{:x}\"",
-                checksum.to_hex(),
-                kind.extension(),
-                meta.len()
-            )
+/// What a path other than an immutable object resolved to.
+enum Found {
+    Missing,
+    /// Served whole: generated, or a metadata file (cached per version).
+    Bytes(bytes::Bytes, Validators),
+    /// Streamed (deltas, and objects named by detached metadata's kind).
+    File(std::fs::File, std::fs::Metadata, Layer),
+}
+
+enum Refused {
+    Metadata(MetadataError),
+    Other(anyhow::Error),
+}
+
+/// Resolves and reads `rp` (blocking): metadata with a `cap` read whole,
+/// anything else opened.
+fn find(g: &Generation, rp: &RepoPath, cap: Option<u64>) -> Result<Found, Refused> {
+    match g.resolve(rp).map_err(Refused::Other)? {
+        Resolved::Missing => Ok(Found::Missing),
+        Resolved::Generated(gen) => {
+            let v = Validators {
+                etag: digest_etag(&gen.bytes),
+                last_modified: Some(gen.produced),
+            };
+            Ok(Found::Bytes(gen.bytes, v))
         }
-        _ => format!(
-            "\"{:x}-{:x}-{:x}.{:x}-{}\"",
-            meta.ino(),
-            meta.len(),
-            meta.mtime(),
-            meta.mtime_nsec(),
-            u8::from(layer == Layer::Overlay)
+        Resolved::File { layer, root, rel } => match cap {
+            // Gone between resolve and read (a tool replacing it): 404,
+            // and the client retries.
+            Some(cap) => match g.read_metadata(&root, &rel, cap) {
+                Ok(Some(f)) => Ok(Found::Bytes(
+                    f.bytes,
+                    Validators {
+                        etag: f.etag,
+                        last_modified: f.modified,
+                    },
+                )),
+                Ok(None) => Ok(Found::Missing),
+                Err(e) => Err(Refused::Metadata(e)),
+            },
+            None => match fsutil::open_file(&root, &rel) {
+                Ok(Some((f, m))) => Ok(Found::File(f, m, layer)),
+                Ok(None) => Ok(Found::Missing),
+                Err(e) => Err(Refused::Other(anyhow::anyhow!("opening {rel}: {e}"))),
+            },
+        },
+    }
+}
+
+/// An immutable object: from the object cache when it is there (no
+/// syscall, no handoff); else found and, if small, read whole on this
+/// thread when the kernel has it cached, or in one trip to the blocking
+/// pool when it does not; kept in the cache if it fits.
+async fn serve_object(
+    st: &AppState,
+    generation: &Arc<Generation>,
+    headers: &HeaderMap,
+    name: ObjectName,
+    head: bool,
+) -> Result<Response, AppError> {
+    let immutable = HeaderValue::from_static(IMMUTABLE);
+    let key = generation.cache_key;
+    if let Some(hit) = st.cache.get(key, &name) {
+        return Ok(respond_bytes(
+            headers,
+            hit.bytes.clone(),
+            &hit.prepared,
+            immutable,
+            head,
+        ));
+    }
+    let whole_upto = st.cache.max_entry().max(body::CHUNK) as u64;
+    let loaded = match generation.load_object(&name, whole_upto, true) {
+        Ok(Loaded::WouldBlock) => {
+            let g = generation.clone();
+            tokio::task::spawn_blocking(move || g.load_object(&name, whole_upto, false))
+                .await
+                .map_err(|e| anyhow::anyhow!("object task: {e}"))?
+        }
+        other => other,
+    }
+    .map_err(|e| anyhow::anyhow!("reading {}: {e}", name.path()))?;
+    // Content-addressed: the name is the identity; the length guards
+    // against a re-compressed copy.
+    let validators = |len: u64, meta: &std::fs::Metadata| Validators {
+        etag: format!(
+            "\"{}.{}-{len:x}\"",
+            name.checksum.to_hex(),
+            name.kind.extension()
         ),
-    };
-    let v = Validators {
-        etag,
         last_modified: meta.modified().ok(),
     };
-    respond_file(headers, file, meta.len(), &v, cache, head).await
+    match loaded {
+        Loaded::Missing => Err(AppError::NotFound),
+        Loaded::Whole(bytes, meta) => {
+            let v = validators(bytes.len() as u64, &meta);
+            let obj = CachedObject::new(bytes, Prepared::new(v));
+            st.cache.insert(key, name, obj.clone());
+            Ok(respond_bytes(
+                headers,
+                obj.bytes.clone(),
+                &obj.prepared,
+                immutable,
+                head,
+            ))
+        }
+        Loaded::Open(file, meta) => {
+            let v = Prepared::new(validators(meta.len(), &meta));
+            Ok(respond_file(headers, file, meta.len(), &v, immutable, head))
+        }
+        Loaded::WouldBlock => Err(anyhow::anyhow!("a blocking load would block").into()),
+    }
 }
 
-fn base_headers(h: &mut HeaderMap, v: &Validators, cache: HeaderValue) {
-    h.insert(
-        header::ETAG,
-        HeaderValue::from_str(&v.etag).expect("ascii etag"),
-    );
-    if let Some(lm) = v.last_modified {
-        h.insert(
-            header::LAST_MODIFIED,
-            HeaderValue::from_str(&httpdate::fmt_http_date(
-                crate::conditional::clamp_http_date(lm),
-            ))
-            .expect("ascii"),
-        );
+fn base_headers(h: &mut HeaderMap, v: &Prepared, cache: HeaderValue) {
+    h.insert(header::ETAG, v.etag.clone());
+    if let Some(lm) = &v.last_modified {
+        h.insert(header::LAST_MODIFIED, lm.clone());
     }
     h.insert(header::CACHE_CONTROL, cache);
 }
 
-fn status_only(status: StatusCode, v: &Validators, cache: HeaderValue) -> Response {
+fn status_only(status: StatusCode, v: &Prepared, cache: HeaderValue) -> Response {
     let mut r = Response::new(Body::empty());
     *r.status_mut() = status;
     base_headers(r.headers_mut(), v, cache);
@@ -449,17 +506,17 @@ fn status_only(status: StatusCode, v: &Validators, cache: HeaderValue) -> Respon
 fn respond_bytes(
     h: &HeaderMap,
     bytes: bytes::Bytes,
-    v: &Validators,
+    v: &Prepared,
     cache: HeaderValue,
     head: bool,
 ) -> Response {
-    match conditional::evaluate(h, v) {
+    match conditional::evaluate(h, &v.validators) {
         Precondition::NotModified => return status_only(StatusCode::NOT_MODIFIED, v, cache),
         Precondition::Failed => return AppError::from_precondition(),
         Precondition::Proceed => {}
     }
     let len = bytes.len() as u64;
-    let (status, body, range) = match conditional::range(h, len, v) {
+    let (status, body, range) = match conditional::range(h, len, &v.validators) {
         RangeOutcome::Full => (StatusCode::OK, bytes, None),
         RangeOutcome::Partial { start, end } => (
             StatusCode::PARTIAL_CONTENT,
@@ -503,7 +560,7 @@ fn unsatisfiable(len: u64) -> Response {
 
 fn finish_headers(
     h: &mut HeaderMap,
-    v: &Validators,
+    v: &Prepared,
     cache: HeaderValue,
     body_len: u64,
     total: u64,
@@ -524,20 +581,20 @@ fn finish_headers(
     }
 }
 
-async fn respond_file(
+fn respond_file(
     h: &HeaderMap,
     file: std::fs::File,
     len: u64,
-    v: &Validators,
+    v: &Prepared,
     cache: HeaderValue,
     head: bool,
-) -> Result<Response, AppError> {
-    match conditional::evaluate(h, v) {
-        Precondition::NotModified => return Ok(status_only(StatusCode::NOT_MODIFIED, v, cache)),
-        Precondition::Failed => return Ok(AppError::from_precondition()),
+) -> Response {
+    match conditional::evaluate(h, &v.validators) {
+        Precondition::NotModified => return status_only(StatusCode::NOT_MODIFIED, v, cache),
+        Precondition::Failed => return AppError::from_precondition(),
         Precondition::Proceed => {}
     }
-    let (status, start, count, range) = match conditional::range(h, len, v) {
+    let (status, start, count, range) = match conditional::range(h, len, &v.validators) {
         RangeOutcome::Full => (StatusCode::OK, 0, len, None),
         RangeOutcome::Partial { start, end } => (
             StatusCode::PARTIAL_CONTENT,
@@ -545,26 +602,15 @@ async fn respond_file(
             end - start + 1,
             Some((start, end)),
         ),
-        RangeOutcome::Unsatisfiable => return Ok(unsatisfiable(len)),
+        RangeOutcome::Unsatisfiable => return unsatisfiable(len),
     };
     let body = if head {
         Body::empty()
     } else {
-        let mut f = tokio::fs::File::from_std(file);
-        if start > 0 {
-            f.seek(std::io::SeekFrom::Start(start))
-                .await
-                .map_err(|e| anyhow::anyhow!("seek: {e}"))?;
-        }
-        // `take` bounds the body to what Content-Length promised, even if
-        // the file grows underneath.
-        Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
-            f.take(count),
-            CHUNK,
-        ))
+        body::file_body(file, start, count)
     };
     let mut r = Response::new(body);
     *r.status_mut() = status;
     finish_headers(r.headers_mut(), v, cache, count, len, range);
-    Ok(r)
+    r
 }

@@ -1,6 +1,7 @@
 //! oscontent-server: publishes an oscontainer's ostree repo as a complete
 //! ostree remote over HTTP. See ARCHITECTURE.md for the code map.
 
+pub mod cache;
 pub mod cli;
 pub mod conditional;
 pub mod fsutil;

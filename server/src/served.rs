@@ -9,7 +9,9 @@
 //! summary, when the repo has none) is cached under a fingerprint of its
 //! inputs and rebuilt only when they change.
 
+pub mod body;
 pub mod metadata;
+pub mod objects;
 
 use crate::fsutil;
 use crate::verify::ObjectGate;
@@ -37,6 +39,8 @@ pub const PINNED_SUMMARY: &str = "summary";
 pub const MAX_REFS: usize = 100_000;
 pub const MAX_DELTAS: usize = 10_000;
 const MAX_DIR_ENTRIES: usize = 1_000_000;
+
+static NEXT_CACHE_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Where a resolved file lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +98,10 @@ pub struct Generation {
     summary: Mutex<Option<SummaryCache>>,
     commits: Mutex<BTreeMap<Checksum, Commit>>,
     metadata: MetadataCache,
+    objects: objects::ObjectRoots,
+    /// Unique in this process (ids restart with a state dir, and probes
+    /// use 0): what the object cache keys this generation's entries by.
+    pub cache_key: u64,
 }
 
 /// What publication did with signatures (`crate::signing::apply`), kept
@@ -140,6 +148,8 @@ impl Generation {
             summary: Mutex::new(None),
             commits: Mutex::new(BTreeMap::new()),
             metadata: MetadataCache::default(),
+            objects: Default::default(),
+            cache_key: NEXT_CACHE_KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 

@@ -54,8 +54,16 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ),
     ("libssl-dev", "ostree-ext's openssl in xtask/encapsulate"),
     (
+        "nghttp2-client",
+        "h2load, the load generator of `bench serve`",
+    ),
+    (
+        "ostree-tests",
+        "ostree-trivial-httpd, stock ostree's test server, in `bench serve`",
+    ),
+    (
         "nginx",
-        "the HTTP peer: the object cache of deploy/object-cache in tests, the anchor in benchmarks",
+        "the HTTP peer: deploy/object-cache's cache in the deploy suite, the anchor of `bench serve` and `bench fleet`",
     ),
     (
         "xfsprogs",

@@ -67,6 +67,11 @@ enum BenchCmd {
     /// static delta, to stock `ostree pull` and `oscontent pull`. Writes
     /// target/bench/fleet-<time>.json.
     Fleet(FleetArgs),
+    /// What one request costs the server: one stock `ostree pull`'s request
+    /// mix replayed with h2load (HTTP/1.1 and h2c) against nginx, `ostree
+    /// trivial-httpd` and oscontent-server serving the same repo. Writes
+    /// target/bench/serve-<time>.json.
+    Serve(xtask::bench::serve::Options),
 }
 
 #[derive(Args)]
@@ -329,6 +334,7 @@ fn main() -> anyhow::Result<()> {
                 server_bin: a.server_bin,
                 client_bin: a.client_bin,
             })?,
+            BenchCmd::Serve(a) => xtask::bench::serve::run(&a)?,
             BenchCmd::Io(a) => xtask::bench::io::io(&xtask::bench::io::IoOptions {
                 scale: a.scale,
                 updates: a.update,

@@ -170,6 +170,11 @@ pub struct ServeArgs {
     /// detached metadata and deltas. Objects are cached forever.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub metadata_max_age: u64,
+    /// Memory for immutable objects served from RAM (each up to 1 MiB and
+    /// an eighth of this), e.g. 128M, 1G; 0 turns the cache off. The
+    /// default fits the deployment's 512 MiB limit.
+    #[arg(long, default_value = "128M", value_name = "BYTES", value_parser = parse_size)]
+    pub cache_size: usize,
     /// Check the --image references for a new digest this often (reading
     /// only their manifests), and publish what moved as a new generation.
     /// 0: only at SIGHUP. SIGHUP also re-publishes --oscontainer and --repo.
@@ -280,5 +285,40 @@ impl RegistryArgs {
             },
             ..FetchOptions::default()
         }
+    }
+}
+
+/// `N`, `NK`, `NM` or `NG` (powers of 1024) as bytes.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, 'K' | 'k')) => (&t[..i], 10),
+        Some((i, 'M' | 'm')) => (&t[..i], 20),
+        Some((i, 'G' | 'g')) => (&t[..i], 30),
+        _ => (t, 0),
+    };
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (bytes, or a number with K, M or G)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes() {
+        #[rustfmt::skip]
+        let cases: &[(&str, Option<usize>)] = &[
+            ("0", Some(0)), ("4096", Some(4096)), ("128M", Some(128 << 20)),
+            ("1g", Some(1 << 30)), ("64K", Some(64 << 10)),
+            ("", None), ("M", None), ("-1", None), ("1T", None), ("1.5G", None),
+        ];
+        for (s, want) in cases {
+            assert_eq!(parse_size(s).ok(), *want, "{s:?}");
+        }
+        assert!(parse_size("1T").unwrap_err().contains("1T"));
     }
 }

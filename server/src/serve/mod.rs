@@ -57,6 +57,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let state = AppState::new(
         HttpConfig {
             metadata_max_age: Duration::from_secs(args.metadata_max_age),
+            cache_size: args.cache_size,
         },
         sink.clone(),
         access_log,

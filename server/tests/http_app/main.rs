@@ -8,6 +8,7 @@
 // the failure report (clippy.toml allows it inside them).
 #![allow(clippy::unwrap_used)]
 
+mod cache;
 mod conditionals;
 mod dates;
 mod limits;

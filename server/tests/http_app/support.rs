@@ -180,14 +180,13 @@ pub struct Server {
 
 impl Server {
     pub fn new() -> Self {
+        Self::with_config(HttpConfig::default())
+    }
+
+    pub fn with_config(config: HttpConfig) -> Self {
         let log = LogBuffer::default();
         let sink = Arc::new(Sink::default());
-        let state = AppState::new(
-            HttpConfig::default(),
-            sink.clone(),
-            Some(Box::new(log.clone())),
-        )
-        .unwrap();
+        let state = AppState::new(config, sink.clone(), Some(Box::new(log.clone()))).unwrap();
         Self { state, sink, log }
     }
 

@@ -18,6 +18,7 @@ pub mod io;
 pub mod process;
 pub mod report;
 pub mod scratch;
+pub mod serve;
 pub mod startup;
 pub mod update_bytes;
 
