@@ -42,7 +42,7 @@ pub const CI_BUDGET: Duration = Duration::from_secs(90);
 /// corpus and write its report before it is killed.
 const RUN_GRACE: Duration = Duration::from_secs(90);
 /// Longest the build of every target may take (a cold one is minutes).
-const BUILD_TIMEOUT: Duration = Duration::from_secs(40 * 60);
+const BUILD_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -120,10 +120,47 @@ pub fn build() -> Result<PathBuf> {
         .env_remove("CARGO")
         .env_remove("RUSTC");
     eprintln!("xtask: building the fuzz targets (log: {})", log.display());
-    let took = oscontent_testkit::process::run_logged(&mut cmd, &log, BUILD_TIMEOUT, || false)
+    let start = Instant::now();
+    run_group(&mut cmd, &log, BUILD_TIMEOUT)
         .context("building the fuzz targets (cargo +nightly fuzz build)")?;
-    eprintln!("xtask: fuzz targets built in {:.0} s", took.as_secs_f64());
+    eprintln!(
+        "xtask: fuzz targets built in {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
     Ok(work.join(TRIPLE).join("release"))
+}
+
+/// Runs `cmd` in its own process group, output appended to `log`, and
+/// kills the whole group if it outlives `timeout`: cargo-fuzz dies on
+/// SIGTERM without passing it on, and the cargo under it would go on
+/// building (and holding the target dir's lock) as an orphan.
+fn run_group(cmd: &mut Command, log: &Path, timeout: Duration) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let out = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let child = cmd
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("starting {cmd:?}"))?;
+    let group = rustix::process::Pid::from_child(&child);
+    let mut child = oscontent_testkit::process::Stopper::new(child, "cargo fuzz build");
+    let status = child.wait_bounded(timeout);
+    // Whatever is left of the group (nothing, after a clean exit).
+    let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+    let status = status?;
+    anyhow::ensure!(
+        status.success(),
+        "{status}; last lines of {}:\n{}",
+        log.display(),
+        oscontent_testkit::process::tail(log, 20)
+    );
+    Ok(())
 }
 
 /// The files of a directory (0 if it does not exist).
