@@ -91,9 +91,57 @@ pub fn missing() -> Vec<&'static str> {
         .collect()
 }
 
-/// Installs whatever is missing (as root, with apt-get), or explains what
-/// to run.
+/// The cargo-fuzz release `cargo xtask fuzz` is written against.
+pub const CARGO_FUZZ_VERSION: &str = "0.13.1";
+
+/// Installs whatever is missing: the Debian packages (as root, with
+/// apt-get, or explains what to run), then cargo-fuzz.
 pub fn ensure() -> Result<()> {
+    ensure_packages()?;
+    ensure_cargo_fuzz()
+}
+
+/// Whether `cargo fuzz` runs (any version: one installed by hand is kept).
+fn has_cargo_fuzz() -> bool {
+    Command::new("cargo-fuzz")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// cargo-fuzz, pinned, from crates.io with its own lock file, only if
+/// missing (a fresh CI machine): the fuzz targets need it, and a build of
+/// it takes under a minute.
+pub fn ensure_cargo_fuzz() -> Result<()> {
+    if has_cargo_fuzz() {
+        return Ok(());
+    }
+    eprintln!("xtask: installing cargo-fuzz {CARGO_FUZZ_VERSION}");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(cargo)
+        .args([
+            "install",
+            "cargo-fuzz",
+            "--locked",
+            "--version",
+            CARGO_FUZZ_VERSION,
+        ])
+        .status()
+        .context("running cargo install cargo-fuzz")?;
+    anyhow::ensure!(
+        status.success(),
+        "cargo install cargo-fuzz failed: {status}"
+    );
+    anyhow::ensure!(
+        has_cargo_fuzz(),
+        "cargo-fuzz installed but not on PATH (is ~/.cargo/bin in PATH?)"
+    );
+    Ok(())
+}
+
+/// Installs the missing Debian packages (as root, with apt-get), or
+/// explains what to run.
+fn ensure_packages() -> Result<()> {
     let missing = missing();
     if missing.is_empty() {
         return Ok(());

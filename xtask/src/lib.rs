@@ -9,6 +9,7 @@ pub mod cargo;
 pub mod demo;
 pub mod deploy;
 pub mod deps;
+pub mod fuzz;
 pub mod testrun;
 
 /// The deterministic oscontainer fixtures live in the testkit, which the

@@ -36,6 +36,19 @@ enum Cmd {
     Demo(DemoArgs),
     /// Benchmarks (as root; each says what it lacks if it cannot run).
     Bench(BenchArgs),
+    /// Build every fuzz target (tests/fuzz: cargo-fuzz, libFuzzer, nightly)
+    /// and run each for a bounded time; fails on any crash, hang or
+    /// out-of-memory, printing the path of the input that caused it.
+    Fuzz(FuzzArgs),
+}
+
+#[derive(Args)]
+struct FuzzArgs {
+    /// Seconds each target runs.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Targets to run [default: all, the files of tests/fuzz/fuzz_targets].
+    targets: Vec<String>,
 }
 
 #[derive(Args)]
@@ -293,6 +306,13 @@ fn main() -> anyhow::Result<()> {
         Cmd::Check => xtask::testrun::check()?,
         Cmd::CheckDeploy => xtask::deploy::check_deploy()?,
         Cmd::Test => xtask::testrun::test()?,
+        Cmd::Fuzz(a) => {
+            xtask::fuzz::fuzz(&xtask::fuzz::Options {
+                seconds: a.seconds,
+                targets: a.targets,
+                progress: true,
+            })?;
+        }
         Cmd::Demo(a) => xtask::demo::demo(&xtask::demo::DemoOptions {
             scale: a.scale,
             share: a.share,

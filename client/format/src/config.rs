@@ -36,6 +36,11 @@ impl RepoConfig {
         }
         let text = std::str::from_utf8(bytes)
             .map_err(|e| FormatError::Config(format!("not UTF-8: {e}")))?;
+        // glib's bindings panic on a NUL inside the string they hand to C
+        // (found by the `config` fuzz target); a key file never has one.
+        if let Some(at) = text.find('\0') {
+            return Err(FormatError::Config(format!("NUL byte at offset {at}")));
+        }
         let kf = KeyFile::new();
         kf.load_from_data(text, KeyFileFlags::NONE)
             .map_err(|e| FormatError::Config(e.message().to_owned()))?;
@@ -108,6 +113,11 @@ mod tests {
             (b"garbage", "garbage"),
             (b"mode=archive-z2\n", "group"),
             (b"[core]\nmode=\xff\n", "UTF-8"),
+            // tests/fuzz/corpus/config/regression-nul
+            (
+                b"[core]\nmode=archive\0\0tas=true\n",
+                "NUL byte at offset 19",
+            ),
             (&too_big, "byte limit"),
         ];
         for (bytes, word) in cases {

@@ -88,9 +88,11 @@ impl ArchiveHeader {
         out
     }
 
-    /// Total length of the uncompressed content stream.
+    /// Total length of the uncompressed content stream; saturates, since
+    /// `size` is whatever the remote declared (found by the `filez` fuzz
+    /// target: u64::MAX overflowed), and callers cap it anyway.
     pub fn content_stream_len(&self) -> u64 {
-        (HEADER_PREFIX_LEN + self.file_header.len()) as u64 + self.size
+        ((HEADER_PREFIX_LEN + self.file_header.len()) as u64).saturating_add(self.size)
     }
 }
 
@@ -186,6 +188,18 @@ mod tests {
         let p = h.content_stream_prefix();
         assert_eq!(&p[..8], &[0, 0, 0, 18, 0, 0, 0, 0]);
         assert_eq!(h.content_stream_len(), 8 + 18 + 0x4d3f);
+    }
+
+    /// tests/fuzz/corpus/filez/regression-size-max: a declared size near
+    /// u64::MAX must not overflow the stream length.
+    #[test]
+    fn huge_declared_size_saturates() {
+        for size in [u64::MAX, u64::MAX - 1, u64::MAX - 25] {
+            let h = ArchiveHeader::parse(&header(size, 0o100644, "")).unwrap();
+            assert_eq!(h.content_stream_len(), u64::MAX, "{size}");
+        }
+        let h = ArchiveHeader::parse(&header(u64::MAX - 26, 0o100644, "")).unwrap();
+        assert_eq!(h.content_stream_len(), u64::MAX - 26 + 8 + 18);
     }
 
     #[test]

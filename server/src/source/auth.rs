@@ -76,7 +76,7 @@ fn normalize_key(k: &str) -> String {
     }
 }
 
-fn parse(path: &Path, bytes: &[u8]) -> Result<HashMap<String, Credentials>, String> {
+pub(super) fn parse(path: &Path, bytes: &[u8]) -> Result<HashMap<String, Credentials>, String> {
     let f: AuthFile = serde_json::from_slice(bytes)
         .map_err(|e| format!("{}: not valid JSON: {e}", path.display()))?;
     let mut out = HashMap::new();

@@ -79,6 +79,9 @@
 pub mod auth;
 pub mod detect;
 mod error;
+/// The fuzz targets' way in (tests/fuzz); not an API.
+#[doc(hidden)]
+pub mod fuzzing;
 mod layout;
 pub mod mirrors;
 pub mod native;

@@ -57,7 +57,7 @@ pub fn test() -> Result<()> {
         "--target-dir",
         &target,
     ])?;
-    suites::run(test_jobs())
+    suites::run(test_jobs(), true)
 }
 
 /// Test executables run at once: `OSCONTENT_TEST_JOBS`, else 2 (the

@@ -7,7 +7,9 @@
 //! first's lock for its whole run. So this asks cargo for the executables
 //! it built and runs them itself, longest first, each with the
 //! environment and working directory `cargo test` would give it, its
-//! output kept in a log and printed whole when it ends.
+//! output kept in a log and printed whole when it ends. The fuzz targets
+//! (their build and a short run, [`crate::fuzz::ci`]) are one more job in
+//! the same schedule: mostly CPU where the suites mostly wait.
 
 use crate::cargo::{bin_dir, target_dir};
 use crate::fixtures;
@@ -25,6 +27,38 @@ const SUITE_TIMEOUT: Duration = Duration::from_secs(25 * 60);
 const SLOW_FIRST: &[&str] = &[
     "pull", "image", "mirror", "abuse", "hostile", "serve", "signing", "deploy",
 ];
+
+/// One job of the schedule.
+#[derive(Debug, Clone)]
+enum Job {
+    Test(Executable),
+    /// Build every fuzz target and run each briefly.
+    Fuzz,
+}
+
+impl Job {
+    /// Where it goes in the queue: the fuzz build (minutes on a cold
+    /// target dir) and run are the longest job, so they start first.
+    fn rank(&self) -> usize {
+        match self {
+            Job::Fuzz => 0,
+            Job::Test(e) => {
+                let target = e.name.rsplit('/').next().unwrap_or_default();
+                1 + SLOW_FIRST
+                    .iter()
+                    .position(|s| *s == target)
+                    .unwrap_or(SLOW_FIRST.len())
+            }
+        }
+    }
+
+    fn run(&self, logs: &Path) -> Outcome {
+        match self {
+            Job::Test(e) => run_one(e, logs),
+            Job::Fuzz => run_fuzz(),
+        }
+    }
+}
 
 /// One test executable as cargo reported it.
 #[derive(Debug, Clone)]
@@ -46,21 +80,19 @@ struct Outcome {
     counts: [u64; 3],
 }
 
-/// Lists the test executables (building them if needed), runs them `jobs`
-/// at a time, then the doc tests; fails if any failed, after all ran.
-pub fn run(jobs: usize) -> Result<()> {
-    let mut queue = executables()?;
-    queue.sort_by_key(|e| {
-        let target = e.name.rsplit('/').next().unwrap_or_default();
-        SLOW_FIRST
-            .iter()
-            .position(|s| *s == target)
-            .unwrap_or(SLOW_FIRST.len())
-    });
+/// Lists the test executables (building them if needed), runs them (and
+/// the fuzz job, with `fuzz`) `jobs` at a time, then the doc tests; fails
+/// if any failed, after all ran.
+pub fn run(jobs: usize, fuzz: bool) -> Result<()> {
+    let mut queue: Vec<Job> = executables()?.into_iter().map(Job::Test).collect();
+    if fuzz {
+        queue.push(Job::Fuzz);
+    }
+    queue.sort_by_key(Job::rank);
     let logs = target_dir().join("test-logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
     eprintln!(
-        "xtask: running {} test executables, {jobs} at a time (logs in {})",
+        "xtask: running {} jobs, {jobs} at a time (logs in {})",
         queue.len(),
         logs.display()
     );
@@ -73,8 +105,8 @@ pub fn run(jobs: usize) -> Result<()> {
                 // The guard must not live through the run (a `while let`
                 // scrutinee's temporaries would, in edition 2021).
                 let next = || queue.lock().ok().and_then(|mut q| q.next());
-                while let Some(exe) = next() {
-                    let outcome = run_one(&exe, &logs);
+                while let Some(job) = next() {
+                    let outcome = job.run(&logs);
                     if let Ok(mut o) = outcomes.lock() {
                         o.push(outcome);
                     }
@@ -139,6 +171,32 @@ fn run_one(exe: &Executable, logs: &Path) -> Outcome {
         passed,
         took,
         counts: counts(&text),
+    }
+}
+
+/// The fuzz job: its report printed when it ends, like a suite's; its
+/// counts are targets passed and failed.
+fn run_fuzz() -> Outcome {
+    let start = Instant::now();
+    let result = crate::fuzz::ci();
+    let took = start.elapsed();
+    let (passed, counts) = match &result {
+        Ok(o) => (true, [o.len() as u64, 0, 0]),
+        Err(e) => {
+            eprintln!("xtask: fuzz: {e:#}");
+            (false, [0, 1, 0])
+        }
+    };
+    eprintln!(
+        "xtask: fuzz {} in {:.0} s",
+        if passed { "passed" } else { "FAILED" },
+        took.as_secs_f64()
+    );
+    Outcome {
+        name: "fuzz".into(),
+        passed,
+        took,
+        counts,
     }
 }
 
@@ -293,6 +351,35 @@ mod tests {
         for (log, want) in table {
             assert_eq!(counts(log), want, "{log}");
         }
+    }
+
+    #[test]
+    fn fuzz_job_first_then_slowest_suites() {
+        let exe = |name: &str| {
+            Job::Test(Executable {
+                name: name.into(),
+                path: PathBuf::new(),
+                manifest_dir: PathBuf::new(),
+            })
+        };
+        let mut jobs = [
+            exe("server/http_app"),
+            exe("tests/image"),
+            Job::Fuzz,
+            exe("tests/pull"),
+        ];
+        jobs.sort_by_key(Job::rank);
+        let order: Vec<String> = jobs
+            .iter()
+            .map(|j| match j {
+                Job::Fuzz => "fuzz".into(),
+                Job::Test(e) => e.name.clone(),
+            })
+            .collect();
+        assert_eq!(
+            order,
+            ["fuzz", "tests/pull", "tests/image", "server/http_app"]
+        );
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub(in crate::source) fn unsafe_entry(subject: &Subject, path: &[u8], why: Strin
 /// Where an entry goes, split for the `*at` calls: the components of its
 /// directory (relative to the layer root) and its name in it.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct At<'a> {
+pub(in crate::source) struct At<'a> {
     pub dir: Vec<&'a [u8]>,
     pub name: &'a [u8],
 }
@@ -132,7 +132,7 @@ impl<'a> At<'a> {
 
 /// What a validated entry asks of the tree.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Kind<'a> {
+pub(in crate::source) enum Kind<'a> {
     /// `.wh..wh..opq`: hide what lower layers put in the entry's directory.
     Opaque,
     /// `.wh.NAME`: remove `victim` if a lower layer put it there.
@@ -159,7 +159,7 @@ pub(super) enum Kind<'a> {
 /// A tar entry to apply: validated, and inside `srv/repo` (or a whiteout
 /// that reaches into it).
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct Entry<'a> {
+pub(in crate::source) struct Entry<'a> {
     /// The path as the layer wrote it, for messages.
     pub path: &'a [u8],
     pub at: At<'a>,
@@ -328,7 +328,7 @@ impl<'a> Decoder<'a> {
 /// Decides what to do with one entry: `Ok(None)` to skip it (outside
 /// `srv/repo`, the layer root, a whiteout of something outside), an error
 /// to refuse the layer.
-pub(super) fn classify<'h>(
+pub(in crate::source) fn classify<'h>(
     h: &'h Header,
     subject: &Subject,
     limits: &Limits,
