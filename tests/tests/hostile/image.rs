@@ -330,14 +330,10 @@ fn hostile_image() {
         genuine,
         older,
     };
-    let verdicts: Vec<Verdict> = attacks()
-        .iter()
-        .enumerate()
-        .map(|(i, a)| Verdict {
-            id: a.id,
-            what: a.what,
-            result: run(&l, a, &format!("row{i}")),
-        })
-        .collect();
-    tally("hostile image", &verdicts);
+    try_each(
+        "hostile image",
+        &attacks(),
+        |a| (a.id, a.what),
+        |i, a| run(&l, a, &format!("row{i}")),
+    );
 }

@@ -181,6 +181,46 @@ pub struct Verdict {
     pub result: Result<(), String>,
 }
 
+/// Runs every row of a peer's table (`name` gives a row's id and what it
+/// tries; `run` its verdict, given its index), then [`tally`]s them.
+pub fn try_each<A>(
+    peer: &str,
+    attacks: &[A],
+    name: impl Fn(&A) -> (&'static str, &'static str),
+    run: impl Fn(usize, &A) -> Result<(), String>,
+) {
+    let verdicts: Vec<Verdict> = attacks
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let (id, what) = name(a);
+            Verdict {
+                id,
+                what,
+                result: run(i, a),
+            }
+        })
+        .collect();
+    tally(peer, &verdicts);
+}
+
+/// The controls' check: a refresh publishes `r` at `commit` within the
+/// refusal timeout, the server then serves only that, and nothing was
+/// written outside the sentinel's state dir.
+pub fn published_only(server: &Server, r: &str, commit: &str, sentinel: &Sentinel) {
+    let moved = poll(REFUSAL_TIMEOUT, || -> anyhow::Result<Option<()>> {
+        let refs = served_refs(server).map_err(anyhow::Error::msg)?;
+        Ok(refs
+            .iter()
+            .any(|(n, c)| n == r && c == commit)
+            .then_some(()))
+    })
+    .unwrap();
+    assert!(moved.is_some(), "{}", server.stderr());
+    serves_only(server, &[(r, commit)]).unwrap();
+    nothing_outside(sentinel).unwrap();
+}
+
 /// Prints `<peer>: N attacks tried, N stopped` and every row, then fails
 /// on any attack that was not stopped.
 pub fn tally(peer: &str, verdicts: &[Verdict]) {

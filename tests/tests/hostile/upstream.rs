@@ -10,7 +10,6 @@ use crate::peers::*;
 use oscontent_format::{build_summary, parse_summary};
 use oscontent_testkit::proxy::{only, Action, Proxy, Rule};
 use oscontent_testkit::*;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -279,15 +278,12 @@ fn run(p: &Pristine, a: &Attack) -> Result<(), String> {
 #[test]
 fn hostile_upstream() {
     let p = pristine();
-    let verdicts: Vec<Verdict> = attacks()
-        .iter()
-        .map(|a| Verdict {
-            id: a.id,
-            what: a.what,
-            result: run(p, a),
-        })
-        .collect();
-    tally("hostile upstream", &verdicts);
+    try_each(
+        "hostile upstream",
+        &attacks(),
+        |a| (a.id, a.what),
+        |_, a| run(p, a),
+    );
 }
 
 /// Not an attack, the control: the same upstream moving forward is
@@ -310,17 +306,7 @@ fn an_upstream_moving_forward_is_published() {
         .unwrap();
     u.point(2);
     server.sighup().unwrap();
-    let moved = poll(REFUSAL_TIMEOUT, || -> anyhow::Result<Option<()>> {
-        let refs: BTreeMap<_, _> = served_refs(&server)
-            .map_err(anyhow::Error::msg)?
-            .into_iter()
-            .collect();
-        Ok((refs.get(REF) == Some(&p.commits[2])).then_some(()))
-    })
-    .unwrap();
-    assert!(moved.is_some(), "{}", server.stderr());
-    serves_only(&server, &[(REF, &p.commits[2])]).unwrap();
-    nothing_outside(&sentinel).unwrap();
+    published_only(&server, REF, &p.commits[2], &sentinel);
 }
 
 /// Item 1's last clause: a symlink planted inside the state dir (here the
