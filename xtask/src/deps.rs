@@ -94,11 +94,11 @@ pub fn missing() -> Vec<&'static str> {
 /// The cargo-fuzz release `cargo xtask fuzz` is written against.
 pub const CARGO_FUZZ_VERSION: &str = "0.13.1";
 
-/// Installs whatever is missing: the Debian packages (as root, with
-/// apt-get, or explains what to run), then cargo-fuzz.
+/// Installs the Debian packages that are missing (as root, with apt-get,
+/// or explains what to run). cargo-fuzz is installed by the fuzz build
+/// itself, when it first runs: the default test run does not need it.
 pub fn ensure() -> Result<()> {
-    ensure_packages()?;
-    ensure_cargo_fuzz()
+    ensure_packages()
 }
 
 /// Whether `cargo fuzz` runs (any version: one installed by hand is kept).
@@ -110,8 +110,8 @@ fn has_cargo_fuzz() -> bool {
 }
 
 /// cargo-fuzz, pinned, from crates.io with its own lock file, only if
-/// missing (a fresh CI machine): the fuzz targets need it, and a build of
-/// it takes under a minute.
+/// missing (a fresh machine): the fuzz targets need it, and a build of it
+/// takes under a minute.
 pub fn ensure_cargo_fuzz() -> Result<()> {
     if has_cargo_fuzz() {
         return Ok(());

@@ -99,6 +99,7 @@ pub fn targets() -> Result<Vec<String>> {
 /// Builds every target in one cargo invocation (shared dependencies, one
 /// link each), its output in `logs/build.log`. Returns the binaries' dir.
 pub fn build() -> Result<PathBuf> {
+    crate::deps::ensure_cargo_fuzz()?;
     let work = work_dir();
     let logs = work.join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
