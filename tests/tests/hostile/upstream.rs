@@ -250,20 +250,31 @@ fn object_attacks() -> Vec<Attack> {
     ]
 }
 
+/// A fresh copy of the pristine upstream at release 1, served through the
+/// proxy under `rule`, and a server (with `args`) mirroring it that has
+/// published it: where every row and control starts. The copy lives as
+/// long as the first element.
+fn genuine_upstream<'a>(
+    p: &'a Pristine,
+    sentinel: &'a Sentinel,
+    rule: Rule,
+    args: &[&str],
+) -> anyhow::Result<(tempfile::TempDir, Upstream<'a>, Proxy, Server)> {
+    let (copy, repo) = fresh_copy(&p.repo);
+    let u = Upstream { p, repo, sentinel };
+    u.point(1);
+    let proxy = Proxy::serve_dir(&u.repo, rule)?;
+    let server = Server::upstream(&proxy.url)
+        .args(args)
+        .state_dir(&sentinel.state())
+        .start()?;
+    Ok((copy, u, proxy, server))
+}
+
 fn run(p: &Pristine, a: &Attack) -> Result<(), String> {
     let sentinel = Sentinel::new();
-    let (_copy, repo) = fresh_copy(&p.repo);
-    let u = Upstream {
-        p,
-        repo,
-        sentinel: &sentinel,
-    };
-    u.point(1);
     let switch = Switch::default();
-    let proxy = Proxy::serve_dir(&u.repo, switch.rule()).unwrap();
-    let mut server = Server::upstream(&proxy.url)
-        .state_dir(&sentinel.state())
-        .start()
+    let (_copy, u, _proxy, mut server) = genuine_upstream(p, &sentinel, switch.rule(), &[])
         .map_err(|e| format!("the genuine upstream: {e:#}"))?;
     let genuine = [(REF, p.commits[1].as_str())];
     serves_only(&server, &genuine).map_err(|e| format!("before the attack: {e}"))?;
@@ -292,18 +303,8 @@ fn hostile_upstream() {
 fn an_upstream_moving_forward_is_published() {
     let p = pristine();
     let sentinel = Sentinel::new();
-    let (_copy, repo) = fresh_copy(&p.repo);
-    let u = Upstream {
-        p,
-        repo,
-        sentinel: &sentinel,
-    };
-    u.point(1);
-    let proxy = Proxy::serve_dir(&u.repo, Arc::new(|_: &str| None)).unwrap();
-    let mut server = Server::upstream(&proxy.url)
-        .state_dir(&sentinel.state())
-        .start()
-        .unwrap();
+    let (_copy, u, _proxy, mut server) =
+        genuine_upstream(p, &sentinel, Arc::new(|_: &str| None), &[]).unwrap();
     u.point(2);
     server.sighup().unwrap();
     published_only(&server, REF, &p.commits[2], &sentinel);
@@ -317,18 +318,8 @@ fn an_upstream_moving_forward_is_published() {
 fn a_symlink_planted_in_the_state_dir_is_never_followed() {
     let p = pristine();
     let sentinel = Sentinel::new();
-    let (_copy, repo) = fresh_copy(&p.repo);
-    let u = Upstream {
-        p,
-        repo,
-        sentinel: &sentinel,
-    };
-    u.point(1);
-    let proxy = Proxy::serve_dir(&u.repo, Arc::new(|_: &str| None)).unwrap();
-    let mut server = Server::upstream(&proxy.url)
-        .state_dir(&sentinel.state())
-        .start()
-        .unwrap();
+    let (_copy, u, _proxy, mut server) =
+        genuine_upstream(p, &sentinel, Arc::new(|_: &str| None), &[]).unwrap();
     let outside = tempdir();
     // A directory v3 writes into and nothing served uses yet.
     let objects = sentinel.state().join("mirror/repo/objects");
@@ -355,19 +346,13 @@ fn a_symlink_planted_in_the_state_dir_is_never_followed() {
 fn allow_rollback_publishes_an_upstream_moved_back() {
     let p = pristine();
     let sentinel = Sentinel::new();
-    let (_copy, repo) = fresh_copy(&p.repo);
-    let u = Upstream {
+    let (_copy, u, _proxy, mut server) = genuine_upstream(
         p,
-        repo,
-        sentinel: &sentinel,
-    };
-    u.point(1);
-    let proxy = Proxy::serve_dir(&u.repo, Arc::new(|_: &str| None)).unwrap();
-    let mut server = Server::upstream(&proxy.url)
-        .args(["--allow-rollback", "--keep", "1"])
-        .state_dir(&sentinel.state())
-        .start()
-        .unwrap();
+        &sentinel,
+        Arc::new(|_: &str| None),
+        &["--allow-rollback", "--keep", "1"],
+    )
+    .unwrap();
     u.point(0);
     server.sighup().unwrap();
     let moved = poll(REFUSAL_TIMEOUT, || -> anyhow::Result<Option<()>> {
