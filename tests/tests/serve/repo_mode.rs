@@ -38,6 +38,50 @@ fn assert_not_yet(server: &Server, want: &[&str], r#ref: &str) {
     assert_eq!(server.get(&path).unwrap().status, 404, "{path}");
 }
 
+/// SIGHUP, then waits (bounded) until the served summary is `want`.
+fn publish_and_expect_summary(server: &mut Server, want: &[u8], what: &str) {
+    server.sighup().unwrap();
+    let got = wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
+        (server.summary_bytes().unwrap() == want).then_some(())
+    });
+    assert!(got.is_some(), "{what}");
+}
+
+/// A ref the CLI added (`extra/ref`) shows up once published (SIGHUP), with a new
+/// summary ETag; the node lists it.
+fn added_ref_is_served_once_published(
+    server: &mut Server,
+    node: &Ostree,
+    commit: &str,
+    etag0: &str,
+) {
+    assert_not_yet(server, &[fixture_ref()], "extra/ref");
+    server.sighup().unwrap();
+    wait_for_refs(server, &[fixture_ref(), "extra/ref"]);
+    let r = server.get("/refs/heads/extra/ref").unwrap();
+    assert_eq!(
+        (r.status, String::from_utf8_lossy(&r.body).into_owned()),
+        (200, format!("{commit}\n"))
+    );
+    let changed = server
+        .get_with("/summary", &[("If-None-Match", etag0)])
+        .unwrap();
+    assert_eq!(
+        changed.status, 200,
+        "a changed summary is not 304 for the old ETag"
+    );
+    assert_ne!(
+        changed.header("etag"),
+        Some(etag0),
+        "a changed summary has a new ETag"
+    );
+    let listed = node.run(["remote", "refs", "os"]).unwrap();
+    assert!(
+        listed.contains("os:extra/ref") && listed.contains(&format!("os:{}", fixture_ref())),
+        "{listed}"
+    );
+}
+
 #[test]
 fn repo_mode_serves_cli_changes_without_restart_and_never_writes() {
     let v1 = v1();
@@ -62,34 +106,9 @@ fn repo_mode_serves_cli_changes_without_restart_and_never_writes() {
         .unwrap();
     assert_unchanged(&copy, &before, "serving with --repo");
 
-    // A ref added by the CLI shows up once published (SIGHUP).
     cli.run(["refs", "--create=extra/ref", &v1.commit]).unwrap();
     let before = snapshot(&copy).unwrap();
-    assert_not_yet(&server, &[fixture_ref()], "extra/ref");
-    server.sighup().unwrap();
-    wait_for_refs(&server, &[fixture_ref(), "extra/ref"]);
-    let r = server.get("/refs/heads/extra/ref").unwrap();
-    assert_eq!(
-        (r.status, String::from_utf8_lossy(&r.body).into_owned()),
-        (200, format!("{}\n", v1.commit))
-    );
-    let changed = server
-        .get_with("/summary", &[("If-None-Match", &etag0)])
-        .unwrap();
-    assert_eq!(
-        changed.status, 200,
-        "a changed summary is not 304 for the old ETag"
-    );
-    assert_ne!(
-        changed.header("etag"),
-        Some(etag0.as_str()),
-        "a changed summary has a new ETag"
-    );
-    let listed = node.run(["remote", "refs", "os"]).unwrap();
-    assert!(
-        listed.contains("os:extra/ref") && listed.contains(&format!("os:{}", fixture_ref())),
-        "{listed}"
-    );
+    added_ref_is_served_once_published(&mut server, &node, &v1.commit, &etag0);
     assert_unchanged(&copy, &before, "serving an added ref");
 
     // The repo's own summary, once it has one, is served byte for byte.
@@ -101,14 +120,10 @@ fn repo_mode_serves_cli_changes_without_restart_and_never_writes() {
         own,
         "served before a publication"
     );
-    server.sighup().unwrap();
-    let got = wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
-        let b = server.summary_bytes().unwrap();
-        (b == own).then_some(b)
-    });
-    assert!(
-        got.is_some(),
-        "the repo's own summary is served after `ostree summary -u`"
+    publish_and_expect_summary(
+        &mut server,
+        &own,
+        "the repo's own summary is served after `ostree summary -u`",
     );
 
     assert_unchanged(&copy, &before, "serving the repo's own summary");
@@ -119,11 +134,7 @@ fn repo_mode_serves_cli_changes_without_restart_and_never_writes() {
     let before = snapshot(&copy).unwrap();
     let own2 = std::fs::read(copy.join("summary")).unwrap();
     assert_ne!(own2, own);
-    server.sighup().unwrap();
-    let got = wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
-        (server.summary_bytes().unwrap() == own2).then_some(())
-    });
-    assert!(got.is_some(), "the regenerated summary is served");
+    publish_and_expect_summary(&mut server, &own2, "the regenerated summary is served");
     assert_eq!(
         server.get("/refs/heads/extra/ref").unwrap().status,
         404,
@@ -134,11 +145,7 @@ fn repo_mode_serves_cli_changes_without_restart_and_never_writes() {
     // Without its own summary again, the server's deterministic one returns.
     std::fs::remove_file(copy.join("summary")).unwrap();
     let before_final = snapshot(&copy).unwrap();
-    server.sighup().unwrap();
-    let got = wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
-        (server.summary_bytes().unwrap() == first.body).then_some(())
-    });
-    assert!(got.is_some(), "same refs, same generated bytes");
+    publish_and_expect_summary(&mut server, &first.body, "same refs, same generated bytes");
     let fresh = Ostree::init(&tmp.path().join("node2"), "bare-user").unwrap();
     fresh.remote_add("os", &server.url, &[]).unwrap();
     fresh

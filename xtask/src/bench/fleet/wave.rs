@@ -5,7 +5,7 @@
 
 use super::repos::{fresh_node, node_head, Repos, Served, REMOTE};
 use super::topology::{node_ip, server_addr, Fleet, DEV, SERVER_IP};
-use crate::bench::{check_interrupted, stopper, tree_cpu_seconds};
+use crate::bench::{check_interrupted, stopper, tree_cpu_seconds, Stopper};
 use anyhow::{bail, ensure, Context, Result};
 use oscontent_testkit::nginx::Nginx;
 use oscontent_testkit::{read_access_log, ServerProcess};
@@ -240,7 +240,35 @@ pub fn run(
             .with_context(|| format!("starting node {i}'s pull"))?;
         running.push(Some(stopper(child, &format!("node {i}'s pull"))));
     }
-    let mut finished: Vec<Option<(f64, bool)>> = vec![None; spec.nodes];
+    let (finished, peak_rss) = wait_all(running, start, pid)?;
+    let wall = start.elapsed().as_secs_f64();
+    let cpu = tree_cpu_seconds(pid)? - cpu0;
+    let (tx1, _) = fleet.server.counters(DEV)?;
+    let requests = server.requests()?;
+    drop(server);
+    let nodes = outcomes(finished, requests, &node_dirs, repos, work)?;
+    // The node repos are the bulk of the disk a wave used.
+    for d in &node_dirs {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    Ok(WaveResult {
+        spec,
+        nodes,
+        wall_seconds: wall,
+        server_cpu_seconds: cpu,
+        server_egress_bytes: tx1.saturating_sub(tx0),
+        server_peak_rss_kib: peak_rss,
+    })
+}
+
+/// Waits for every node's pull (bounded by [`WAVE_TIMEOUT`]): when each
+/// ended and whether it succeeded, and the server's peak RSS meanwhile.
+fn wait_all(
+    mut running: Vec<Option<Stopper>>,
+    start: Instant,
+    pid: u32,
+) -> Result<(Vec<Option<(f64, bool)>>, u64)> {
+    let mut finished: Vec<Option<(f64, bool)>> = vec![None; running.len()];
     let mut peak_rss = 0;
     while finished.iter().any(Option::is_none) {
         check_interrupted()?;
@@ -257,11 +285,19 @@ pub fn run(
         peak_rss = peak_rss.max(crate::bench::tree_rss_kib(pid));
         std::thread::sleep(Duration::from_millis(20));
     }
-    let wall = start.elapsed().as_secs_f64();
-    let cpu = tree_cpu_seconds(pid)? - cpu0;
-    let (tx1, _) = fleet.server.counters(DEV)?;
-    let requests = server.requests()?;
-    drop(server);
+    Ok((finished, peak_rss))
+}
+
+/// Each node's outcome, from its exit, its repo and the server's access
+/// log (`(client, path, status, bytes)`); every request must come from a
+/// node.
+fn outcomes(
+    finished: Vec<Option<(f64, bool)>>,
+    requests: Vec<(String, String, u16, u64)>,
+    node_dirs: &[PathBuf],
+    repos: &Repos,
+    work: &Path,
+) -> Result<Vec<NodeOutcome>> {
     let mut by_node: BTreeMap<String, Vec<(String, u16, u64)>> = BTreeMap::new();
     for (client, path, status, bytes) in requests {
         if client != SERVER_IP.to_string() {
@@ -271,7 +307,7 @@ pub fn run(
                 .push((path, status, bytes));
         }
     }
-    let mut nodes = Vec::with_capacity(spec.nodes);
+    let mut nodes = Vec::with_capacity(finished.len());
     for (i, f) in finished.into_iter().enumerate() {
         let (seconds, ok) = f.context("a node without an outcome")?;
         let reqs = by_node.remove(&node_ip(i).to_string()).unwrap_or_default();
@@ -306,16 +342,5 @@ pub fn run(
         "requests from unknown clients: {:?}",
         by_node.keys().collect::<Vec<_>>()
     );
-    // The node repos are the bulk of the disk a wave used.
-    for d in &node_dirs {
-        let _ = std::fs::remove_dir_all(d);
-    }
-    Ok(WaveResult {
-        spec,
-        nodes,
-        wall_seconds: wall,
-        server_cpu_seconds: cpu,
-        server_egress_bytes: tx1.saturating_sub(tx0),
-        server_peak_rss_kib: peak_rss,
-    })
+    Ok(nodes)
 }

@@ -66,21 +66,7 @@ pub struct Options {
 
 pub fn run(opts: &Options) -> Result<()> {
     super::interrupt()?;
-    for (tool, pkg) in [
-        ("h2load", "nghttp2-client"),
-        ("nginx", "nginx-light"),
-        ("taskset", "util-linux"),
-    ] {
-        ensure!(
-            crate::deps::which(tool).is_some(),
-            "`{tool}` is not on PATH: apt-get install -y {pkg}"
-        );
-    }
-    ensure!(
-        Path::new(servers::TRIVIAL_HTTPD).exists(),
-        "{} is missing: apt-get install -y ostree-tests",
-        servers::TRIVIAL_HTTPD
-    );
+    check_tools()?;
     let started = SystemTime::now();
     let (bin, profile) = super::report::server(opts.server_bin.as_deref())?;
     let spec = FixtureSpec::new(opts.scale);
@@ -115,56 +101,20 @@ pub fn run(opts: &Options) -> Result<()> {
         };
         arms.push((arm, r));
     }
+    let replays = Replays {
+        mix: &mix,
+        logs: &logs,
+        client_cpu,
+    };
     let mut samples = Vec::new();
     for rep in 0..opts.runs {
         for &proto in &opts.proto {
             for &conc in &opts.concurrency {
                 for (arm, r) in &arms {
                     check_interrupted()?;
-                    let addr = match proto {
-                        Proto::H1 => r.h1,
-                        Proto::H2c => match r.h2 {
-                            Some(a) => a,
-                            None => continue,
-                        },
-                    };
-                    let uris = logs.join(format!("mix-{}.txt", addr.port()));
-                    if !uris.exists() {
-                        write_uris(&uris, addr, &mix)?;
+                    if let Some(s) = replays.one(*arm, r, proto, conc, rep)? {
+                        samples.push(s);
                     }
-                    let log = logs.join(format!("{arm:?}-{proto:?}-{conc}-{rep}.log"));
-                    let cpu0 = servers::tree_cpu(r.pid);
-                    let replay = h2load::replay(
-                        &uris,
-                        proto,
-                        conc,
-                        mix.len(),
-                        client_cpu,
-                        &log,
-                        REPLAY_TIMEOUT,
-                    );
-                    // A server that gives up (trivial-httpd at 256
-                    // connections) is a result, every request an error.
-                    let (counts, (p50, p99)) = match replay {
-                        Ok(r) => r,
-                        Err(e) => {
-                            check_interrupted()?;
-                            eprintln!("{arm:?} {proto:?} c={conc} run {rep}: replay failed: {e:#}");
-                            let failed = h2load::Counts {
-                                seconds: f64::NAN,
-                                errors: mix.len() as u64,
-                                ..Default::default()
-                            };
-                            (failed, (f64::NAN, f64::NAN))
-                        }
-                    };
-                    let cpu = servers::tree_cpu(r.pid) - cpu0;
-                    eprintln!(
-                        "{arm:?} {proto:?} c={conc} run {rep}: {:.0} req/s, {cpu:.2} CPU-s, p99 {p99:.2} ms, {} errors",
-                        counts.done as f64 / counts.seconds,
-                        counts.errors
-                    );
-                    samples.push(Sample::new(*arm, proto, conc, rep, counts, p50, p99, cpu));
                 }
             }
         }
@@ -191,6 +141,95 @@ pub fn run(opts: &Options) -> Result<()> {
     };
     super::report::publish("serve", started, &report, &report::render(&report))?;
     Ok(())
+}
+
+/// What the replay needs that does not come from `Options`.
+fn check_tools() -> Result<()> {
+    for (tool, pkg) in [
+        ("h2load", "nghttp2-client"),
+        ("nginx", "nginx-light"),
+        ("taskset", "util-linux"),
+    ] {
+        ensure!(
+            crate::deps::which(tool).is_some(),
+            "`{tool}` is not on PATH: apt-get install -y {pkg}"
+        );
+    }
+    ensure!(
+        Path::new(servers::TRIVIAL_HTTPD).exists(),
+        "{} is missing: apt-get install -y ostree-tests",
+        servers::TRIVIAL_HTTPD
+    );
+    Ok(())
+}
+
+/// What every replay of the run shares.
+struct Replays<'a> {
+    mix: &'a [String],
+    logs: &'a Path,
+    client_cpu: Option<usize>,
+}
+
+impl Replays<'_> {
+    /// One replay of the mix against one server; `None` where the server
+    /// does not speak `proto` (trivial-httpd and h2c).
+    fn one(
+        &self,
+        arm: Arm,
+        r: &servers::Running,
+        proto: Proto,
+        conc: u32,
+        rep: usize,
+    ) -> Result<Option<Sample>> {
+        let addr = match proto {
+            Proto::H1 => r.h1,
+            Proto::H2c => match r.h2 {
+                Some(a) => a,
+                None => return Ok(None),
+            },
+        };
+        let uris = self.logs.join(format!("mix-{}.txt", addr.port()));
+        if !uris.exists() {
+            write_uris(&uris, addr, self.mix)?;
+        }
+        let log = self
+            .logs
+            .join(format!("{arm:?}-{proto:?}-{conc}-{rep}.log"));
+        let cpu0 = servers::tree_cpu(r.pid);
+        let replay = h2load::replay(
+            &uris,
+            proto,
+            conc,
+            self.mix.len(),
+            self.client_cpu,
+            &log,
+            REPLAY_TIMEOUT,
+        );
+        // A server that gives up (trivial-httpd at 256 connections) is a
+        // result, every request an error.
+        let (counts, (p50, p99)) = match replay {
+            Ok(r) => r,
+            Err(e) => {
+                check_interrupted()?;
+                eprintln!("{arm:?} {proto:?} c={conc} run {rep}: replay failed: {e:#}");
+                let failed = h2load::Counts {
+                    seconds: f64::NAN,
+                    errors: self.mix.len() as u64,
+                    ..Default::default()
+                };
+                (failed, (f64::NAN, f64::NAN))
+            }
+        };
+        let cpu = servers::tree_cpu(r.pid) - cpu0;
+        eprintln!(
+            "{arm:?} {proto:?} c={conc} run {rep}: {:.0} req/s, {cpu:.2} CPU-s, p99 {p99:.2} ms, {} errors",
+            counts.done as f64 / counts.seconds,
+            counts.errors
+        );
+        Ok(Some(Sample::new(
+            arm, proto, conc, rep, counts, p50, p99, cpu,
+        )))
+    }
 }
 
 /// The paths one stock `ostree pull` of `commit` requests, in order, less
