@@ -236,10 +236,7 @@ fn sign_key_covers_images_and_live_repo_changes() {
     // publication the operator asks for (SIGHUP), never on its own: the
     // server is no signing oracle for whoever can write the repo.
     let live = tmp.path().join("live");
-    let first = tiny_commit(&live, "1", Some(TINY_REF), 22).unwrap();
-    let r = Ostree::at(&live);
-    r.run(["refs", &format!("--create={TINY_REF}"), &first])
-        .unwrap();
+    let (r, first) = live_repo(&live, 22);
     let mut server = Server::repo(&live)
         .args(&sign_args)
         .args(["--signatures-poll", POLL])
@@ -249,20 +246,7 @@ fn sign_key_covers_images_and_live_repo_changes() {
     assert!(ok, "repo: {err}");
     assert_pulled(&node, &first, "repo");
 
-    let tree = tmp.path().join("tree2");
-    std::fs::create_dir_all(tree.join("etc")).unwrap();
-    std::fs::write(tree.join("etc/os-release"), "VERSION_ID=2\n").unwrap();
-    let second = commit_tree(
-        &r,
-        &tree,
-        TINY_REF,
-        "2",
-        "2030-01-01T00:00:00Z",
-        Some(&first),
-    )
-    .unwrap();
-    r.run(["refs", "--force", &format!("--create={TINY_REF}"), &second])
-        .unwrap();
+    let second = move_to_second(&r, tmp.path(), &first);
     // Several signature polls go by: nothing is published, signed or served.
     std::thread::sleep(NOTICE_TIMEOUT.min(std::time::Duration::from_secs(3)));
     assert!(server.stderr_lines("publishing again").is_empty());

@@ -13,10 +13,7 @@ fn an_unsigned_commit_added_to_a_live_repo_is_never_served() {
     let k = keys();
     let s = |p: &Path| p.display().to_string();
     let live = tmp.path().join("live");
-    let first = tiny_commit(&live, "1", Some(TINY_REF), 51).unwrap();
-    let r = Ostree::at(&live);
-    r.run(["refs", &format!("--create={TINY_REF}"), &first])
-        .unwrap();
+    let (r, first) = live_repo(&live, 51);
     let bundle = tmp.path().join("bundle");
     sign(&["--repo".to_owned(), s(&live)], &k.trusted, &bundle).unwrap();
     let mut server = Server::repo(&live)
@@ -28,20 +25,7 @@ fn an_unsigned_commit_added_to_a_live_repo_is_never_served() {
     assert_eq!(readyz(&server), 200);
 
     // Another tool commits (unsigned) and moves the ref.
-    let tree = tmp.path().join("tree2");
-    std::fs::create_dir_all(tree.join("etc")).unwrap();
-    std::fs::write(tree.join("etc/os-release"), "VERSION_ID=2\n").unwrap();
-    let second = commit_tree(
-        &r,
-        &tree,
-        TINY_REF,
-        "2",
-        "2030-01-01T00:00:00Z",
-        Some(&first),
-    )
-    .unwrap();
-    r.run(["refs", "--force", &format!("--create={TINY_REF}"), &second])
-        .unwrap();
+    let second = move_to_second(&r, tmp.path(), &first);
     let served = |server: &Server| {
         let r = server.get(&format!("/refs/heads/{TINY_REF}")).unwrap();
         assert_eq!(String::from_utf8_lossy(&r.body).trim(), first);

@@ -33,6 +33,28 @@ pub fn tiny_oscontainer(dir: &Path, seed: u32) -> Tiny {
     }
 }
 
+/// A live archive repo at `dir` whose ref `TINY_REF` names one tiny
+/// commit (`seed` picks its content): the repo and the commit.
+pub fn live_repo(dir: &Path, seed: u32) -> (Ostree, String) {
+    let first = tiny_commit(dir, "1", Some(TINY_REF), seed).unwrap();
+    let r = Ostree::at(dir);
+    r.run(["refs", &format!("--create={TINY_REF}"), &first])
+        .unwrap();
+    (r, first)
+}
+
+/// As another tool would: commits version 2 (unsigned) on top of `first`
+/// and moves `TINY_REF` to it; the new commit. `scratch` holds its tree.
+pub fn move_to_second(r: &Ostree, scratch: &Path, first: &str) -> String {
+    let tree = scratch.join("tree2");
+    std::fs::create_dir_all(tree.join("etc")).unwrap();
+    std::fs::write(tree.join("etc/os-release"), "VERSION_ID=2\n").unwrap();
+    let second = commit_tree(r, &tree, TINY_REF, "2", "2030-01-01T00:00:00Z", Some(first)).unwrap();
+    r.run(["refs", "--force", &format!("--create={TINY_REF}"), &second])
+        .unwrap();
+    second
+}
+
 /// `--oscontainer DIR` as arguments.
 pub fn oscontainer_args(dir: &Path) -> Vec<String> {
     vec!["--oscontainer".into(), dir.display().to_string()]
