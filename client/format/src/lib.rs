@@ -24,7 +24,7 @@
 //! - [`delta`]: static delta superblocks.
 //! - [`gpgsigs`]: the `ostree.gpgsigs` container of `.commitmeta` and
 //!   `summary.sig`.
-//! - [`openpgp`]: keys, detached signatures and their verification
+//! - `openpgp`: keys, detached signatures and their verification
 //!   (feature `openpgp`, on by default; off, the crate builds without
 //!   sequoia, as the fuzz targets do).
 //! - `retry`: [`RetryPolicy`], how requests to a remote are retried (the

@@ -26,7 +26,7 @@ pub enum Place {
     Repo,
     /// Below `srv/repo`.
     Inside,
-    /// What the server derives itself (see [`DERIVED`]): dropped like
+    /// What the server derives itself (see `DERIVED`): dropped like
     /// what is outside `srv/repo`.
     Derived,
     Outside,
