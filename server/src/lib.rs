@@ -3,7 +3,9 @@
 
 pub mod cache;
 pub mod cli;
-pub mod conditional;
+/// The Range and conditional request headers (in `oscontent-parse`, which
+/// the fuzz targets build).
+pub use oscontent_parse::conditional;
 pub mod fsutil;
 pub mod http;
 pub mod images;

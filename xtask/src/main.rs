@@ -29,7 +29,9 @@ enum Cmd {
     /// `kubectl kustomize`, decode every object strictly, check the security
     /// and rollout invariants, and run checkov over all of it.
     CheckDeploy,
-    /// Every check and test, as CI runs them: deps, check, build, fixtures, tests.
+    /// Every check and test, as CI runs them: deps, check, build, fixtures,
+    /// tests, and a short run of every fuzz target (OSCONTENT_TEST_FUZZ=0
+    /// leaves that out).
     Test,
     /// Build demo oscontainers, serve v1 then v2, update a fresh node repo
     /// with stock `ostree pull`, and print what it fetched against the image.

@@ -3,7 +3,7 @@
 use crate::checksum::Checksum;
 use crate::error::FormatError;
 use crate::variant::{check_size, parse_normal};
-use ostree::glib::{Variant, VariantDict, VariantTy};
+use glib::{Variant, VariantDict, VariantTy};
 
 pub const COMMIT_GVARIANT_TYPE: &str = "(a{sv}aya(say)sstayay)";
 

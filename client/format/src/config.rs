@@ -3,7 +3,7 @@
 //! itself uses, so that we accept and refuse what ostree does.
 
 use crate::error::FormatError;
-use ostree::glib::{KeyFile, KeyFileFlags};
+use glib::{KeyFile, KeyFileFlags};
 
 /// The repository mode string a summary advertises; ostree's archive mode is
 /// still called `archive-z2` on the wire.

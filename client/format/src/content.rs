@@ -12,7 +12,7 @@
 use crate::checksum::Checksum;
 use crate::error::FormatError;
 use crate::variant::parse_normal;
-use ostree::glib::Variant;
+use glib::Variant;
 
 pub const ARCHIVE_HEADER_GVARIANT_TYPE: &str = "(tuuuusa(ayay))";
 pub const FILE_HEADER_GVARIANT_TYPE: &str = "(uuuusa(ayay))";
@@ -158,8 +158,8 @@ pub fn archive_checksum(mut r: impl std::io::BufRead) -> anyhow::Result<Checksum
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ostree::glib::prelude::ToVariant;
-    use ostree::glib::VariantTy;
+    use glib::prelude::ToVariant;
+    use glib::VariantTy;
 
     fn header(size: u64, mode: u32, target: &str) -> Vec<u8> {
         Variant::tuple_from_iter([

@@ -11,7 +11,7 @@
 use crate::checksum::Checksum;
 use crate::error::FormatError;
 use crate::variant::{check_size, parse_normal};
-use ostree::glib::{Variant, VariantDict, VariantTy};
+use glib::{Variant, VariantDict, VariantTy};
 
 pub const SUPERBLOCK_GVARIANT_TYPE: &str = "(a{sv}tayay(a{sv}aya(say)sstayay)aya(uayttay)a(yaytt))";
 /// Superblocks above this size are refused: they list objects (33 bytes

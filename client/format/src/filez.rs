@@ -20,8 +20,8 @@ use crate::checksum::Checksum;
 use crate::content::{ARCHIVE_HEADER_GVARIANT_TYPE, FILE_HEADER_GVARIANT_TYPE, MAX_HEADER_SIZE};
 use crate::error::FormatError;
 use crate::variant::{parse_normal, ty};
-use ostree::glib::prelude::ToVariant;
-use ostree::glib::Variant;
+use glib::prelude::ToVariant;
+use glib::Variant;
 use sha2::{Digest, Sha256};
 use std::io::{self, Write};
 

@@ -12,10 +12,17 @@
 //! key) so the signer and the server produce the same bundle bytes.
 
 use crate::error::FormatError;
-use crate::openpgp::{MAX_SIGNATURES, MAX_SIGNATURE_SIZE};
 use crate::variant::{check_size, parse_normal, ty};
-use ostree::glib::{prelude::ToVariant, Variant};
+use glib::{prelude::ToVariant, Variant};
 use std::collections::BTreeMap;
+
+/// Signatures beyond this count per object are refused unread: ostree
+/// carries one per signing key, and a hostile server must not make us run
+/// thousands of public-key operations.
+pub const MAX_SIGNATURES: usize = 64;
+/// One v4 signature packet is well under 1 KiB even for RSA-4096 with a
+/// salt notation; anything larger is not a signature we made.
+pub const MAX_SIGNATURE_SIZE: usize = 16 * 1024;
 
 /// The detached-metadata key ostree's gpgme verifier reads.
 pub const KEY_GPGSIGS: &str = "ostree.gpgsigs";
@@ -132,7 +139,7 @@ pub fn build_gpgsigs(sigs: &[Vec<u8>]) -> Result<Vec<u8>, FormatError> {
 
 /// The signature packets in a `.commitmeta` or `summary.sig`, in stored
 /// order; empty when the key is absent. The packets themselves are not
-/// parsed here (that is [`crate::openpgp::verify_detached`]'s job).
+/// parsed here (that is `openpgp::verify_detached`'s job).
 pub fn parse_gpgsigs(bytes: &[u8]) -> Result<Vec<Vec<u8>>, FormatError> {
     sigs_of(&parse_entries(bytes)?)
 }
@@ -180,7 +187,7 @@ mod tests {
         assert_eq!(parse_gpgsigs(&bytes).unwrap(), sigs);
         // Readable as a plain a{sv} with the aay boxed in a variant.
         let v = Variant::from_data_with_type(bytes, ty("a{sv}"));
-        let d = ostree::glib::VariantDict::new(Some(&v));
+        let d = glib::VariantDict::new(Some(&v));
         assert!(d.lookup_value(KEY_GPGSIGS, Some(ty("aay"))).is_some());
     }
 

@@ -24,7 +24,9 @@
 //! - [`delta`]: static delta superblocks.
 //! - [`gpgsigs`]: the `ostree.gpgsigs` container of `.commitmeta` and
 //!   `summary.sig`.
-//! - [`openpgp`]: keys, detached signatures and their verification.
+//! - `openpgp`: keys, detached signatures and their verification
+//!   (feature `openpgp`, on by default; off, the crate builds without
+//!   sequoia, as the fuzz targets do).
 //! - `retry`: [`RetryPolicy`], how requests to a remote are retried (the
 //!   node client and the mirror share it).
 //! - `error`: [`FormatError`], what every parser returns.
@@ -41,6 +43,7 @@ pub mod delta;
 mod error;
 pub mod filez;
 pub mod gpgsigs;
+#[cfg(feature = "openpgp")]
 pub mod openpgp;
 mod path;
 mod refname;

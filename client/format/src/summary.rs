@@ -9,7 +9,7 @@ use crate::error::FormatError;
 use crate::path::DeltaName;
 use crate::refname::validate_collection_id;
 use crate::variant::{check_size, parse_normal, ty};
-use ostree::glib::{prelude::ToVariant, Variant, VariantDict};
+use glib::{prelude::ToVariant, Variant, VariantDict};
 use std::collections::BTreeMap;
 
 pub const SUMMARY_GVARIANT_TYPE: &str = "(a(s(taya{sv}))a{sv})";

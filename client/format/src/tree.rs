@@ -7,7 +7,7 @@
 use crate::checksum::Checksum;
 use crate::error::FormatError;
 use crate::variant::{check_size, parse_normal};
-use ostree::glib::Variant;
+use glib::Variant;
 
 pub const DIRTREE_GVARIANT_TYPE: &str = "(a(say)a(sayay))";
 pub const DIRMETA_GVARIANT_TYPE: &str = "(uuua(ayay))";
@@ -104,8 +104,8 @@ pub fn check_dirmeta(bytes: &[u8]) -> Result<(), FormatError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ostree::glib::prelude::ToVariant;
-    use ostree::glib::VariantTy;
+    use glib::prelude::ToVariant;
+    use glib::VariantTy;
 
     fn c(n: u8) -> Checksum {
         Checksum::from([n; 32])

@@ -1,7 +1,7 @@
 //! The step every parser of untrusted GVariant bytes starts with.
 
 use crate::error::FormatError;
-use ostree::glib::{Variant, VariantTy};
+use glib::{Variant, VariantTy};
 
 /// A GVariant type string of ours as a type; they are constants, so a bad
 /// one is a bug caught by every test that parses.
@@ -45,7 +45,7 @@ pub fn parse_normal(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ostree::glib::prelude::ToVariant;
+    use glib::prelude::ToVariant;
 
     #[test]
     fn normal_form_and_size() {

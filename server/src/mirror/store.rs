@@ -19,7 +19,6 @@ use super::remote::Remote;
 use crate::fsutil;
 use anyhow::{bail, Context, Result};
 use oscontent_format::{check_dirmeta, Checksum, ObjectKind, ObjectName, RepoPath};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufWriter, Read, Write};
@@ -53,13 +52,9 @@ pub fn max_object_size(kind: ObjectKind) -> u64 {
     }
 }
 
-/// One file as a manifest lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileEntry {
-    /// SHA-256 of the file's bytes, hex.
-    pub sha256: String,
-    pub size: u64,
-}
+/// One file as a manifest lists it (with the manifest's parser, in
+/// `oscontent-parse`).
+pub use oscontent_parse::bundle::FileEntry;
 
 /// Counters of one run.
 #[derive(Debug, Default)]

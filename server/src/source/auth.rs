@@ -13,98 +13,19 @@
 //! (`quay.io/openshift`); the most specific key matching the endpoint wins.
 //! Entries are `{"auth": base64(user:password)}`. Credential helpers and
 //! identity tokens are not supported (such entries are skipped).
+//!
+//! The file format is parsed in `oscontent-parse` (what the fuzz targets
+//! build); this module finds and reads the files.
 
-use base64::Engine;
-use serde::Deserialize;
+pub use oscontent_parse::source::auth::{parse, Credentials, MAX_AUTH_FILE_BYTES};
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-
-/// An auth file is a few entries; anything bigger is not one.
-pub const MAX_AUTH_FILE_BYTES: u64 = 1 << 20;
-
-/// A user name and password for one registry.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Credentials {
-    pub username: String,
-    pub password: String,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("username", &self.username)
-            .field("password", &"<redacted>")
-            .finish()
-    }
-}
-
-#[derive(Debug, Deserialize)]
-struct AuthFile {
-    #[serde(default)]
-    auths: HashMap<String, AuthEntry>,
-}
-
-#[derive(Debug, Deserialize)]
-struct AuthEntry {
-    #[serde(default)]
-    auth: Option<String>,
-}
 
 /// The parsed auth files, in lookup order.
 #[derive(Debug, Default)]
 pub struct AuthStore {
     files: Vec<(PathBuf, HashMap<String, Credentials>)>,
-}
-
-/// Strips a scheme and a docker-style `/v1/`/`/v2/` suffix from a key:
-/// `https://index.docker.io/v1/` → `index.docker.io`.
-fn normalize_key(k: &str) -> String {
-    let (had_scheme, k) = match k
-        .strip_prefix("https://")
-        .or_else(|| k.strip_prefix("http://"))
-    {
-        Some(rest) => (true, rest),
-        None => (false, k),
-    };
-    let k = k.trim_end_matches('/');
-    if had_scheme {
-        // Docker writes URLs; only the host part is meaningful.
-        k.split('/').next().unwrap_or(k).to_owned()
-    } else {
-        k.to_owned()
-    }
-}
-
-pub(super) fn parse(path: &Path, bytes: &[u8]) -> Result<HashMap<String, Credentials>, String> {
-    let f: AuthFile = serde_json::from_slice(bytes)
-        .map_err(|e| format!("{}: not valid JSON: {e}", path.display()))?;
-    let mut out = HashMap::new();
-    for (key, entry) in f.auths {
-        let Some(auth) = entry.auth.filter(|a| !a.is_empty()) else {
-            tracing::debug!(file = %path.display(), key, "auth entry without `auth` (credential helper or identity token): skipped");
-            continue;
-        };
-        let decoded = base64::engine::general_purpose::STANDARD
-            .decode(auth.trim())
-            .map_err(|e| format!("{}: auths[{key:?}].auth is not base64: {e}", path.display()))?;
-        let decoded = String::from_utf8(decoded)
-            .map_err(|_| format!("{}: auths[{key:?}].auth is not UTF-8", path.display()))?;
-        let Some((u, p)) = decoded.split_once(':') else {
-            return Err(format!(
-                "{}: auths[{key:?}].auth is not base64(user:password)",
-                path.display()
-            ));
-        };
-        out.insert(
-            normalize_key(&key),
-            Credentials {
-                username: u.to_owned(),
-                password: p.to_owned(),
-            },
-        );
-    }
-    Ok(out)
 }
 
 fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
@@ -204,6 +125,7 @@ impl AuthStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine;
 
     fn b64(s: &str) -> String {
         base64::engine::general_purpose::STANDARD.encode(s)
@@ -241,30 +163,5 @@ mod tests {
         );
         assert_eq!(user("r.io", "x"), None);
         assert_eq!(user("other.io", "x"), None);
-    }
-
-    #[test]
-    fn rejects_malformed_files() {
-        let p = Path::new("f");
-        assert!(parse(p, b"not json")
-            .unwrap_err()
-            .contains("not valid JSON"));
-        assert!(parse(p, br#"{"auths":{"a":{"auth":"!!"}}}"#)
-            .unwrap_err()
-            .contains("not base64"));
-        let no_colon = format!(r#"{{"auths":{{"a":{{"auth":"{}"}}}}}}"#, b64("nocolon"));
-        assert!(parse(p, no_colon.as_bytes())
-            .unwrap_err()
-            .contains("user:password"));
-        assert!(parse(p, b"{}").unwrap().is_empty());
-    }
-
-    #[test]
-    fn debug_redacts_password() {
-        let c = Credentials {
-            username: "u".into(),
-            password: "secret".into(),
-        };
-        assert!(!format!("{c:?}").contains("secret"));
     }
 }

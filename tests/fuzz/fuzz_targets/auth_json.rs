@@ -2,7 +2,7 @@
 //! at the first colon, keyed by a host or namespace without a scheme.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use oscontent_server::source::fuzzing::auth_json;
+use oscontent_parse::source::fuzzing::auth_json;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(creds) = auth_json(data) else { return };

@@ -3,7 +3,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use oscontent_format::RepoPath;
-use oscontent_server::mirror::bundle::BundleManifest;
+use oscontent_parse::bundle::BundleManifest;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(m) = BundleManifest::parse(data, "fuzz") else {

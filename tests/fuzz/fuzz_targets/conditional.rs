@@ -4,7 +4,7 @@
 #![no_main]
 use http::{HeaderMap, HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use oscontent_server::conditional::{evaluate, range, RangeOutcome, Validators};
+use oscontent_parse::conditional::{evaluate, range, RangeOutcome, Validators};
 use std::time::{Duration, UNIX_EPOCH};
 
 const LENGTHS: [u64; 5] = [0, 1, 4096, 1 << 40, u64::MAX];

@@ -2,8 +2,8 @@
 //! object name is exactly the checksum its path spells.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use oscontent_server::source::fuzzing::native_path;
-use oscontent_server::source::native::path::Place;
+use oscontent_parse::source::fuzzing::native_path;
+use oscontent_parse::source::native_path::Place;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(place) = native_path(data) else { return };

@@ -5,7 +5,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use oscontent_fuzz::parts;
-use oscontent_server::source::fuzzing::oci_documents;
+use oscontent_parse::source::fuzzing::oci_documents;
 
 fuzz_target!(|data: &[u8]| {
     let parts = parts(data);

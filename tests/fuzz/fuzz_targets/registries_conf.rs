@@ -3,7 +3,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use oscontent_fuzz::plain_path;
-use oscontent_server::source::fuzzing::registries_conf;
+use oscontent_parse::source::fuzzing::registries_conf;
 
 const IMAGES: [(&str, &str); 3] = [
     ("quay.io", "openshift/release"),

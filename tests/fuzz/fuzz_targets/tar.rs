@@ -4,8 +4,8 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use oscontent_fuzz::plain_component;
-use oscontent_server::source::fuzzing::tar_entries;
-use oscontent_server::source::Limits;
+use oscontent_parse::source::fuzzing::tar_entries;
+use oscontent_parse::source::Limits;
 
 const DERIVED: [&[u8]; 5] = [
     b"summary",

@@ -1,6 +1,6 @@
 use super::*;
 use crate::content::{header_len, ArchiveHeader, HEADER_PREFIX_LEN};
-use ostree::glib::VariantTy;
+use glib::VariantTy;
 use std::io::Read;
 
 /// `a(ayay)` with one xattr; names carry their NUL, as libostree stores them.

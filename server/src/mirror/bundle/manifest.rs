@@ -1,83 +1,12 @@
-//! `oscontent-bundle.json`: the list of a bundle's files and releases,
-//! and its "complete" marker.
+//! `oscontent-bundle.json`: reading it from a bundle directory. The
+//! format (and its parser, which the fuzz targets build) is
+//! `oscontent_parse::bundle`.
 
-use crate::mirror::store::FileEntry;
 use anyhow::{Context, Result};
-use oscontent_format::{Checksum, RepoPath};
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+pub use oscontent_parse::bundle::{
+    BundleManifest, ReleaseEntry, FORMAT, KIND, MANIFEST, MAX_MANIFEST_SIZE, WORK_DIR,
+};
 use std::path::Path;
-
-/// The manifest (and "complete" marker) of a bundle.
-pub const MANIFEST: &str = "oscontent-bundle.json";
-/// A mirror's work directory inside the destination.
-pub const WORK_DIR: &str = ".oscontent-mirror";
-/// What `kind` says, so that a stray JSON file is not taken for a manifest.
-pub const KIND: &str = "oscontent-bundle";
-/// Manifest format written and understood.
-pub const FORMAT: u32 = 1;
-/// Largest manifest read (about 150 bytes per file: a million files).
-pub const MAX_MANIFEST_SIZE: u64 = 256 << 20;
-
-/// A release a bundle (or a site server's store) holds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReleaseEntry {
-    pub commit: String,
-    /// The refs that name it in the current summary (empty: kept for
-    /// pulls by checksum until pruned).
-    pub refs: Vec<String>,
-    pub version: Option<String>,
-    /// Commit timestamp, seconds since the epoch.
-    pub timestamp: u64,
-}
-
-/// `oscontent-bundle.json`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BundleManifest {
-    /// Always [`KIND`].
-    pub kind: String,
-    /// [`FORMAT`].
-    pub format: u32,
-    /// Where the current content was mirrored from.
-    pub source: String,
-    /// SHA-256 (hex) of `summary`.
-    pub summary_sha256: String,
-    /// Whether `summary.sig` is there.
-    pub summary_signed: bool,
-    /// Every release held, oldest mirrored first (what `--keep` counts).
-    pub releases: Vec<ReleaseEntry>,
-    /// Every file (path relative to the bundle) with its SHA-256 and size.
-    pub files: BTreeMap<String, FileEntry>,
-}
-
-impl BundleManifest {
-    pub fn parse(bytes: &[u8], what: &str) -> Result<Self> {
-        let m: Self = serde_json::from_slice(bytes)
-            .with_context(|| format!("{what}: not a bundle manifest"))?;
-        anyhow::ensure!(m.kind == KIND, "{what}: kind {:?}, not {KIND:?}", m.kind);
-        anyhow::ensure!(
-            m.format == FORMAT,
-            "{what}: format {} is not supported (this build reads format {FORMAT})",
-            m.format
-        );
-        for p in m.files.keys() {
-            anyhow::ensure!(
-                RepoPath::parse(p).is_some(),
-                "{what}: lists {p:?}, which is not an archive repo path"
-            );
-        }
-        Ok(m)
-    }
-
-    /// The releases' commits, oldest first.
-    pub fn commits(&self) -> Vec<Checksum> {
-        self.releases
-            .iter()
-            .filter_map(|r| Checksum::from_hex(&r.commit).ok())
-            .collect()
-    }
-}
 
 /// Reads a manifest file, if there is one.
 pub fn read_manifest(path: &Path) -> Result<Option<BundleManifest>> {

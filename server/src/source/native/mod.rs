@@ -29,7 +29,8 @@
 pub mod closure;
 mod layer;
 pub mod objects;
-pub mod path;
+// Entry path classification is `oscontent-parse`'s (fuzzed there).
+pub use oscontent_parse::source::native_path as path;
 pub mod root;
 
 use super::unpack::{self, LayerInfo, LayerSink, StreamTotals};

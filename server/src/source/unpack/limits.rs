@@ -144,27 +144,6 @@ pub(super) fn count_entry(
     Ok(())
 }
 
-/// Refuses an extension header (`what`: PAX, GNU long name, ...) of
-/// `size` bytes over the limit, before it is read into memory.
-pub(super) fn check_extension(
-    size: u64,
-    what: &str,
-    limits: &Limits,
-    subject: &Subject,
-) -> Result<(), SourceError> {
-    if size > limits.max_extension_bytes {
-        return Err(SourceError::LimitExceeded {
-            subject: subject.clone(),
-            limit: "tar extension header",
-            detail: format!(
-                "a {what} header of {size} bytes (limit {})",
-                limits.max_extension_bytes
-            ),
-        });
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,7 +205,7 @@ mod tests {
     }
 
     #[test]
-    fn entries_and_extensions() {
+    fn entries() {
         let (l, s) = (limits(), Subject::new("img", "layer 1/1"));
         let mut n = 0;
         count_entry(&mut n, &l, &s).unwrap();
@@ -236,9 +215,6 @@ mod tests {
             e.contains("tar entries limit exceeded: more than 2 entries"),
             "{e}"
         );
-        check_extension(50, "PAX", &l, &s).unwrap();
-        let e = check_extension(51, "PAX", &l, &s).unwrap_err().to_string();
-        assert!(e.contains("a PAX header of 51 bytes (limit 50)"), "{e}");
     }
 
     #[test]

@@ -40,7 +40,8 @@
 //! (decompressed size, ratio, entry count).
 
 mod apply;
-pub(in crate::source) mod decode;
+// The entry decoder is `oscontent-parse`'s (the fuzz targets build it).
+pub(in crate::source) use oscontent_parse::source::decode;
 mod limits;
 
 use super::error::{SourceError, Subject};

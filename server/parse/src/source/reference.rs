@@ -81,7 +81,7 @@ fn invalid(input: &str, reason: impl Into<String>) -> SourceError {
 }
 
 /// `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`, the distribution path component.
-pub(crate) fn valid_path_component(c: &str) -> bool {
+pub fn valid_path_component(c: &str) -> bool {
     let b = c.as_bytes();
     let alnum = |x: u8| x.is_ascii_lowercase() || x.is_ascii_digit();
     if b.is_empty() || !alnum(b[0]) || !alnum(b[b.len() - 1]) {
@@ -107,7 +107,7 @@ pub(crate) fn valid_path_component(c: &str) -> bool {
 }
 
 /// A host name, IPv4 address or `[IPv6]`, with an optional port.
-pub(crate) fn valid_host(h: &str) -> bool {
+pub fn valid_host(h: &str) -> bool {
     let (host, port) = if let Some(rest) = h.strip_prefix('[') {
         let Some((v6, after)) = rest.split_once(']') else {
             return false;
@@ -150,7 +150,7 @@ fn looks_like_host(c: &str) -> bool {
     c.contains('.') || c.contains(':') || c.starts_with('[') || c == "localhost"
 }
 
-pub(crate) fn valid_tag(t: &str) -> bool {
+pub fn valid_tag(t: &str) -> bool {
     let b = t.as_bytes();
     !b.is_empty()
         && b.len() <= MAX_TAG
@@ -161,7 +161,7 @@ pub(crate) fn valid_tag(t: &str) -> bool {
 
 /// `sha256:` and 64 lowercase hex digits: the only digest algorithm the
 /// server verifies.
-pub(crate) fn valid_sha256_digest(d: &str) -> bool {
+pub fn valid_sha256_digest(d: &str) -> bool {
     d.strip_prefix("sha256:").is_some_and(|h| {
         h.len() == 64
             && h.bytes()
@@ -170,7 +170,7 @@ pub(crate) fn valid_sha256_digest(d: &str) -> bool {
 }
 
 /// Checks a `HOST[:PORT]/REPO` name and splits it.
-pub(crate) fn split_name(input: &str, name: &str) -> Result<(String, String), SourceError> {
+pub fn split_name(input: &str, name: &str) -> Result<(String, String), SourceError> {
     let Some((host, repo)) = name.split_once('/') else {
         if looks_like_host(name) {
             return Err(invalid(
@@ -308,7 +308,7 @@ impl Default for Platform {
 }
 
 /// GOARCH names for the usual aliases.
-pub(crate) fn normalize_arch(a: &str) -> &str {
+pub fn normalize_arch(a: &str) -> &str {
     match a {
         "x86_64" | "x86-64" => "amd64",
         "aarch64" => "arm64",

@@ -3,10 +3,10 @@
 //! clock. Not an API (hidden from the docs); each returns what its target
 //! needs to check the parser's invariants.
 
+use super::decode::{self, Decoder};
 use super::mirrors::{Endpoint, RegistriesConf};
-use super::pipeline::{self, Root, Store};
-use super::unpack::decode::{self, Decoder};
-use super::{auth, detect, native, FetchOptions, Limits, Reference, SourceError, Subject};
+use super::resolve::{self as pipeline, Root, Store};
+use super::{auth, detect, native_path, FetchOptions, Limits, Reference, SourceError, Subject};
 use std::collections::BTreeMap;
 use std::io::Read;
 
@@ -75,9 +75,9 @@ pub fn tar_entries(tar: &[u8], limits: &Limits) -> Result<Vec<DecodedEntry>, Sou
 
 /// Where a native layer's entry path falls: split as the unpacker splits
 /// it, then classified.
-pub fn native_path(path: &[u8]) -> Result<native::path::Place, String> {
+pub fn native_path(path: &[u8]) -> Result<native_path::Place, String> {
     let comps = decode::components(path).map_err(str::to_owned)?;
-    native::path::classify(&comps)
+    native_path::classify(&comps)
 }
 
 /// Registry credentials from an `auth.json`: (key, user, password).

@@ -3,11 +3,11 @@
 //! Everything that turns bytes into a decision lives here, without touching
 //! the staging tree: extension headers (PAX, GNU long names and links,
 //! bounded) applied to the entry they precede, path normalisation, the
-//! entry kind, and the refusals of the rules in [`super`]. What is left for
-//! the applier ([`super::apply`]) depends on what earlier entries wrote.
+//! entry kind, and the refusals of the rules in the server's
+//! `source::unpack`. What is left for its applier depends on what earlier
+//! entries wrote.
 
-use super::limits;
-use crate::source::{Limits, SourceError, Subject};
+use super::{Limits, SourceError, Subject};
 use std::io::{self, Read};
 
 /// The only subtree extracted.
@@ -17,7 +17,7 @@ const OPAQUE: &[u8] = b".wh..wh..opq";
 
 /// Where an entry's path falls relative to `srv/repo`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Place {
+pub enum Place {
     /// `.` (the layer root).
     Root,
     /// `srv`.
@@ -26,7 +26,7 @@ pub(super) enum Place {
     Repo,
     /// Below `srv/repo`.
     Inside,
-    /// What the server derives itself (see [`DERIVED`]): dropped like
+    /// What the server derives itself (see `DERIVED`): dropped like
     /// what is outside `srv/repo`.
     Derived,
     Outside,
@@ -49,7 +49,7 @@ fn dropped(p: Place) -> bool {
     matches!(p, Place::Outside | Place::Derived)
 }
 
-pub(super) fn place(comps: &[&[u8]]) -> Place {
+pub fn place(comps: &[&[u8]]) -> Place {
     match comps {
         [] => Place::Root,
         [a] if *a == KEEP[0] => Place::Srv,
@@ -61,7 +61,7 @@ pub(super) fn place(comps: &[&[u8]]) -> Place {
 }
 
 /// Splits a tar path into components, refusing what could escape.
-pub(in crate::source) fn components(p: &[u8]) -> Result<Vec<&[u8]>, &'static str> {
+pub fn components(p: &[u8]) -> Result<Vec<&[u8]>, &'static str> {
     if p.is_empty() {
         return Err("empty path");
     }
@@ -82,16 +82,16 @@ pub(in crate::source) fn components(p: &[u8]) -> Result<Vec<&[u8]>, &'static str
     Ok(out)
 }
 
-pub(in crate::source) fn show(p: &[u8]) -> String {
+pub fn show(p: &[u8]) -> String {
     String::from_utf8_lossy(p).into_owned()
 }
 
-pub(super) fn join(comps: &[&[u8]]) -> Vec<u8> {
+pub fn join(comps: &[&[u8]]) -> Vec<u8> {
     comps.join(&b'/')
 }
 
 /// A corrupt tar stream.
-pub(in crate::source) fn invalid(subject: &Subject, e: io::Error) -> SourceError {
+pub fn invalid(subject: &Subject, e: io::Error) -> SourceError {
     SourceError::Invalid {
         subject: subject.clone(),
         reason: format!("tar: {e}"),
@@ -99,7 +99,7 @@ pub(in crate::source) fn invalid(subject: &Subject, e: io::Error) -> SourceError
 }
 
 /// An entry refused for what it would do to the tree.
-pub(in crate::source) fn unsafe_entry(subject: &Subject, path: &[u8], why: String) -> SourceError {
+pub fn unsafe_entry(subject: &Subject, path: &[u8], why: String) -> SourceError {
     SourceError::UnsafeEntry {
         subject: subject.clone(),
         path: show(path),
@@ -110,7 +110,7 @@ pub(in crate::source) fn unsafe_entry(subject: &Subject, path: &[u8], why: Strin
 /// Where an entry goes, split for the `*at` calls: the components of its
 /// directory (relative to the layer root) and its name in it.
 #[derive(Debug, PartialEq, Eq)]
-pub(in crate::source) struct At<'a> {
+pub struct At<'a> {
     pub dir: Vec<&'a [u8]>,
     pub name: &'a [u8],
 }
@@ -132,7 +132,7 @@ impl<'a> At<'a> {
 
 /// What a validated entry asks of the tree.
 #[derive(Debug, PartialEq, Eq)]
-pub(in crate::source) enum Kind<'a> {
+pub enum Kind<'a> {
     /// `.wh..wh..opq`: hide what lower layers put in the entry's directory.
     Opaque,
     /// `.wh.NAME`: remove `victim` if a lower layer put it there.
@@ -159,7 +159,7 @@ pub(in crate::source) enum Kind<'a> {
 /// A tar entry to apply: validated, and inside `srv/repo` (or a whiteout
 /// that reaches into it).
 #[derive(Debug, PartialEq, Eq)]
-pub(in crate::source) struct Entry<'a> {
+pub struct Entry<'a> {
     /// The path as the layer wrote it, for messages.
     pub path: &'a [u8],
     pub at: At<'a>,
@@ -168,7 +168,7 @@ pub(in crate::source) struct Entry<'a> {
 
 /// A tar header with the extension headers before it applied.
 #[derive(Debug, Clone)]
-pub(in crate::source) struct Header {
+pub struct Header {
     pub kind: tar::EntryType,
     /// The size in the ustar header.
     pub size: u64,
@@ -227,7 +227,8 @@ fn strip_nuls(mut v: Vec<u8>) -> Vec<u8> {
 
 /// Reads the tar entries of one layer, keeping extension headers for the
 /// entry they describe.
-pub(in crate::source) struct Decoder<'a> {
+#[derive(Debug)]
+pub struct Decoder<'a> {
     subject: &'a Subject,
     limits: &'a Limits,
     pending: Pending,
@@ -304,7 +305,7 @@ impl<'a> Decoder<'a> {
         size: u64,
         what: &str,
     ) -> Result<Vec<u8>, SourceError> {
-        limits::check_extension(size, what, self.limits, self.subject)?;
+        check_extension(size, what, self.limits, self.subject)?;
         let mut v = Vec::with_capacity(size as usize);
         entry
             .read_to_end(&mut v)
@@ -328,7 +329,7 @@ impl<'a> Decoder<'a> {
 /// Decides what to do with one entry: `Ok(None)` to skip it (outside
 /// `srv/repo`, the layer root, a whiteout of something outside), an error
 /// to refuse the layer.
-pub(in crate::source) fn classify<'h>(
+pub fn classify<'h>(
     h: &'h Header,
     subject: &Subject,
     limits: &Limits,
@@ -371,11 +372,7 @@ pub(in crate::source) fn classify<'h>(
 
 /// The rules for every entry, even outside `srv/repo`: no sizes we would
 /// misread, no sparse files, no overlong paths.
-pub(in crate::source) fn check_anywhere(
-    h: &Header,
-    subject: &Subject,
-    limits: &Limits,
-) -> Result<(), SourceError> {
+pub fn check_anywhere(h: &Header, subject: &Subject, limits: &Limits) -> Result<(), SourceError> {
     if h.pax_size.is_some_and(|s| s != h.size) {
         return Err(SourceError::Unsupported {
             subject: subject.clone(),
@@ -487,6 +484,27 @@ fn node<'h>(h: &'h Header, subject: &Subject) -> Result<Kind<'h>, SourceError> {
             reason: format!("tar entry {:?} of type {other:?}", show(&h.path)),
         }),
     }
+}
+
+/// Refuses an extension header (`what`: PAX, GNU long name, ...) of
+/// `size` bytes over the limit, before it is read into memory.
+pub fn check_extension(
+    size: u64,
+    what: &str,
+    limits: &Limits,
+    subject: &Subject,
+) -> Result<(), SourceError> {
+    if size > limits.max_extension_bytes {
+        return Err(SourceError::LimitExceeded {
+            subject: subject.clone(),
+            limit: "tar extension header",
+            detail: format!(
+                "a {what} header of {size} bytes (limit {})",
+                limits.max_extension_bytes
+            ),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -389,3 +389,12 @@ fn what_the_server_derives_is_dropped_but_ref_dirs_stay() {
         assert_eq!(got(&h, &limits()), want, "{path}");
     }
 }
+
+#[test]
+fn extension_headers_are_bounded() {
+    let (mut l, s) = (limits(), Subject::new("img", "layer 1/1"));
+    l.max_extension_bytes = 50;
+    check_extension(50, "PAX", &l, &s).unwrap();
+    let e = check_extension(51, "PAX", &l, &s).unwrap_err().to_string();
+    assert!(e.contains("a PAX header of 51 bytes (limit 50)"), "{e}");
+}

@@ -234,7 +234,7 @@ impl SourceError {
 
     /// Maps a filesystem error while writing the staging tree: ENOSPC and
     /// EDQUOT become [`SourceError::DiskFull`].
-    pub(crate) fn from_io(subject: &Subject, path: impl Into<String>, e: io::Error) -> Self {
+    pub fn from_io(subject: &Subject, path: impl Into<String>, e: io::Error) -> Self {
         let path = path.into();
         let full = matches!(e.raw_os_error(), Some(c) if c == rustix::io::Errno::NOSPC.raw_os_error() || c == rustix::io::Errno::DQUOT.raw_os_error())
             || e.kind() == io::ErrorKind::StorageFull;

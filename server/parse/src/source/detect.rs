@@ -3,7 +3,8 @@
 //! - **ostree-native** (ostree-ext's "tar format", what `ostree container
 //!   encapsulate`, rpm-ostree and bootc build; every OS image today):
 //!   label `ostree.commit`; its layers hold a `bare-split-xattrs` repo under
-//!   `sysroot/ostree/repo`, converted while streaming ([`super::native`]);
+//!   `sysroot/ostree/repo`, converted while streaming (the server's
+//!   `source::native`);
 //! - **legacy** (`machine-os-content` up to OpenShift 4.11): label
 //!   `com.coreos.ostree-commit`; an archive repo under `srv/repo`.
 //!
