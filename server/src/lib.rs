@@ -4,6 +4,7 @@
 pub mod cache;
 pub mod cli;
 pub mod conditional;
+pub mod deltas;
 pub mod fsutil;
 pub mod http;
 pub mod images;

@@ -1,6 +1,7 @@
 //! The arguments of `serve` (and the source and registry arguments `sign`
 //! and `mirror` share).
 
+use crate::deltas::DeltaMode;
 use crate::listen::limits::Limits;
 use crate::publish::Source;
 use crate::signing::{self, SignatureOptions};
@@ -191,6 +192,17 @@ pub struct ServeArgs {
     /// source publishes now), removing objects nothing kept reaches.
     #[arg(long, value_name = "N")]
     pub keep: Option<usize>,
+    /// Static deltas to generate between the releases served (several
+    /// --image): `latest`, to each ref's newest release from every older
+    /// one; `all`, between every pair; `none`. Made in the background
+    /// after each publication and published without changing the summary
+    /// (they are listed in delta indexes); kept in the state dir.
+    #[arg(long, value_enum, default_value_t = DeltaMode::Latest)]
+    pub deltas: DeltaMode,
+    /// Longest the compilation of one static delta may take before it is
+    /// abandoned (nodes then fetch objects).
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    pub delta_timeout: u64,
     /// After SIGTERM, how long in-flight requests may take before the
     /// server exits anyway.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
