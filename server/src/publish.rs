@@ -390,7 +390,10 @@ fn finish_generation(
     // fails here, not on the first client.
     let mut probe = Generation::new(0, sources.clone(), building.path().to_owned(), refs.clone());
     probe.gate = ObjectGate::Only(Arc::new(verified));
-    probe.index_deltas = several_commits(&refs);
+    // A pinned summary (a `--repo`'s own) is served as it is: it does not
+    // say to look in delta indexes, and stock ostree would then try a
+    // generated delta's superblock unlisted, which a signed summary forbids.
+    probe.index_deltas = several_commits(&refs) && !probe.has_pinned_summary()?;
     anyhow::ensure!(!probe.refs()?.is_empty(), "nothing to publish: no refs");
     probe
         .generated_summary()
@@ -405,8 +408,8 @@ fn finish_generation(
 }
 
 /// Whether the refs name more than one commit: then the server may
-/// generate deltas between them (`crate::deltas`), and the summary says
-/// to look for them in delta indexes from the start. It depends on the
+/// generate deltas between them (`crate::deltas`), and a generated summary
+/// says to look for them in delta indexes from the start. It depends on the
 /// refs only, so `sign` and `serve` (whatever its `--deltas`) agree on the
 /// summary's bytes; with no delta published, a stock client's one index
 /// request answers 404 and it fetches objects.

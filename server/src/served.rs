@@ -275,6 +275,11 @@ impl Generation {
         }
     }
 
+    /// Whether the summary served is one publication pinned (not generated).
+    pub fn has_pinned_summary(&self) -> Result<bool> {
+        Ok(self.source_summary()?.is_some())
+    }
+
     /// The exact summary bytes served: the source's own, else the generated
     /// one. This is what `summary.sig` must sign.
     pub fn served_summary(&self) -> Result<bytes::Bytes> {

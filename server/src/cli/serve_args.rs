@@ -334,3 +334,36 @@ mod size_tests {
         assert!(parse_size("1T").unwrap_err().contains("1T"));
     }
 }
+
+#[cfg(test)]
+mod delta_flag_tests {
+    use crate::cli::{Cli, Cmd};
+    use crate::deltas::DeltaMode;
+    use clap::Parser;
+
+    /// Extra `serve` arguments, and the mode and timeout they parse to.
+    type Case<'a> = (&'a [&'a str], Option<(DeltaMode, u64)>);
+
+    #[test]
+    fn deltas_and_their_timeout() {
+        #[rustfmt::skip]
+        let cases: &[Case] = &[
+            (&[], Some((DeltaMode::Latest, 600))),
+            (&["--deltas", "none"], Some((DeltaMode::None, 600))),
+            (&["--deltas", "latest"], Some((DeltaMode::Latest, 600))),
+            (&["--deltas=all", "--delta-timeout", "30"], Some((DeltaMode::All, 30))),
+            (&["--deltas", "every"], None),
+            (&["--deltas"], None),
+            (&["--delta-timeout", "-1"], None),
+        ];
+        for (extra, want) in cases {
+            let argv = ["oscontent-server", "serve", "--repo", "/srv/repo"];
+            let parsed = Cli::try_parse_from(argv.iter().chain(extra.iter()));
+            let got = parsed.ok().map(|c| match c.cmd {
+                Cmd::Serve(a) => (a.deltas, a.delta_timeout),
+                other => panic!("{other:?}"),
+            });
+            assert_eq!(got, *want, "{extra:?}");
+        }
+    }
+}

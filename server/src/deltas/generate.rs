@@ -212,7 +212,9 @@ fn link_object(g: &Generation, o: &ObjectName, dest_root: &Path) -> Result<u64> 
         rustix::fs::AtFlags::SYMLINK_FOLLOW,
     );
     if linked.is_err() {
-        // Another filesystem (EXDEV), or links refused: copy.
+        // Another filesystem (EXDEV), or links refused: copy, within the
+        // state volume's reserve.
+        check_space(dest_root, meta.len())?;
         let mut out =
             std::fs::File::create(&dest).with_context(|| format!("creating {}", dest.display()))?;
         std::io::copy(&mut file, &mut out).with_context(|| format!("copying {rel}"))?;

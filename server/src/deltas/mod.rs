@@ -46,10 +46,15 @@ pub struct DeltaOptions {
 /// Runs a round for every generation published into `sink`, until the
 /// sink is dropped.
 pub async fn run(opts: DeltaOptions, sink: Arc<Sink>) {
+    let mut rx = sink.subscribe();
+    // A local source published before this task started.
+    if rx.borrow().is_some() {
+        rx.mark_changed();
+    }
     if opts.mode == DeltaMode::None {
+        forget_all(&opts, &mut rx).await;
         return;
     }
-    let mut rx = sink.subscribe();
     let store: Arc<Mutex<Option<Store>>> = Arc::default();
     loop {
         if rx.changed().await.is_err() {
@@ -81,6 +86,25 @@ pub async fn run(opts: DeltaOptions, sink: Arc<Sink>) {
                 "a newer generation was published meanwhile; its own round follows"
             );
         }
+    }
+}
+
+/// With `--deltas none`, what an earlier run stored is removed once the
+/// first publication has checked the state dir.
+async fn forget_all(
+    opts: &DeltaOptions,
+    rx: &mut tokio::sync::watch::Receiver<Option<Arc<Generation>>>,
+) {
+    if rx.changed().await.is_err() || !opts.state_dir.join(DELTAS_DIR).is_dir() {
+        return;
+    }
+    let state = opts.state_dir.clone();
+    let swept = tokio::task::spawn_blocking(move || {
+        Store::open(&state).map(|mut s| s.sweep(&HashSet::new()))
+    })
+    .await;
+    if let Ok(Err(e)) = swept {
+        tracing::warn!("removing stored static deltas: {e:#}");
     }
 }
 

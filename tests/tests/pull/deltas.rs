@@ -349,4 +349,60 @@ fn a_restart_reuses_the_delta_and_a_corrupt_one_is_made_again() {
         )
         .unwrap();
     wait_delta(&third);
+    drop(third);
+    // With --deltas none, what was stored is removed.
+    let none = serve_both_in(&["--deltas", "none"], Some(&state));
+    let emptied = poll(DELTA_WAIT, || {
+        let left = std::fs::read_dir(state.join("deltas"))?.count();
+        std::io::Result::Ok((left == 0).then_some(()))
+    })
+    .unwrap();
+    assert!(emptied.is_some(), "stored deltas left with --deltas none");
+    assert_eq!(none.get("/summary").unwrap().status, 200);
+}
+
+/// An archive repo holding both releases, `REF` at v2 and `version/1` at
+/// v1; with `ostree summary -u` when `own_summary`.
+fn repo_of_both(dir: &Path, own_summary: bool) -> Ostree {
+    let repo = Ostree::init(dir, "archive").unwrap();
+    for r in [v1(), v2()] {
+        repo.run(["pull-local", &r.repo.display().to_string(), &r.commit])
+            .unwrap();
+    }
+    repo.run(["refs", "--create", fixture_ref(), &v2().commit])
+        .unwrap();
+    repo.run(["refs", "--create", "version/1", &v1().commit])
+        .unwrap();
+    if own_summary {
+        repo.run(["summary", "-u"]).unwrap();
+    }
+    repo
+}
+
+#[test]
+fn a_repo_served_with_its_own_summary_gets_no_generated_delta() {
+    let tmp = tempdir();
+    let derived = repo_of_both(&tmp.path().join("derived"), false);
+    let pinned = repo_of_both(&tmp.path().join("pinned"), true);
+    let with_own = Server::repo(&pinned.repo).start().unwrap();
+    // The control: the same refs with a summary the server derives get
+    // the delta, in about the time the other server had to make one.
+    let control = Server::repo(&derived.repo).start().unwrap();
+    wait_delta(&control);
+    assert!(control.summary().unwrap().indexed_deltas);
+
+    // The repo's own summary is served as it is, and listing deltas is
+    // the source's business: a summary without the indexed-deltas flag
+    // would send stock ostree to an unlisted superblock, which a signed
+    // summary makes an error, so none is generated.
+    let served = with_own.summary_bytes().unwrap();
+    assert_eq!(served, std::fs::read(pinned.repo.join("summary")).unwrap());
+    let sb = format!("/{}/superblock", v1_to_v2().dir());
+    assert_eq!(with_own.get(&sb).unwrap().status, 404);
+    let m = with_own.metrics().unwrap();
+    assert_eq!(m.get("oscontent_deltas_published", &[]), Some(0.0));
+    assert_eq!(
+        m.get("oscontent_deltas_total", &[("result", "generated")]),
+        Some(0.0)
+    );
 }
