@@ -101,11 +101,11 @@ impl Store {
     /// the store under `key` once it verifies.
     pub fn insert(&mut self, key: &str, name: &DeltaName, tmp: &Path) -> Result<Arc<StoredDelta>> {
         let dir = self.dir.join(key);
-        check(tmp, name).context("verifying the generated delta")?;
+        let mut d = check(tmp, name).context("verifying the generated delta")?;
         remove(&dir);
         std::fs::rename(tmp, &dir)
             .with_context(|| format!("renaming {} into place", tmp.display()))?;
-        let d = check(&dir, name)?;
+        d.dir = dir;
         Ok(self.adopt(key, d))
     }
 
