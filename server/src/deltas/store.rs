@@ -225,3 +225,84 @@ impl PublishedDeltas {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oscontent_format::{parse_delta_index, DeltaFile};
+
+    fn c(n: u8) -> Checksum {
+        Checksum::from([n; 32])
+    }
+
+    fn stored(from: u8, to: u8) -> Arc<StoredDelta> {
+        Arc::new(StoredDelta {
+            name: DeltaName {
+                from: Some(c(from)),
+                to: c(to),
+            },
+            dir: PathBuf::from(format!("/state/deltas/{from}-{to}")),
+            superblock: c(100 + from),
+            bytes: 1,
+        })
+    }
+
+    #[test]
+    fn what_published_deltas_answer() {
+        let p = PublishedDeltas::new(vec![stored(1, 3), stored(2, 3), stored(1, 2)]);
+        let index = |to: u8| match p.resolve(&RepoPath::DeltaIndex { to: c(to) }) {
+            Some(Resolved::Generated(g)) => parse_delta_index(&g.bytes).expect("an index"),
+            other => panic!("index of {to}: {other:?}"),
+        };
+        let names = |l: Vec<SummaryDelta>| -> Vec<(DeltaName, Checksum)> {
+            l.into_iter().map(|d| (d.name, d.superblock)).collect()
+        };
+        assert_eq!(
+            names(index(3)),
+            vec![(stored(1, 3).name, c(101)), (stored(2, 3).name, c(102))]
+        );
+        assert_eq!(names(index(2)), vec![(stored(1, 2).name, c(101))]);
+        let part = RepoPath::Delta {
+            name: stored(2, 3).name,
+            file: DeltaFile::Part(0),
+        };
+        let cases: Vec<(RepoPath, Option<(PathBuf, String)>)> = vec![
+            (
+                part.clone(),
+                Some((PathBuf::from("/state/deltas/2-3"), part.to_path())),
+            ),
+            (RepoPath::DeltaIndex { to: c(1) }, None),
+            (
+                RepoPath::Delta {
+                    name: DeltaName {
+                        from: Some(c(3)),
+                        to: c(1),
+                    },
+                    file: DeltaFile::Superblock,
+                },
+                None,
+            ),
+            (RepoPath::Summary, None),
+        ];
+        for (path, want) in cases {
+            let got = match p.resolve(&path) {
+                Some(Resolved::File { root, rel, .. }) => Some((root, rel)),
+                None => None,
+                Some(other) => panic!("{path:?}: {other:?}"),
+            };
+            assert_eq!(got, want, "{path:?}");
+        }
+    }
+
+    #[test]
+    fn a_delta_key_names_its_embedded_signatures() {
+        let name = stored(1, 2).name;
+        let unsigned = Store::key(&name, None);
+        let a = Store::key(&name, Some(b"one signature"));
+        let b = Store::key(&name, Some(b"another"));
+        assert!(unsigned.starts_with(&name.summary_name()));
+        assert!(unsigned.ends_with("-unsigned"));
+        assert_ne!(a, b);
+        assert_ne!(a, unsigned);
+    }
+}
