@@ -43,8 +43,8 @@ pub struct DeltaOptions {
     pub timeout: Duration,
 }
 
-/// Runs a round for every generation published into `sink`, until the
-/// sink is dropped.
+/// Runs a round for every generation published into `sink`, for the
+/// server's life.
 pub async fn run(opts: DeltaOptions, sink: Arc<Sink>) {
     let mut rx = sink.subscribe();
     // A local source published before this task started.
@@ -63,7 +63,7 @@ pub async fn run(opts: DeltaOptions, sink: Arc<Sink>) {
         let Some(base) = rx.borrow_and_update().clone() else {
             continue;
         };
-        if base.deltas.is_some() || !base.index_deltas {
+        if base.deltas.is_some() {
             continue;
         }
         let deltas = match on_thread(&opts, &store, &base, sink.metrics()).await {
@@ -141,10 +141,15 @@ fn round(
     base: &Generation,
     metrics: &Metrics,
 ) -> Result<Vec<Arc<StoredDelta>>> {
-    let store = match store {
-        Some(s) => s,
-        None => store.insert(Store::open(&opts.state_dir)?),
-    };
+    if !base.index_deltas {
+        // One commit, or a summary the source pins: no delta, and none of
+        // those stored is needed any more.
+        if store.is_some() || opts.state_dir.join(DELTAS_DIR).is_dir() {
+            store_of(opts, store)?.sweep(&HashSet::new());
+        }
+        return Ok(Vec::new());
+    }
+    let store = store_of(opts, store)?;
     let mut refs = Vec::new();
     for (name, commit) in &base.derived_refs {
         let c = base.commit(commit)?;
@@ -204,6 +209,13 @@ fn round(
     }
     store.sweep(&keep);
     Ok(out)
+}
+
+fn store_of<'a>(opts: &DeltaOptions, store: &'a mut Option<Store>) -> Result<&'a mut Store> {
+    Ok(match store {
+        Some(s) => s,
+        None => store.insert(Store::open(&opts.state_dir)?),
+    })
 }
 
 fn failed(metrics: &Metrics, name: &oscontent_format::DeltaName, e: &anyhow::Error) {
