@@ -69,7 +69,8 @@ pub async fn run(opts: DeltaOptions, sink: Arc<Sink>) {
         let deltas = match on_thread(&opts, &store, &base, sink.metrics()).await {
             Ok(d) => d,
             Err(e) => {
-                tracing::warn!("static deltas: {e:#}");
+                sink.metrics().deltas.with_label_values(&["failed"]).inc();
+                tracing::warn!("static deltas not generated; nodes fetch objects instead: {e:#}");
                 continue;
             }
         };

@@ -406,3 +406,40 @@ fn a_repo_served_with_its_own_summary_gets_no_generated_delta() {
         Some(0.0)
     );
 }
+
+#[test]
+fn a_failed_round_is_counted_and_serving_goes_on_without_deltas() {
+    let tmp = tempdir();
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    // Where the deltas directory goes, a file: the round cannot start.
+    std::fs::write(state.join("deltas"), b"in the way").unwrap();
+    let server = serve_both_in(&[], Some(&state));
+    server
+        .wait_metric(
+            "oscontent_deltas_total",
+            &[("result", "failed")],
+            1.0,
+            DELTA_WAIT,
+        )
+        .unwrap();
+    assert!(
+        !server
+            .stderr_lines("static deltas not generated")
+            .is_empty(),
+        "{}",
+        server.stderr()
+    );
+    let m = server.metrics().unwrap();
+    assert_eq!(m.get("oscontent_deltas_published", &[]), Some(0.0));
+    assert_eq!(m.get("oscontent_ready", &[]), Some(1.0));
+    // Nodes update through objects.
+    let node = stock_node_at_v1(&tmp.path().join("node"), &server.url, None);
+    let out = node.pull(&["os", fixture_ref()]).unwrap();
+    assert!(!out.contains("delta parts"), "{out}");
+    assert_eq!(
+        node.rev_parse(&format!("os:{}", fixture_ref())).unwrap(),
+        v2().commit
+    );
+    node.fsck().unwrap();
+}
