@@ -6,6 +6,7 @@ pub mod cli;
 /// The Range and conditional request headers (in `oscontent-parse`, which
 /// the fuzz targets build).
 pub use oscontent_parse::conditional;
+pub mod deltas;
 pub mod fsutil;
 pub mod http;
 pub mod images;

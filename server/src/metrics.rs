@@ -71,6 +71,10 @@ pub struct Metrics {
     pub rollbacks: IntCounterVec,
     /// 1 when `--allow-rollback` publishes rollbacks.
     pub rollback_allowed: IntGauge,
+    /// Static delta rounds, by `result`: generated, reused, failed.
+    pub deltas: IntCounterVec,
+    /// Generated static deltas the current generation serves.
+    pub deltas_published: IntGauge,
     handles: Handles,
 }
 
@@ -158,6 +162,19 @@ impl Metrics {
             "1 when --allow-rollback publishes refreshes that move a ref back in time",
         )
         .expect("valid metric");
+        let deltas = counter_vec(
+            "oscontent_deltas_total",
+            "Static deltas between served releases, by result: generated, reused (from the state dir) or failed (nodes fetch objects)",
+            &["result"],
+        );
+        for result in ["generated", "reused", "failed"] {
+            deltas.with_label_values(&[result]);
+        }
+        let deltas_published = IntGauge::new(
+            "oscontent_deltas_published",
+            "Generated static deltas the current generation serves",
+        )
+        .expect("valid metric");
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(response_bytes.clone()),
@@ -174,6 +191,8 @@ impl Metrics {
             Box::new(oversized_metadata.clone()),
             Box::new(rollbacks.clone()),
             Box::new(rollback_allowed.clone()),
+            Box::new(deltas.clone()),
+            Box::new(deltas_published.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -194,6 +213,8 @@ impl Metrics {
             oversized_metadata,
             rollbacks,
             rollback_allowed,
+            deltas,
+            deltas_published,
             handles: Handles {
                 requests: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
                 bytes: std::array::from_fn(|_| OnceLock::new()),

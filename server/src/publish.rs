@@ -390,6 +390,10 @@ fn finish_generation(
     // fails here, not on the first client.
     let mut probe = Generation::new(0, sources.clone(), building.path().to_owned(), refs.clone());
     probe.gate = ObjectGate::Only(Arc::new(verified));
+    // A pinned summary (a `--repo`'s own) is served as it is: it does not
+    // say to look in delta indexes, and stock ostree would then try a
+    // generated delta's superblock unlisted, which a signed summary forbids.
+    probe.index_deltas = several_commits(&refs) && !probe.has_pinned_summary()?;
     anyhow::ensure!(!probe.refs()?.is_empty(), "nothing to publish: no refs");
     probe
         .generated_summary()
@@ -399,7 +403,18 @@ fn finish_generation(
     let mut generation = building.commit(sources, refs)?;
     generation.signatures = report;
     generation.gate = probe.gate.clone();
+    generation.index_deltas = probe.index_deltas;
     Ok(generation)
+}
+
+/// Whether the refs name more than one commit: then the server may
+/// generate deltas between them (`crate::deltas`), and a generated summary
+/// says to look for them in delta indexes from the start. It depends on the
+/// refs only, so `sign` and `serve` (whatever its `--deltas`) agree on the
+/// summary's bytes; with no delta published, a stock client's one index
+/// request answers 404 and it fetches objects.
+pub fn several_commits(refs: &[(String, Checksum)]) -> bool {
+    refs.iter().any(|(_, c)| *c != refs[0].1)
 }
 
 /// A commit whose root dirtree or dirmeta is missing cannot be checked out:

@@ -25,7 +25,7 @@ use oscontent_format::{
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 /// Signature bundle files and delta superblocks read whole; anything
@@ -102,6 +102,15 @@ pub struct Generation {
     /// Unique in this process (ids restart with a state dir, and probes
     /// use 0): what the object cache keys this generation's entries by.
     pub cache_key: u64,
+    /// The summary says `ostree.summary.indexed-deltas`: set by
+    /// publication when the refs name several commits, whether or not
+    /// deltas exist yet, so the summary's bytes (and their signature) stay
+    /// the same when generated deltas are published later.
+    pub index_deltas: bool,
+    /// Deltas the server generated between the releases (`crate::deltas`),
+    /// listed only in their delta indexes; `None` in a generation as
+    /// published from its source.
+    pub deltas: Option<Arc<crate::deltas::PublishedDeltas>>,
 }
 
 /// What publication did with signatures (`crate::signing::apply`), kept
@@ -150,7 +159,30 @@ impl Generation {
             metadata: MetadataCache::default(),
             objects: Default::default(),
             cache_key: NEXT_CACHE_KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            index_deltas: false,
+            deltas: None,
         }
+    }
+
+    /// `base` again, plus the deltas generated for it: the same sources,
+    /// overlay, refs, signatures and verified objects, so the same summary
+    /// bytes and the same object cache entries. `base` is kept alive by
+    /// the new generation (its overlay and staged images are shared).
+    pub fn with_deltas(base: Arc<Generation>, deltas: crate::deltas::PublishedDeltas) -> Self {
+        let mut g = Self::new(
+            base.id,
+            base.sources.clone(),
+            base.overlay.clone(),
+            base.derived_refs.clone(),
+        );
+        g.published = base.published;
+        g.signatures = base.signatures.clone();
+        g.gate = base.gate.clone();
+        g.cache_key = base.cache_key;
+        g.index_deltas = base.index_deltas;
+        g.deltas = Some(Arc::new(deltas));
+        g.keepalive.push(Box::new(base));
+        g
     }
 
     /// Every root of one layer kind, in precedence order.
@@ -184,6 +216,13 @@ impl Generation {
 
     /// Resolves a request path against source and overlay.
     pub fn resolve(&self, path: &RepoPath) -> Result<Resolved> {
+        // Generated deltas were verified before they were published, and
+        // their indexes are made from what verified.
+        if let Some(d) = &self.deltas {
+            if let Some(r) = d.resolve(path) {
+                return Ok(r);
+            }
+        }
         // The one check on the request path: an object or delta the
         // publication did not verify does not exist (invariant 1).
         if !self.gate.allows(path) {
@@ -234,6 +273,11 @@ impl Generation {
             r @ Resolved::File { .. } => Ok(Some(r)),
             _ => Ok(None),
         }
+    }
+
+    /// Whether the summary served is one publication pinned (not generated).
+    pub fn has_pinned_summary(&self) -> Result<bool> {
+        Ok(self.source_summary()?.is_some())
     }
 
     /// The exact summary bytes served: the source's own, else the generated
@@ -446,7 +490,7 @@ impl Generation {
                 }
             }
         }
-        let indexed = self.has_delta_indexes()?;
+        let indexed = self.index_deltas || self.has_delta_indexes()?;
         let collection_id = self.collection_id()?;
         // Cheap fingerprint of the inputs: ref targets plus each superblock's
         // identity. Contents are hashed only when it changes.

@@ -61,6 +61,9 @@ pub use gpgsigs::{build_gpgsigs, merge_gpgsigs, parse_gpgsigs};
 pub use path::{DeltaFile, DeltaName, ObjectKind, ObjectName, RefNamespace, RepoPath};
 pub use refname::{sanitize_ref_component, validate_collection_id, validate_ref};
 pub use retry::RetryPolicy;
-pub use summary::{build_summary, parse_summary, Summary, SummaryDelta, SummaryRef};
+pub use summary::{
+    build_delta_index, build_summary, parse_delta_index, parse_summary, Summary, SummaryDelta,
+    SummaryRef,
+};
 pub use tree::{check_dirmeta, parse_dirtree, DirTree};
 pub use variant::parse_normal;

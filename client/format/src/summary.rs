@@ -116,6 +116,57 @@ fn ref_list(refs: &[SummaryRef]) -> Result<Variant, FormatError> {
     ))
 }
 
+/// `ostree.static-deltas`: delta name → superblock SHA-256, sorted by name.
+fn delta_list(deltas: &[SummaryDelta]) -> Variant {
+    let mut by_name: BTreeMap<String, Variant> = BTreeMap::new();
+    for d in deltas {
+        by_name.insert(d.name.summary_name(), ay(d.superblock.as_bytes()));
+    }
+    let borrowed = by_name
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    asv(borrowed)
+}
+
+/// A delta index, `delta-indexes/XX/REST.index`: the deltas to one commit
+/// in an `a{sv}` under the summary's own key, as libostree writes it.
+/// Listing deltas there rather than in the summary leaves the summary's
+/// bytes (and so its signature) unchanged when deltas appear.
+pub fn build_delta_index(deltas: &[SummaryDelta]) -> Vec<u8> {
+    let mut meta = BTreeMap::new();
+    meta.insert(KEY_STATIC_DELTAS, delta_list(deltas));
+    asv(meta).data().to_vec()
+}
+
+/// Parses a delta index from an untrusted remote (bounded like a summary).
+pub fn parse_delta_index(bytes: &[u8]) -> Result<Vec<SummaryDelta>, FormatError> {
+    const WHAT_INDEX: &str = "delta index";
+    check_size(bytes, MAX_SUMMARY_SIZE, WHAT_INDEX)?;
+    let v = parse_normal(bytes, "a{sv}", WHAT_INDEX)?;
+    parse_delta_list(&VariantDict::new(Some(&v)))
+}
+
+fn parse_delta_list(meta: &VariantDict) -> Result<Vec<SummaryDelta>, FormatError> {
+    let mut deltas = Vec::new();
+    if let Some(d) = meta.lookup_value(KEY_STATIC_DELTAS, Some(ty("a{sv}"))) {
+        for e in d.iter() {
+            let name = e.child_value(0).str().unwrap_or_default().to_owned();
+            let val = e
+                .child_value(1)
+                .as_variant()
+                .ok_or_else(|| verr("static delta value"))?;
+            let name = DeltaName::parse_summary_name(&name)
+                .ok_or_else(|| verr(format!("bad static delta name {name:?}")))?;
+            let sb = val.fixed_array::<u8>().map_err(|e| verr(e.to_string()))?;
+            let superblock =
+                Checksum::from_bytes(sb).map_err(|_| verr("delta superblock checksum"))?;
+            deltas.push(SummaryDelta { name, superblock });
+        }
+    }
+    Ok(deltas)
+}
+
 /// Serializes a summary. Deterministic; see the module docs.
 pub fn build_summary(s: &Summary) -> Result<Vec<u8>, FormatError> {
     let refs = ref_list(&s.refs)?;
@@ -137,15 +188,7 @@ pub fn build_summary(s: &Summary) -> Result<Vec<u8>, FormatError> {
         meta.insert(KEY_COLLECTION_ID, c.to_variant());
     }
     if !s.deltas.is_empty() {
-        let mut by_name: BTreeMap<String, Variant> = BTreeMap::new();
-        for d in &s.deltas {
-            by_name.insert(d.name.summary_name(), ay(d.superblock.as_bytes()));
-        }
-        let borrowed = by_name
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.clone()))
-            .collect();
-        meta.insert(KEY_STATIC_DELTAS, asv(borrowed));
+        meta.insert(KEY_STATIC_DELTAS, delta_list(&s.deltas));
     }
     if !s.collection_map.is_empty() {
         let mut entries = Vec::new();
@@ -230,22 +273,7 @@ pub fn parse_summary(bytes: &[u8]) -> Result<Summary, FormatError> {
         meta.lookup_value(k, Some(ty("s")))
             .and_then(|v| v.str().map(str::to_owned))
     };
-    let mut deltas = Vec::new();
-    if let Some(d) = meta.lookup_value(KEY_STATIC_DELTAS, Some(ty("a{sv}"))) {
-        for e in d.iter() {
-            let name = e.child_value(0).str().unwrap_or_default().to_owned();
-            let val = e
-                .child_value(1)
-                .as_variant()
-                .ok_or_else(|| verr("static delta value"))?;
-            let name = DeltaName::parse_summary_name(&name)
-                .ok_or_else(|| verr(format!("bad static delta name {name:?}")))?;
-            let sb = val.fixed_array::<u8>().map_err(|e| verr(e.to_string()))?;
-            let superblock =
-                Checksum::from_bytes(sb).map_err(|_| verr("delta superblock checksum"))?;
-            deltas.push(SummaryDelta { name, superblock });
-        }
-    }
+    let deltas = parse_delta_list(&meta)?;
     let mut collection_map = BTreeMap::new();
     if let Some(m) = meta.lookup_value(KEY_COLLECTION_MAP, Some(ty("a{sa(s(taya{sv}))}"))) {
         for e in m.iter() {
@@ -311,6 +339,15 @@ mod tests {
             mode: Some(crate::config::ARCHIVE_MODE.into()),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_delta_index_round_trips_and_a_summary_is_not_one() {
+        let deltas = sample().deltas;
+        let bytes = build_delta_index(&deltas);
+        assert_eq!(parse_delta_index(&bytes).unwrap(), deltas);
+        assert_eq!(parse_delta_index(&build_delta_index(&[])).unwrap(), vec![]);
+        assert!(parse_delta_index(&build_summary(&sample()).unwrap()).is_err());
     }
 
     #[test]

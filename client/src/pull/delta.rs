@@ -45,11 +45,15 @@ pub async fn try_delta(
         from: Some(from),
         to,
     };
-    let Some(listed) = summary.deltas.iter().find(|d| d.name == name) else {
+    let listed = match summary.deltas.iter().find(|d| d.name == name) {
+        Some(d) => Some(d.superblock),
+        None if summary.indexed_deltas => indexed(ctx, &name).await?,
+        None => None,
+    };
+    let Some(listed) = listed else {
         return Ok(false);
     };
-    let Some((sb_bytes, sb)) = fetch_superblock(ctx, reporter, &name, listed.superblock).await?
-    else {
+    let Some((sb_bytes, sb)) = fetch_superblock(ctx, reporter, &name, listed).await? else {
         return Ok(false);
     };
     if !worth_it(ctx, reporter, &name, &sb) {
@@ -71,6 +75,31 @@ pub async fn try_delta(
     let tmp = download(ctx, &name, &sb_bytes, &sb).await?;
     apply(ctx, tmp.path(), &sb).await?;
     Ok(true)
+}
+
+/// The superblock checksum the target's delta index lists for `name`
+/// (`ostree.summary.indexed-deltas`), if any. The index is not signed:
+/// what it names is checked as the summary's deltas are (superblock
+/// against it, the embedded commit against the verified target, parts
+/// against the superblock).
+async fn indexed(ctx: &Ctx, name: &DeltaName) -> PullResult<Option<Checksum>> {
+    const MAX_INDEX: usize = 1 << 20;
+    let path = DeltaName::index_path(&name.to);
+    let Some(bytes) = ctx
+        .fetcher
+        .get_bytes(&path, MAX_INDEX)
+        .await
+        .map_err(FetchError::into_pull)?
+    else {
+        return Ok(None);
+    };
+    let list = oscontent_format::parse_delta_index(&bytes)
+        .with_context(|| ctx.fetcher.url(&path))
+        .verification()?;
+    Ok(list
+        .into_iter()
+        .find(|d| d.name == *name)
+        .map(|d| d.superblock))
 }
 
 /// The delta's superblock, checked against the checksum the summary lists

@@ -1,6 +1,7 @@
 //! The arguments of `serve` (and the source and registry arguments `sign`
 //! and `mirror` share).
 
+use crate::deltas::DeltaMode;
 use crate::listen::limits::Limits;
 use crate::publish::Source;
 use crate::signing::{self, SignatureOptions};
@@ -191,6 +192,17 @@ pub struct ServeArgs {
     /// source publishes now), removing objects nothing kept reaches.
     #[arg(long, value_name = "N")]
     pub keep: Option<usize>,
+    /// Static deltas to generate between the releases served (several
+    /// --image): `latest`, to each ref's newest release from every older
+    /// one; `all`, between every pair; `none`. Made in the background
+    /// after each publication and published without changing the summary
+    /// (they are listed in delta indexes); kept in the state dir.
+    #[arg(long, value_enum, default_value_t = DeltaMode::Latest)]
+    pub deltas: DeltaMode,
+    /// Longest the compilation of one static delta may take before it is
+    /// abandoned (nodes then fetch objects).
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    pub delta_timeout: u64,
     /// After SIGTERM, how long in-flight requests may take before the
     /// server exits anyway.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
@@ -320,5 +332,38 @@ mod size_tests {
             assert_eq!(parse_size(s).ok(), *want, "{s:?}");
         }
         assert!(parse_size("1T").unwrap_err().contains("1T"));
+    }
+}
+
+#[cfg(test)]
+mod delta_flag_tests {
+    use crate::cli::{Cli, Cmd};
+    use crate::deltas::DeltaMode;
+    use clap::Parser;
+
+    /// Extra `serve` arguments, and the mode and timeout they parse to.
+    type Case<'a> = (&'a [&'a str], Option<(DeltaMode, u64)>);
+
+    #[test]
+    fn deltas_and_their_timeout() {
+        #[rustfmt::skip]
+        let cases: &[Case] = &[
+            (&[], Some((DeltaMode::Latest, 600))),
+            (&["--deltas", "none"], Some((DeltaMode::None, 600))),
+            (&["--deltas", "latest"], Some((DeltaMode::Latest, 600))),
+            (&["--deltas=all", "--delta-timeout", "30"], Some((DeltaMode::All, 30))),
+            (&["--deltas", "every"], None),
+            (&["--deltas"], None),
+            (&["--delta-timeout", "-1"], None),
+        ];
+        for (extra, want) in cases {
+            let argv = ["oscontent-server", "serve", "--repo", "/srv/repo"];
+            let parsed = Cli::try_parse_from(argv.iter().chain(extra.iter()));
+            let got = parsed.ok().map(|c| match c.cmd {
+                Cmd::Serve(a) => (a.deltas, a.delta_timeout),
+                other => panic!("{other:?}"),
+            });
+            assert_eq!(got, *want, "{extra:?}");
+        }
     }
 }

@@ -64,6 +64,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
     )?;
     let limits = listener_limits(&args)?;
     let publisher = start_publishing(&args, &sink, &signals).await?;
+    // Rounds start at each publication; serving never waits for them.
+    let deltas = crate::deltas::DeltaOptions {
+        mode: args.deltas,
+        state_dir: args.state_dir.clone(),
+        timeout: Duration::from_secs(args.delta_timeout.max(1)),
+    };
+    tokio::spawn(crate::deltas::run(deltas, sink.clone()));
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;

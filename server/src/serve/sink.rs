@@ -31,6 +31,8 @@ impl Outcome {
 pub struct Sink {
     current: ArcSwapOption<Generation>,
     metrics: Arc<Metrics>,
+    /// Each generation a publisher published, for the delta rounds.
+    published: tokio::sync::watch::Sender<Option<Arc<Generation>>>,
 }
 
 impl Default for Sink {
@@ -44,6 +46,7 @@ impl Sink {
         Self {
             current: ArcSwapOption::empty(),
             metrics,
+            published: tokio::sync::watch::Sender::new(None),
         }
     }
 
@@ -54,12 +57,43 @@ impl Sink {
     /// Makes a generation visible in one step. Requests already holding the
     /// previous one finish on it; it is dropped with its last request.
     pub fn publish(&self, generation: Generation) {
+        let generation = Arc::new(generation);
+        self.store(generation.clone());
+        self.published.send_replace(Some(generation));
+    }
+
+    fn store(&self, generation: Arc<Generation>) {
         self.metrics
             .published_refs
             .set(generation.derived_refs.len() as i64);
         self.metrics.generation.set(generation.id as i64);
-        self.current.store(Some(Arc::new(generation)));
+        let deltas = generation.deltas.as_ref().map_or(0, |d| d.len());
+        self.metrics.deltas_published.set(deltas as i64);
+        self.current.store(Some(generation));
         self.metrics.ready.set(1);
+    }
+
+    /// Replaces `base` with `derived` (the same content plus what was
+    /// generated for it), unless another generation replaced it first.
+    pub fn publish_derived(&self, base: &Arc<Generation>, derived: Generation) -> bool {
+        let cur = self.current.load();
+        if !cur.as_ref().is_some_and(|c| Arc::ptr_eq(c, base)) {
+            return false;
+        }
+        let derived = Arc::new(derived);
+        let prev = self.current.compare_and_swap(&cur, Some(derived.clone()));
+        if !prev.as_ref().is_some_and(|p| Arc::ptr_eq(p, base)) {
+            return false;
+        }
+        // Already current: store() only brings the metrics up to date.
+        self.store(derived);
+        true
+    }
+
+    /// Every generation publishers publish from now on (not the derived
+    /// ones).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Option<Arc<Generation>>> {
+        self.published.subscribe()
     }
 
     /// The generation being served, if any.

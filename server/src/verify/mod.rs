@@ -66,6 +66,11 @@ impl VerifiedSet {
         self.objects.is_empty()
     }
 
+    /// Every verified object (in no particular order).
+    pub fn objects(&self) -> impl Iterator<Item = &ObjectName> {
+        self.objects.iter()
+    }
+
     pub fn insert(&mut self, o: ObjectName) -> bool {
         self.objects.insert(o)
     }

@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod crash;
+mod deltas;
 mod diskfill;
 mod faults;
 mod fetch;

@@ -162,6 +162,27 @@ impl Server {
         Metrics::parse(&r.text()?)
     }
 
+    /// Polls `/metrics` (every 10 ms, at most `timeout`) until the series
+    /// `name` with `labels` is at least `want`; its value then.
+    pub fn wait_metric(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+        want: f64,
+        timeout: Duration,
+    ) -> Result<f64> {
+        let got = poll(timeout, || {
+            let v = self.metrics()?.get(name, labels);
+            anyhow::Ok(v.filter(|v| *v >= want))
+        })?;
+        got.ok_or_else(|| {
+            anyhow!(
+                "{name}{labels:?} did not reach {want} within {timeout:?}\nserver stderr:\n{}",
+                self.stderr()
+            )
+        })
+    }
+
     /// GET over HTTP/1.1: status, headers and body.
     pub fn get(&self, path: &str) -> Result<HttpResponse> {
         fetch(&http1(), &self.url_for(path), &[])

@@ -93,7 +93,14 @@ pub fn run(opts: &Options) -> Result<()> {
         anyhow::bail!("native fixtures with {} releases", f.releases.len());
     };
     let work = tempfile::tempdir_in(super::bench_dir()?).context("creating the work dir")?;
-    let repos = repos::prepare(&f.repo, &v1.commit, &v2.commit, DEFAULT_REF, work.path())?;
+    let repos = repos::prepare(
+        &f.repo,
+        &v1.commit,
+        &v2.commit,
+        DEFAULT_REF,
+        work.path(),
+        &server_bin,
+    )?;
     let max_nodes = opts.nodes.iter().copied().max().unwrap_or(0);
     eprintln!("fleet: creating {max_nodes} node namespaces");
     let fleet = Fleet::create(max_nodes, &opts.shaping)?;

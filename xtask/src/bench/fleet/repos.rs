@@ -1,6 +1,7 @@
 //! The repos of a fleet run: what the servers serve (the fixtures' archive
 //! repo with v2 on the ref and a summary, with or without the v1→v2 static
-//! delta stock `ostree static-delta generate` compiles), and the node
+//! delta oscontent-server generates, exported once into the copy so that
+//! nginx serves exactly the same files), and the node
 //! repos (bare-user, at v1, as nodes are before the update). Objects are
 //! hardlinked from the fixtures and from one node template: nothing in
 //! them is ever rewritten, and a hundred nodes cost the disk only what
@@ -10,7 +11,7 @@ use super::topology::server_addr;
 use anyhow::{ensure, Context, Result};
 use oscontent_testkit::checkout::{commit_closure, object_difference};
 use oscontent_testkit::objects::ObjectSet;
-use oscontent_testkit::{check_output, Ostree};
+use oscontent_testkit::{check_output, Ostree, ServerProcess};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -72,29 +73,84 @@ fn set_ref(repo: &Path, ref_name: &str, commit: &str) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-fn served(source: &Path, dir: &Path, r: &Repos, delta: bool) -> Result<Served> {
+fn served(source: &Path, dir: &Path, r: &Repos, delta: Option<&Path>) -> Result<Served> {
     link_copy(source, dir)?;
     set_ref(dir, &r.ref_name, &r.v2)?;
-    let repo = format!("--repo={}", dir.display());
-    let delta_bytes = if delta {
-        run(Command::new("ostree").args([
-            &repo,
-            "static-delta",
-            "generate",
-            "--from",
-            &r.v1,
-            "--to",
-            &r.v2,
-        ]))?;
-        Some(dir_bytes(&dir.join("deltas"))?)
-    } else {
-        None
+    let delta_bytes = match delta {
+        Some(server_bin) => {
+            export_server_delta(server_bin, dir, r)?;
+            Some(dir_bytes(&dir.join("deltas"))?)
+        }
+        None => {
+            let repo = format!("--repo={}", dir.display());
+            run(Command::new("ostree").args([&repo, "summary", "-u"]))?;
+            None
+        }
     };
-    run(Command::new("ostree").args([&repo, "summary", "-u"]))?;
     Ok(Served {
         dir: dir.to_owned(),
         delta_bytes,
     })
+}
+
+/// Bound on the server's publication and delta generation at prepare time.
+const DELTA_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// Serves `dir` (v1 on a `version/` ref beside v2 on the ref, no summary
+/// of its own) with oscontent-server on loopback until it has generated
+/// the v1→v2 delta, then writes what it serves into `dir`: the delta's
+/// files, its index and the summary (which says to use delta indexes).
+fn export_server_delta(server_bin: &Path, dir: &Path, r: &Repos) -> Result<()> {
+    set_ref(dir, "version/v1", &r.v1)?;
+    let state = tempfile::tempdir().context("a scratch state dir")?;
+    let mut cmd = Command::new(server_bin);
+    cmd.arg("serve")
+        .arg("--repo")
+        .arg(dir)
+        .arg("--state-dir")
+        .arg(state.path())
+        .args(["--listen", "127.0.0.1:0"]);
+    let server = ServerProcess::spawn(&mut cmd, DELTA_TIMEOUT)?;
+    let client = oscontent_testkit::http::http1();
+    let get = |path: &str| -> Result<Vec<u8>> {
+        let r = oscontent_testkit::http::fetch(&client, &format!("{}/{path}", server.url), &[])?;
+        ensure!(r.status == 200, "{path}: HTTP {}", r.status);
+        Ok(r.body)
+    };
+    let published = oscontent_testkit::wait_for(DELTA_TIMEOUT, Duration::from_millis(200), || {
+        let m = oscontent_testkit::Metrics::parse(&String::from_utf8_lossy(&get("metrics").ok()?))
+            .ok()?;
+        (m.get("oscontent_deltas_published", &[]) >= Some(1.0)).then_some(())
+    });
+    ensure!(
+        published.is_some(),
+        "oscontent-server made no delta within {DELTA_TIMEOUT:?}"
+    );
+    // The one stored delta, laid out as in a repo: deltas/XX/<from>-<to>.
+    let stored = std::fs::read_dir(state.path().join("deltas"))?
+        .filter_map(|e| e.ok().map(|e| e.path().join("deltas")))
+        .find(|p| p.is_dir())
+        .context("the stored delta")?;
+    run(Command::new("cp").arg("-a").arg(&stored).arg(dir))?;
+    let prefix = std::fs::read_dir(&stored)?.next().context("deltas/XX")??;
+    let rest = std::fs::read_dir(prefix.path())?
+        .next()
+        .context("deltas/XX/REST")??;
+    let joined = format!(
+        "{}{}",
+        prefix.file_name().to_string_lossy(),
+        rest.file_name().to_string_lossy()
+    );
+    // The index is named by the target's modified base64, the part after '-'.
+    let to = joined.split_once('-').context("a from-to delta")?.1;
+    let index = format!("delta-indexes/{}/{}.index", &to[..2], &to[2..]);
+    let bytes = get(&index)?;
+    let index_path = dir.join(&index);
+    std::fs::create_dir_all(index_path.parent().context("index dir")?)?;
+    std::fs::write(&index_path, bytes)?;
+    let summary = get("summary")?;
+    std::fs::write(dir.join("summary"), summary)?;
+    Ok(())
 }
 
 /// Apparent bytes of the regular files under `dir`.
@@ -130,7 +186,14 @@ fn bytes_of(repo: &Path, set: &ObjectSet) -> Result<u64> {
 }
 
 /// Builds everything under `work` from the fixtures' archive repo.
-pub fn prepare(source: &Path, v1: &str, v2: &str, ref_name: &str, work: &Path) -> Result<Repos> {
+pub fn prepare(
+    source: &Path,
+    v1: &str,
+    v2: &str,
+    ref_name: &str,
+    work: &Path,
+    server_bin: &Path,
+) -> Result<Repos> {
     let src = Ostree::at(source);
     let new = object_difference(&commit_closure(&src, v2)?, &commit_closure(&src, v1)?);
     // The commit object itself is new too; `ostree ls` lists only the tree.
@@ -153,8 +216,8 @@ pub fn prepare(source: &Path, v1: &str, v2: &str, ref_name: &str, work: &Path) -
         new_objects,
         new_bytes,
     };
-    r.plain = served(source, &work.join("served-plain"), &r, false)?;
-    r.with_delta = served(source, &work.join("served-delta"), &r, true)?;
+    r.plain = served(source, &work.join("served-plain"), &r, None)?;
+    r.with_delta = served(source, &work.join("served-delta"), &r, Some(server_bin))?;
     let node = Ostree::init(&r.template, "bare-user")?;
     node.run(["pull-local".as_ref(), source.as_os_str(), v1.as_ref()])?;
     node.remote_add(REMOTE, &format!("http://{}", server_addr()), &[])?;

@@ -119,6 +119,11 @@ fn start_server(
                 .args([
                     "--commit",
                     &repos.v2,
+                    // The delta arm serves the delta exported into the copy
+                    // (`repos.rs`), the same files nginx serves; none is
+                    // compiled again during the wave.
+                    "--deltas",
+                    "none",
                     "--listen",
                     &addr.to_string(),
                     "--state-dir",
