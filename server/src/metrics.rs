@@ -71,6 +71,10 @@ pub struct Metrics {
     pub rollbacks: IntCounterVec,
     /// 1 when `--allow-rollback` publishes rollbacks.
     pub rollback_allowed: IntGauge,
+    /// An `--image` whose new release a check refused while the others
+    /// moved on, by `image` (as given) and `reason`: `rollback`,
+    /// `signatures` or `failed` (fetch or verification).
+    pub image_refusals: IntCounterVec,
     handles: Handles,
 }
 
@@ -158,6 +162,11 @@ impl Metrics {
             "1 when --allow-rollback publishes refreshes that move a ref back in time",
         )
         .expect("valid metric");
+        let image_refusals = counter_vec(
+            "oscontent_image_refusals_total",
+            "Checks that kept an --image at its previous release (or did not serve it) while the others moved on, by image and reason: rollback, signatures or failed",
+            &["image", "reason"],
+        );
         for c in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(response_bytes.clone()),
@@ -174,6 +183,7 @@ impl Metrics {
             Box::new(oversized_metadata.clone()),
             Box::new(rollbacks.clone()),
             Box::new(rollback_allowed.clone()),
+            Box::new(image_refusals.clone()),
         ] {
             registry.register(c).expect("unique metric names");
         }
@@ -194,6 +204,7 @@ impl Metrics {
             oversized_metadata,
             rollbacks,
             rollback_allowed,
+            image_refusals,
             handles: Handles {
                 requests: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
                 bytes: std::array::from_fn(|_| OnceLock::new()),
