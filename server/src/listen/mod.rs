@@ -109,7 +109,10 @@ pub async fn serve(
         tokio::spawn(async move {
             let _slot = slot;
             let _open = OpenGauge::new(&metrics, probe_only);
+            // The connection first: what the peer sent is read (and
+            // counts as activity) before the watchdog judges it idle.
             tokio::select! {
+                biased;
                 r = conn => if let Err(e) = r {
                     tracing::debug!(%peer, "connection: {e}");
                 },
