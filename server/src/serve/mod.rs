@@ -115,8 +115,9 @@ async fn start_publishing(
     };
     if let Some(site) = site_source(&args.source) {
         // The site mirror checks for rollbacks itself, before it prunes.
-        let publisher = site_publisher(site.clone(), args, &sigs)?
-            .checking_rollback(rollback, sink.metrics().clone());
+        let publisher = site_publisher(site.clone(), args, &sigs)?;
+        let guard = RollbackGuard::load(&args.state_dir, rollback, sink.metrics().clone())?;
+        let publisher = publisher.checking_rollback(Arc::new(guard));
         let mut refresher = Refresher::new(publisher, sink.clone(), hup, schedule);
         // A refused bundle stops the server with the reason.
         if matches!(site, SiteSource::Bundle(_)) {

@@ -32,6 +32,8 @@ const FORMAT: u32 = 1;
 pub const MAX_MARKS: usize = 4096;
 /// Bound on the file read at start (a mark is well under 512 bytes).
 const MAX_FILE_BYTES: u64 = 4 << 20;
+/// How a site server names a ref of `refs/mirrors/`.
+const MIRROR_PREFIX: &str = "(mirror) ";
 /// Longest `version` kept in a mark.
 const MAX_VERSION_BYTES: usize = 256;
 
@@ -63,7 +65,9 @@ pub fn parse(bytes: &[u8]) -> Result<BTreeMap<String, RefAge>> {
     file.refs
         .into_iter()
         .map(|(name, m)| {
-            oscontent_format::validate_ref(&name).with_context(|| format!("ref {name:?}"))?;
+            // A site server's mirrored refs carry this prefix.
+            let bare = name.strip_prefix(MIRROR_PREFIX).unwrap_or(&name);
+            oscontent_format::validate_ref(bare).with_context(|| format!("ref {name:?}"))?;
             let commit: Checksum = m
                 .commit
                 .parse()
@@ -204,6 +208,7 @@ mod tests {
         let marks: BTreeMap<String, RefAge> = [
             age("os/x86_64/stable", 1, 100, Some("41.2")),
             age("version/41.2", 1, 100, None),
+            age("(mirror) os/x86_64/stable", 2, 90, None),
         ]
         .into_iter()
         .map(|a| (a.name.clone(), a))
