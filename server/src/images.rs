@@ -132,6 +132,10 @@ impl Offers {
 enum Refusal {
     Rollback(Vec<Rollback>),
     Signatures(anyhow::Error),
+    /// Publication failed (an object that does not verify, no space):
+    /// the images are tried one by one, so that one bad image does not
+    /// block the others.
+    Failed(anyhow::Error),
 }
 
 /// A set accepted: its generation, the refs' ages it publishes, and the
@@ -176,7 +180,7 @@ impl ImagePublisher {
     /// whatever this call staged is removed; on a signature refusal it is
     /// kept, to be published when signatures change.
     async fn check_images(&mut self, force: bool) -> Result<Checked> {
-        let (offers, failed) = self.stage_moved(force).await?;
+        let (offers, mut failed) = self.stage_moved(force).await?;
         let moved = offers.moved();
         // Forced (new signatures), what is served is published again.
         let republish = force && self.slots.iter().any(|s| s.current.is_some());
@@ -205,10 +209,16 @@ impl ImagePublisher {
         .context("publish task")??;
         let mut waiting = Vec::new();
         for (i, why) in chosen.refused {
-            waiting.extend(self.refuse(i, why, &offers));
+            match why {
+                // As for a fetch failure: images never published are
+                // published together or not at all (the first one waits).
+                Refusal::Failed(e) if self.slots[i].current.is_none() => return Err(e),
+                why => waiting.extend(self.refuse(i, why, &offers, &mut failed)),
+            }
         }
         match chosen.unattributed {
             Some(Refusal::Signatures(e)) => waiting.push(e),
+            Some(Refusal::Failed(e)) => return Err(e),
             Some(Refusal::Rollback(found)) => {
                 let m = self.rollback.metrics();
                 rollback::judge(RollbackPolicy::Refuse, &found, m);
@@ -216,7 +226,7 @@ impl ImagePublisher {
             None => {}
         }
         let Some((take, accepted)) = chosen.published else {
-            return self.nothing_published(waiting, &failed);
+            return self.nothing_published(waiting, failed);
         };
         for e in waiting {
             tracing::error!("{e:#} (watching for new signatures)");
@@ -287,7 +297,13 @@ impl ImagePublisher {
     /// Logs and counts a refused image, and remembers why: a rollback's
     /// digest is not fetched again, a signature refusal stays staged. A
     /// signature refusal is returned.
-    fn refuse(&mut self, i: usize, why: Refusal, offers: &Offers) -> Option<anyhow::Error> {
+    fn refuse(
+        &mut self,
+        i: usize,
+        why: Refusal,
+        offers: &Offers,
+        failed: &mut Failed,
+    ) -> Option<anyhow::Error> {
         let slot = &mut self.slots[i];
         let new = offers.new[i].as_ref()?;
         let serving = match &slot.current {
@@ -322,6 +338,11 @@ impl ImagePublisher {
                     slot.image
                 )))
             }
+            // Fetched again at the retry; counted with the fetch failures.
+            Refusal::Failed(e) => {
+                failed.push((i, e));
+                None
+            }
         }
     }
 
@@ -342,16 +363,21 @@ impl ImagePublisher {
     fn nothing_published(
         &self,
         mut waiting: Vec<anyhow::Error>,
-        failed: &Failed,
+        failed: Failed,
     ) -> Result<Checked> {
+        // A failure is retried with backoff; the retry is not forced, so
+        // images waiting for signatures stay waiting.
+        if let Some((_, e)) = self.count_failed(failed).into_iter().next() {
+            for other in waiting {
+                tracing::error!("{other:#} (watching for new signatures)");
+            }
+            return Err(e);
+        }
         if let Some(e) = waiting.pop() {
             for other in waiting {
                 tracing::error!("{other:#} (watching for new signatures)");
             }
             return Ok(Checked::Refused(e));
-        }
-        if let Some((_, e)) = failed.first() {
-            anyhow::bail!("{e:#}");
         }
         if self.slots.iter().all(|s| s.current.is_none()) {
             anyhow::bail!("nothing to publish: every image was refused (see above)");
@@ -363,19 +389,26 @@ impl ImagePublisher {
     /// The generation, with what failed to fetch logged and counted.
     fn with_failures(&self, generation: Generation, failed: Failed) -> Checked {
         let mut errors = Vec::new();
-        for (i, e) in failed {
-            let image = self.slots[i].image.to_string();
-            self.rollback
-                .metrics()
-                .image_refusals
-                .with_label_values(&[&image, "failed"])
-                .inc();
+        for (i, e) in self.count_failed(failed) {
+            let image = &self.slots[i].image;
             errors.push(format!("{e:#} ({image} stays at its previous release)"));
         }
         match errors.is_empty() {
             true => Checked::New(Box::new(generation)),
             false => Checked::Partial(Box::new(generation), anyhow::anyhow!(errors.join("; "))),
         }
+    }
+
+    /// Counts each image that failed while the others were published.
+    fn count_failed(&self, failed: Failed) -> Failed {
+        for (i, _) in &failed {
+            let image = self.slots[*i].image.to_string();
+            let m = self.rollback.metrics();
+            m.image_refusals
+                .with_label_values(&[&image, "failed"])
+                .inc();
+        }
+        failed
     }
 }
 
@@ -394,7 +427,7 @@ fn attempt(
         Err(e) if signing::is_signature_error(&e) => {
             return Ok(Tried::Refused(Refusal::Signatures(e)))
         }
-        Err(e) => return Err(e),
+        Err(e) => return Ok(Tried::Refused(Refusal::Failed(e))),
     };
     let ages = ref_ages(&generation).context("reading the new generation's commits")?;
     let found = guard.found(&ages);

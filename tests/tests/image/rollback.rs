@@ -163,4 +163,42 @@ fn one_image_moved_back_does_not_hold_back_another_moved_forward() {
     server.sighup().unwrap();
     wait_for_ref(&server, A, &a_newer.commit);
     assert_eq!(served_ref(&server, B), b_new.commit);
+
+    // B's next release has an object tampered under its genuine commit
+    // (publication refuses it); A moves on regardless.
+    let (_work, layout, b_bad) = tampered(6, B);
+    reg.push(&layout, "bad", "b:stable", &[]);
+    let a_newest = crafted_bound(7, A, |t| t);
+    push(&a_newest, "a:stable");
+    server.sighup().unwrap();
+    wait_for_ref(&server, A, &a_newest.commit);
+    assert_eq!(served_ref(&server, B), b_new.commit, "B stays");
+    assert!(image_refusals(&server, &b, "failed") >= 1.0);
+    let bad = server.get(&object_url_path(&b_bad, "commit")).unwrap();
+    assert_eq!(bad.status, 404, "nothing of the tampered release served");
+    pull_and_fsck(&server, A, &a_newest.commit);
+}
+
+/// An image whose commit, bound to `bind_ref`, has its biggest content
+/// object tampered with (one byte): the layer and its digests are
+/// consistent, only publication's own verification can tell. Returns
+/// the work dir, the OCI layout (tag `bad`) and the commit.
+fn tampered(seed: u32, bind_ref: &str) -> (tempfile::TempDir, std::path::PathBuf, String) {
+    let work = tempdir();
+    let repo = work.path().join("repo");
+    let version = format!("1.{seed}");
+    let commit = tiny_commit(&repo, &version, Some(bind_ref), seed).unwrap();
+    let (big, _) = largest_filez(&repo).unwrap();
+    let path = object_path(&repo, &big, "filez");
+    let len = std::fs::metadata(&path).unwrap().len();
+    flip_byte(&path, len - 8);
+    let tar = Tar::new().dir("srv").tree("srv/repo", &repo).finish();
+    let layout = work.path().join("oci");
+    write_layout(
+        &layout,
+        "bad",
+        &[Layer::gz(tar)],
+        &[(COMMIT_LABEL, &commit), ("version", &version)],
+    );
+    (work, layout, commit)
 }
