@@ -18,7 +18,7 @@
 
 mod write;
 
-pub use write::{create_dirs, remove_file, rename_into, write_atomic, FILE_MODE};
+pub use write::{create_dirs, remove_file, rename_into, write_atomic, write_durable, FILE_MODE};
 
 use rustix::fs::{openat, openat2, Mode, OFlags, ResolveFlags, CWD};
 use rustix::io::{Errno, ReadWriteFlags};

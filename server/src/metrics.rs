@@ -54,15 +54,8 @@ pub struct Metrics {
     pub generation: IntGauge,
     /// Source checks (first fetch, refreshes): published, unchanged, failed.
     pub source_checks: IntCounterVec,
-    /// Connections open now: `normal`, or `probe_reserve` (over the cap,
-    /// answering probes only).
-    pub connections_open: IntGaugeVec,
-    pub connections_accepted: IntCounter,
-    /// Connections closed at accept: `total` or `per_ip` cap reached, or an
-    /// `accept_error` (descriptors exhausted).
-    pub connections_refused: IntCounterVec,
-    /// Connections the server closed for inactivity: `first_byte`, `idle`.
-    pub connections_expired: IntCounterVec,
+    /// The listener's connections.
+    pub connections: Connections,
     /// Access log lines dropped because the writer fell behind.
     pub access_log_dropped: IntCounter,
     /// Metadata files refused for being over their size cap, by path kind.
@@ -75,6 +68,10 @@ pub struct Metrics {
     pub deltas: IntCounterVec,
     /// Generated static deltas the current generation serves.
     pub deltas_published: IntGauge,
+    /// An `--image` whose new release a check refused while the others
+    /// moved on, by `image` (as given) and `reason`: `rollback`,
+    /// `signatures` or `failed` (fetch or verification).
+    pub image_refusals: IntCounterVec,
     handles: Handles,
 }
 
@@ -86,69 +83,50 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let registry = Registry::new();
-        let requests = counter_vec(
+        let r = Register(Registry::new());
+        let requests = r.counter_vec(
             "oscontent_http_requests_total",
             "HTTP requests by path kind and status code",
             &["kind", "status"],
         );
-        let response_bytes = counter_vec(
+        let response_bytes = r.counter_vec(
             "oscontent_http_response_bytes_total",
             "Response body bytes sent, by path kind",
             &["kind"],
         );
-        let latency = HistogramVec::new(
-            HistogramOpts::new(
-                "oscontent_http_request_duration_seconds",
-                "Time to produce the response head, by path kind",
+        let latency = r.add(
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "oscontent_http_request_duration_seconds",
+                    "Time to produce the response head, by path kind",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["kind"],
             )
-            .buckets(LATENCY_BUCKETS.to_vec()),
-            &["kind"],
-        )
-        .expect("valid metric");
-        let ready = IntGauge::new("oscontent_ready", "1 once verified content is published")
-            .expect("valid metric");
-        let published_refs = IntGauge::new(
+            .expect("valid metric"),
+        );
+        let ready = r.gauge("oscontent_ready", "1 once verified content is published");
+        let published_refs = r.gauge(
             "oscontent_published_refs",
             "Refs the server derived for the current generation",
-        )
-        .expect("valid metric");
-        let generation = IntGauge::new("oscontent_generation", "ID of the generation being served")
-            .expect("valid metric");
-        let source_checks = counter_vec(
+        );
+        let generation = r.gauge("oscontent_generation", "ID of the generation being served");
+        let source_checks = r.counter_vec(
             "oscontent_source_checks_total",
             "Source checks (first fetch, --refresh-interval, SIGHUP) by outcome: published, unchanged or failed",
             &["result"],
         );
-        let connections_open = gauge_vec(
-            "oscontent_http_connections_open",
-            "Connections open now: normal, or probe_reserve (over the cap, probes only)",
-            &["kind"],
-        );
-        let connections_accepted = counter(
-            "oscontent_http_connections_accepted_total",
-            "Connections accepted",
-        );
-        let connections_refused = counter_vec(
-            "oscontent_http_connections_refused_total",
-            "Connections closed at accept: total or per_ip cap reached, or accept_error",
-            &["reason"],
-        );
-        let connections_expired = counter_vec(
-            "oscontent_http_connections_expired_total",
-            "Connections the server closed: nothing sent (first_byte) or nothing moved (idle)",
-            &["reason"],
-        );
-        let access_log_dropped = counter(
+        let connections = Connections::new(&r);
+        let access_log_dropped = r.counter(
             "oscontent_access_log_dropped_total",
             "Access log lines dropped because the log writer fell behind",
         );
-        let oversized_metadata = counter_vec(
+        let oversized_metadata = r.counter_vec(
             "oscontent_oversized_metadata_total",
             "Metadata files refused for exceeding their size cap, by path kind",
             &["kind"],
         );
-        let rollbacks = counter_vec(
+        let rollbacks = r.counter_vec(
             "oscontent_rollbacks_total",
             "Refs a refresh moved to an older commit (timestamp or version), by result: refused (the previous generation stays served) or allowed (--allow-rollback)",
             &["result"],
@@ -157,12 +135,11 @@ impl Metrics {
         for result in ["refused", "allowed"] {
             rollbacks.with_label_values(&[result]);
         }
-        let rollback_allowed = IntGauge::new(
+        let rollback_allowed = r.gauge(
             "oscontent_rollback_allowed",
             "1 when --allow-rollback publishes refreshes that move a ref back in time",
-        )
-        .expect("valid metric");
-        let deltas = counter_vec(
+        );
+        let deltas = r.counter_vec(
             "oscontent_deltas_total",
             "Static deltas between served releases, by result: generated, reused (from the state dir) or failed (nodes fetch objects)",
             &["result"],
@@ -170,34 +147,17 @@ impl Metrics {
         for result in ["generated", "reused", "failed"] {
             deltas.with_label_values(&[result]);
         }
-        let deltas_published = IntGauge::new(
+        let deltas_published = r.gauge(
             "oscontent_deltas_published",
             "Generated static deltas the current generation serves",
-        )
-        .expect("valid metric");
-        for c in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(response_bytes.clone()),
-            Box::new(latency.clone()),
-            Box::new(ready.clone()),
-            Box::new(published_refs.clone()),
-            Box::new(generation.clone()),
-            Box::new(source_checks.clone()),
-            Box::new(connections_open.clone()),
-            Box::new(connections_accepted.clone()),
-            Box::new(connections_refused.clone()),
-            Box::new(connections_expired.clone()),
-            Box::new(access_log_dropped.clone()),
-            Box::new(oversized_metadata.clone()),
-            Box::new(rollbacks.clone()),
-            Box::new(rollback_allowed.clone()),
-            Box::new(deltas.clone()),
-            Box::new(deltas_published.clone()),
-        ] {
-            registry.register(c).expect("unique metric names");
-        }
+        );
+        let image_refusals = r.counter_vec(
+            "oscontent_image_refusals_total",
+            "Checks that kept an --image at its previous release (or did not serve it) while the others moved on, by image and reason: rollback, signatures or failed",
+            &["image", "reason"],
+        );
         Self {
-            registry,
+            registry: r.0,
             requests,
             response_bytes,
             latency,
@@ -205,16 +165,14 @@ impl Metrics {
             published_refs,
             generation,
             source_checks,
-            connections_open,
-            connections_accepted,
-            connections_refused,
-            connections_expired,
+            connections,
             access_log_dropped,
             oversized_metadata,
             rollbacks,
             rollback_allowed,
             deltas,
             deltas_published,
+            image_refusals,
             handles: Handles {
                 requests: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
                 bytes: std::array::from_fn(|_| OnceLock::new()),
@@ -267,16 +225,73 @@ impl Metrics {
 
 // The names and help texts are constants of this file: a bad one is a bug
 // the first test run shows, hence `expect`.
-fn counter(name: &str, help: &str) -> IntCounter {
-    IntCounter::new(name, help).expect("valid metric")
+/// What the listener counts of its connections.
+#[derive(Debug)]
+pub struct Connections {
+    /// Open now: `normal`, or `probe_reserve` (over the cap, answering
+    /// probes only).
+    pub open: IntGaugeVec,
+    pub accepted: IntCounter,
+    /// Closed at accept: `total` or `per_ip` cap reached, or an
+    /// `accept_error` (descriptors exhausted).
+    pub refused: IntCounterVec,
+    /// Closed by the server for inactivity: `first_byte`, `idle`.
+    pub expired: IntCounterVec,
 }
 
-fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
-    IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+impl Connections {
+    fn new(r: &Register) -> Self {
+        Self {
+            open: r.gauge_vec(
+                "oscontent_http_connections_open",
+                "Connections open now: normal, or probe_reserve (over the cap, probes only)",
+                &["kind"],
+            ),
+            accepted: r.counter(
+                "oscontent_http_connections_accepted_total",
+                "Connections accepted",
+            ),
+            refused: r.counter_vec(
+                "oscontent_http_connections_refused_total",
+                "Connections closed at accept: total or per_ip cap reached, or accept_error",
+                &["reason"],
+            ),
+            expired: r.counter_vec(
+                "oscontent_http_connections_expired_total",
+                "Connections the server closed: nothing sent (first_byte) or nothing moved (idle)",
+                &["reason"],
+            ),
+        }
+    }
 }
 
-fn gauge_vec(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric")
+/// Makes metrics already registered, so none can be made and forgotten.
+/// Names and help texts are constants: a bad one is a bug, hence `expect`.
+struct Register(Registry);
+
+impl Register {
+    fn add<C: prometheus::core::Collector + Clone + 'static>(&self, c: C) -> C {
+        self.0
+            .register(Box::new(c.clone()))
+            .expect("unique metric names");
+        c
+    }
+
+    fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.add(IntCounter::new(name, help).expect("valid metric"))
+    }
+
+    fn counter_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"))
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.add(IntGauge::new(name, help).expect("valid metric"))
+    }
+
+    fn gauge_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        self.add(IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"))
+    }
 }
 
 #[cfg(test)]

@@ -93,6 +93,17 @@ fn temp_name(last: &str) -> String {
 /// Writes `bytes` to `root/rel` atomically (a reader sees the old file or
 /// the new one), mode [`FILE_MODE`]. Nothing is left behind on error.
 pub fn write_atomic(root: &Path, rel: &str, bytes: &[u8]) -> io::Result<()> {
+    write_new(root, rel, bytes, false)
+}
+
+/// [`write_atomic`], durable when it returns: the file is fsynced before
+/// the rename and its directory after it, so a power cut leaves the old
+/// file or the new one, whole (for state that must survive a restart).
+pub fn write_durable(root: &Path, rel: &str, bytes: &[u8]) -> io::Result<()> {
+    write_new(root, rel, bytes, true)
+}
+
+fn write_new(root: &Path, rel: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
     let (dir, last) = parent_of(root, rel)?;
     let tmp = temp_name(last);
     let fd = openat(
@@ -106,7 +117,13 @@ pub fn write_atomic(root: &Path, rel: &str, bytes: &[u8]) -> io::Result<()> {
         f.write_all(bytes)?;
         // The umask may have narrowed the mode.
         rustix::fs::fchmod(&f, Mode::from_raw_mode(FILE_MODE))?;
+        if durable {
+            f.sync_all()?;
+        }
         renameat(&dir, tmp.as_str(), &dir, last)?;
+        if durable {
+            rustix::fs::fsync(&dir)?;
+        }
         Ok(())
     })();
     if written.is_err() {

@@ -67,7 +67,8 @@ pub async fn serve(
             Err(e) => {
                 tracing::warn!("accepting a connection: {e}");
                 metrics
-                    .connections_refused
+                    .connections
+                    .refused
                     .with_label_values(&["accept_error"])
                     .inc();
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
@@ -78,14 +79,15 @@ pub async fn serve(
             Ok(s) => s,
             Err(why) => {
                 metrics
-                    .connections_refused
+                    .connections
+                    .refused
                     .with_label_values(&[why.label()])
                     .inc();
                 refuse(stream);
                 continue;
             }
         };
-        metrics.connections_accepted.inc();
+        metrics.connections.accepted.inc();
         // Without TCP_NODELAY, Nagle plus the client's delayed ACK adds
         // ~40 ms to every small response on a keep-alive connection.
         if let Err(e) = stream.set_nodelay(true) {
@@ -109,14 +111,17 @@ pub async fn serve(
         tokio::spawn(async move {
             let _slot = slot;
             let _open = OpenGauge::new(&metrics, probe_only);
+            // The connection first: what the peer sent is read (and
+            // counts as activity) before the watchdog judges it idle.
             tokio::select! {
+                biased;
                 r = conn => if let Err(e) = r {
                     tracing::debug!(%peer, "connection: {e}");
                 },
                 why = watch::watchdog(act, first_byte, idle) => {
                     // Dropping the connection closes the socket.
                     tracing::debug!(%peer, reason = why.label(), "closing an inactive connection");
-                    metrics.connections_expired.with_label_values(&[why.label()]).inc();
+                    metrics.connections.expired.with_label_values(&[why.label()]).inc();
                 }
             }
         });
@@ -196,7 +201,7 @@ impl OpenGauge {
         } else {
             "normal"
         };
-        let g = m.connections_open.with_label_values(&[kind]);
+        let g = m.connections.open.with_label_values(&[kind]);
         g.inc();
         Self(g)
     }

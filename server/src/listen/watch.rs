@@ -90,15 +90,38 @@ fn verdict(
     }
 }
 
+/// How late a timer may fire before the watchdog suspects that the
+/// process itself was stalled (a starved machine), not the peer.
+pub const LATE: Duration = Duration::from_millis(250);
+/// How long a connection then gets to read what its peer sent meanwhile.
+pub const GRACE: Duration = Duration::from_secs(1);
+
 /// Resolves when the connection has expired, with the reason. Each turn
 /// sleeps until the next deadline, so the loop wakes at most once per
 /// timeout of activity.
+///
+/// A timer that fires more than [`LATE`] after its deadline means this
+/// process could not run for a while: the peer's bytes that arrived
+/// meanwhile sit unread in the socket, and the runtime may wake this
+/// timer before it notices them. The peer must not be blamed for our
+/// stall: the connection gets [`GRACE`] to read them (which counts as
+/// activity) before it is judged again, once.
 pub async fn watchdog(act: Arc<Activity>, first_byte: Duration, idle: Duration) -> Expiry {
+    let mut slept_until: Option<Instant> = None;
     loop {
         let got = act.got_bytes.load(Ordering::Relaxed);
-        match verdict(Instant::now(), act.start, got, act.last(), first_byte, idle) {
-            Ok(deadline) => tokio::time::sleep_until(deadline).await,
-            Err(e) => return e,
+        let now = Instant::now();
+        match verdict(now, act.start, got, act.last(), first_byte, idle) {
+            Ok(deadline) => {
+                slept_until = Some(deadline);
+                tokio::time::sleep_until(deadline).await
+            }
+            Err(e) => match slept_until.take() {
+                Some(d) if now.saturating_duration_since(d) > LATE => {
+                    tokio::time::sleep(GRACE).await
+                }
+                _ => return e,
+            },
         }
     }
 }
@@ -209,5 +232,36 @@ mod tests {
         act.note(MIN_ACTIVITY, false);
         let e = watchdog(act, Duration::from_secs(2), Duration::from_secs(5)).await;
         assert_eq!((e, t0.elapsed()), (Expiry::Idle, Duration::from_secs(10)));
+    }
+
+    /// A process stalled past a deadline (the clock jumps, as it does for
+    /// a stopped or starved process): the connection's bytes that arrive
+    /// within the grace count, and only a second expiry closes it.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_missed_by_our_own_stall_gets_a_grace() {
+        let idle = Duration::from_secs(4);
+        // Woken at 9 s instead of 4 s: judged again after the grace, at
+        // 10 s; bytes read at 9.5 s move the deadline to 13.5 s.
+        for (what, note_in_grace, want_ms) in [
+            ("the peer spoke during the stall", true, 13_500),
+            ("the peer was silent", false, 10_000),
+        ] {
+            let act = Activity::new();
+            act.note(MIN_ACTIVITY, true);
+            let t0 = Instant::now();
+            let dog = tokio::spawn(watchdog(act.clone(), idle, idle));
+            tokio::task::yield_now().await;
+            // Stalled 5 s past the deadline: nothing ran meanwhile.
+            tokio::time::advance(Duration::from_secs(9)).await;
+            if note_in_grace {
+                // What the connection reads once it runs again.
+                tokio::time::advance(Duration::from_millis(500)).await;
+                act.note(MIN_ACTIVITY, true);
+                tokio::time::advance(Duration::from_millis(500)).await;
+            }
+            let e = dog.await.expect("watchdog task");
+            assert_eq!(e, Expiry::Idle, "{what}");
+            assert_eq!(t0.elapsed().as_millis(), want_ms, "{what}");
+        }
     }
 }

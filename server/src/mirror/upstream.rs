@@ -22,8 +22,7 @@
 use super::bundle::{self, BundleRemote, Destination, Pruned};
 use super::remote::{HttpRemote, RateLimit, Remote};
 use super::sync::{self, Metadata, SyncOptions};
-use crate::metrics::Metrics;
-use crate::serve::refresher::rollback::{self, ref_ages, RefAge, RollbackPolicy};
+use crate::serve::refresher::rollback::{self, ref_ages, RollbackGuard};
 use crate::serve::refresher::{Checked, Publisher};
 use crate::served::{Generation, PINNED_SUMMARY};
 use crate::state::Generations;
@@ -164,7 +163,7 @@ impl SiteMirror {
     pub fn refresh(
         &self,
         current: Option<&Checksum>,
-        rollback: Option<&RollbackCheck>,
+        rollback: Option<&RollbackGuard>,
     ) -> Result<Refresh> {
         let Some((remote, meta)) = self.check(current)? else {
             return Ok(Refresh::Unchanged);
@@ -176,19 +175,29 @@ impl SiteMirror {
             .with_context(|| format!("mirroring {}", self.source))?;
         dest.write_commitmeta(&snap)?;
         let generation = self.build_generation(&snap.meta)?;
-        if let Some(check) = rollback {
-            let ages = ref_ages(&generation)?;
-            let found = rollback::rollbacks(&check.served, &ages);
-            if !rollback::judge(check.policy, &found, &check.metrics) {
-                return Ok(Refresh::RolledBack(snap.meta.summary_digest()));
+        // Judged against the newest release ever published from this
+        // state dir, so a restart does not forget it; recorded before the
+        // generation is returned.
+        let judged = match rollback {
+            Some(guard) => {
+                let ages = ref_ages(&generation)?;
+                let found = guard.found(&ages);
+                if !rollback::judge(guard.policy(), &found, guard.metrics()) {
+                    return Ok(Refresh::RolledBack(snap.meta.summary_digest()));
+                }
+                Some((guard, ages))
             }
-        }
+            None => None,
+        };
         let mut history = dest.history(&snap);
         let pruned = match self.keep {
             Some(k) => Some(dest.prune(&mut history, &snap, k)?),
             None => None,
         };
         dest.commit(&self.source.to_string(), &snap.meta, history)?;
+        if let Some((guard, ages)) = judged {
+            guard.record(&ages)?;
+        }
         let refreshed = Refreshed {
             summary: snap.meta.summary_digest(),
             refs: generation.derived_refs.clone(),
@@ -253,16 +262,6 @@ fn write_overlay(dir: &Path, meta: &Metadata) -> Result<()> {
     Ok(())
 }
 
-/// What a refresh compares the new refs with, and what it does with a
-/// rollback.
-#[derive(Debug, Clone)]
-pub struct RollbackCheck {
-    pub policy: RollbackPolicy,
-    /// The served refs' ages (empty until something is published).
-    pub served: Vec<RefAge>,
-    pub metrics: Arc<Metrics>,
-}
-
 /// A site server's publisher: each check is one refresh of the mirror
 /// (the refresher retries the first with capped exponential backoff while
 /// `/readyz` says 503, then checks at every `--refresh-interval` and
@@ -273,7 +272,9 @@ pub struct SitePublisher {
     /// The summary served now, or the last one refused as a rollback
     /// (checked again only once the source moves).
     current: Option<Checksum>,
-    rollback: Option<RollbackCheck>,
+    rollback: Option<Arc<RollbackGuard>>,
+    /// Something was published: "unchanged" is an answer, not a wait.
+    published: bool,
 }
 
 impl SitePublisher {
@@ -282,20 +283,14 @@ impl SitePublisher {
             mirror: Arc::new(mirror),
             current: None,
             rollback: None,
+            published: false,
         }
     }
 
     /// Refuses (or, allowed, logs) a summary that moves a ref back in
-    /// time, before anything is pruned for it.
-    pub fn checking_rollback(mut self, policy: RollbackPolicy, metrics: Arc<Metrics>) -> Self {
-        metrics
-            .rollback_allowed
-            .set(i64::from(policy == RollbackPolicy::Allow));
-        self.rollback = Some(RollbackCheck {
-            policy,
-            served: Vec::new(),
-            metrics,
-        });
+    /// time past its mark, before anything is pruned for it.
+    pub fn checking_rollback(mut self, guard: Arc<RollbackGuard>) -> Self {
+        self.rollback = Some(guard);
         self
     }
 }
@@ -304,30 +299,20 @@ impl Publisher for SitePublisher {
     /// One refresh on the blocking pool.
     async fn check(&mut self, _force: bool) -> Result<Checked> {
         let (m, cur, rb) = (self.mirror.clone(), self.current, self.rollback.clone());
-        let (r, ages) = tokio::task::spawn_blocking(move || {
-            let r = m.refresh(cur.as_ref(), rb.as_ref())?;
-            // The published refs' ages, for the next check.
-            let ages = match (&r, &rb) {
-                (Refresh::New(g, _), Some(_)) => Some(ref_ages(g)?),
-                _ => None,
-            };
-            anyhow::Ok((r, ages))
-        })
-        .await
-        .context("refresh task")??;
+        let r = tokio::task::spawn_blocking(move || m.refresh(cur.as_ref(), rb.as_deref()))
+            .await
+            .context("refresh task")??;
         let (generation, refreshed) = match r {
-            Refresh::Unchanged => return Ok(Checked::Unchanged),
             // Not mirrored again until the source moves; the refusal is
             // logged and counted.
             Refresh::RolledBack(summary) => {
                 self.current = Some(summary);
-                return Ok(Checked::Unchanged);
+                return self.unchanged();
             }
+            Refresh::Unchanged => return self.unchanged(),
             Refresh::New(g, r) => (g, r),
         };
-        if let (Some(rb), Some(ages)) = (&mut self.rollback, ages) {
-            rb.served = ages;
-        }
+        self.published = true;
         announce(&generation, &refreshed, &self.mirror.source);
         self.current = Some(refreshed.summary);
         Ok(Checked::New(generation))
@@ -335,6 +320,21 @@ impl Publisher for SitePublisher {
 
     fn what(&self) -> &str {
         "the source"
+    }
+}
+
+impl SitePublisher {
+    /// Nothing new. With nothing published yet (the first summary, after a
+    /// restart, moved a ref back past its mark) that is an error, so that
+    /// the refresher retries with backoff rather than at once.
+    fn unchanged(&self) -> Result<Checked> {
+        anyhow::ensure!(
+            self.published,
+            "nothing to publish: {} moves a ref back in time (see above); \
+             waiting for it to move forward",
+            self.mirror.source
+        );
+        Ok(Checked::Unchanged)
     }
 }
 

@@ -18,7 +18,7 @@ use crate::source::native::root::NativeRoots;
 use crate::state::StateDir;
 use anyhow::{Context, Result};
 use local::LocalPublisher;
-use refresher::{Refresher, RollbackPolicy, Schedule};
+use refresher::{Refresher, RollbackGuard, RollbackPolicy, Schedule};
 use signals::Signals;
 use sink::Sink;
 use std::io::Write;
@@ -122,8 +122,9 @@ async fn start_publishing(
     };
     if let Some(site) = site_source(&args.source) {
         // The site mirror checks for rollbacks itself, before it prunes.
-        let publisher = site_publisher(site.clone(), args, &sigs)?
-            .checking_rollback(rollback, sink.metrics().clone());
+        let publisher = site_publisher(site.clone(), args, &sigs)?;
+        let guard = RollbackGuard::load(&args.state_dir, rollback, sink.metrics().clone())?;
+        let publisher = publisher.checking_rollback(Arc::new(guard));
         let mut refresher = Refresher::new(publisher, sink.clone(), hup, schedule);
         // A refused bundle stops the server with the reason.
         if matches!(site, SiteSource::Bundle(_)) {
@@ -155,15 +156,20 @@ async fn start_publishing(
         refresher.publish_first().await?;
         return Ok(tokio::spawn(refresher.run()));
     }
-    let publisher = image_publisher(args, &sigs)?;
-    let refresher = Refresher::new(publisher, sink.clone(), hup, schedule)
-        .watching(&sigs, signatures_poll)
-        .checking_rollback(rollback);
+    let publisher = image_publisher(args, &sigs, rollback, sink)?;
+    let refresher =
+        Refresher::new(publisher, sink.clone(), hup, schedule).watching(&sigs, signatures_poll);
     Ok(tokio::spawn(refresher.run()))
 }
 
-/// The `--image` publisher, its staging directory emptied.
-fn image_publisher(args: &ServeArgs, sigs: &SignatureOptions) -> Result<ImagePublisher> {
+/// The `--image` publisher, its staging directory emptied and its
+/// rollback marks loaded (a corrupt marks file stops the server).
+fn image_publisher(
+    args: &ServeArgs,
+    sigs: &SignatureOptions,
+    rollback: RollbackPolicy,
+    sink: &Sink,
+) -> Result<ImagePublisher> {
     anyhow::ensure!(
         args.commit.is_none() && args.refs.is_empty(),
         "--commit and --ref apply to --oscontainer and --repo; an image names its commit in its com.coreos.ostree-commit label"
@@ -172,12 +178,14 @@ fn image_publisher(args: &ServeArgs, sigs: &SignatureOptions) -> Result<ImagePub
     let staging = state_dir.path().join(IMAGES_DIR);
     std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
     source::clean_staging(&staging)?;
+    let guard = RollbackGuard::load(state_dir.path(), rollback, sink.metrics().clone())?;
     Ok(ImagePublisher::new(
         args.source.image.clone(),
         args.registry.fetch_options(),
         staging,
         Arc::new(state_dir),
         sigs.clone(),
+        Arc::new(guard),
     ))
 }
 

@@ -7,9 +7,10 @@
 //! the [`Sink`], counts every outcome, and logs what is served meanwhile. A
 //! failed check never costs the generation already published.
 //!
-//! A new generation that moves a published ref back in time is refused
-//! (still serving the previous one) unless rollbacks are allowed
-//! ([`rollback`]).
+//! Whether a new generation may move a ref back in time is the
+//! publisher's decision ([`rollback::RollbackGuard`]: the image publisher
+//! judges each image against marks kept in the state dir, a site mirror
+//! its summary before it prunes): what a check returns is published.
 //!
 //! With signatures, a check refused only because something does not verify
 //! is not retried on a timer: the source is checked again (forced, so a
@@ -18,7 +19,7 @@
 use super::sink::{Outcome, Sink};
 use crate::served::Generation;
 use crate::signing::{SignatureOptions, SignatureWatch};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -26,10 +27,10 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+pub mod marks;
 pub mod rollback;
 
-use rollback::RefAge;
-pub use rollback::RollbackPolicy;
+pub use rollback::{RollbackGuard, RollbackPolicy};
 
 /// First wait after a failed check; doubles up to the configured maximum.
 pub const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
@@ -39,6 +40,9 @@ pub const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
 pub enum Checked {
     /// A new generation, verified and not yet visible.
     New(Box<Generation>),
+    /// A new generation without some of what moved, which failed (kept at
+    /// its previous release): published, and the check retried.
+    Partial(Box<Generation>, anyhow::Error),
     Unchanged,
     /// Built, but the signatures did not verify: wait for new ones.
     Refused(anyhow::Error),
@@ -96,12 +100,6 @@ pub struct Refresher<P> {
     backoff: Duration,
     /// Set after a failure: check again after this even without a trigger.
     retry_in: Option<Duration>,
-    /// Whether new generations are checked for rollbacks, and if so
-    /// whether one is published anyway (`--allow-rollback`).
-    rollback: Option<RollbackPolicy>,
-    /// The published refs' ages, read when they were published (a source
-    /// may prune what it no longer publishes).
-    served_ages: Option<Vec<RefAge>>,
 }
 
 impl<P: Publisher> Refresher<P> {
@@ -116,21 +114,7 @@ impl<P: Publisher> Refresher<P> {
             pending: false,
             backoff: INITIAL_BACKOFF,
             retry_in: None,
-            rollback: None,
-            served_ages: None,
         }
-    }
-
-    /// Checks every new generation against the one served for refs moved
-    /// back in time (sources the server does not control: images,
-    /// upstreams, bundles).
-    pub fn checking_rollback(mut self, policy: RollbackPolicy) -> Self {
-        self.sink
-            .metrics()
-            .rollback_allowed
-            .set(i64::from(policy == RollbackPolicy::Allow));
-        self.rollback = Some(policy);
-        self
     }
 
     /// Also checks when the signatures change (when `sigs` has any), looking
@@ -148,10 +132,10 @@ impl<P: Publisher> Refresher<P> {
     /// which waits for new signatures. Not counted.
     pub async fn publish_first(&mut self) -> Result<()> {
         match self.publisher.check(false).await? {
-            Checked::New(generation) => {
-                let (generation, ages) = self.ages(generation).await?;
-                self.served_ages = ages;
-                self.publish(*generation)
+            Checked::New(generation) => self.publish(*generation),
+            Checked::Partial(generation, e) => {
+                self.publish(*generation);
+                self.failed(&e, 1);
             }
             Checked::Unchanged => {}
             Checked::Refused(e) => self.refused(e).await,
@@ -176,23 +160,17 @@ impl<P: Publisher> Refresher<P> {
     /// One check, published, counted and logged.
     async fn check(&mut self, force: bool, attempt: u64) {
         match self.publisher.check(force).await {
-            Ok(Checked::New(generation)) => match self.rolls_back(generation).await {
-                Ok(Some(generation)) => {
-                    self.sink.count(Outcome::Published);
-                    self.publish(*generation);
-                    self.succeeded();
-                }
-                Ok(None) => {
-                    self.sink.count(Outcome::Failed);
-                    // The source must move again (forward) to be published:
-                    // retrying the same one would be refused again.
-                    self.succeeded();
-                }
-                Err(e) => {
-                    self.sink.count(Outcome::Failed);
-                    self.failed(&e, attempt);
-                }
-            },
+            Ok(Checked::New(generation)) => {
+                self.sink.count(Outcome::Published);
+                self.publish(*generation);
+                self.succeeded();
+            }
+            Ok(Checked::Partial(generation, e)) => {
+                self.sink.count(Outcome::Published);
+                self.publish(*generation);
+                // What failed is fetched again at the retry.
+                self.failed(&e, attempt);
+            }
             Ok(Checked::Unchanged) => {
                 self.sink.count(Outcome::Unchanged);
                 tracing::debug!("{} unchanged", self.publisher.what());
@@ -209,41 +187,6 @@ impl<P: Publisher> Refresher<P> {
                 self.failed(&e, attempt);
             }
         }
-    }
-
-    /// The generation and, when rollbacks are checked, its refs' ages.
-    async fn ages(&self, g: Box<Generation>) -> Result<(Box<Generation>, Option<Vec<RefAge>>)> {
-        if self.rollback.is_none() {
-            return Ok((g, None));
-        }
-        let (g, ages) = tokio::task::spawn_blocking(move || {
-            let ages = rollback::ref_ages(&g);
-            (g, ages)
-        })
-        .await
-        .context("rollback check task")?;
-        Ok((
-            g,
-            Some(ages.context("reading the new generation's commits")?),
-        ))
-    }
-
-    /// The generation to publish, or `None` if it moves a ref back in time
-    /// and that is refused (logged and counted either way).
-    async fn rolls_back(&mut self, next: Box<Generation>) -> Result<Option<Box<Generation>>> {
-        let (next, ages) = self.ages(next).await?;
-        let (Some(policy), Some(ages)) = (self.rollback, ages) else {
-            return Ok(Some(next));
-        };
-        let found = match &self.served_ages {
-            Some(served) => rollback::rollbacks(served, &ages),
-            None => Vec::new(),
-        };
-        if !rollback::judge(policy, &found, self.sink.metrics()) {
-            return Ok(None);
-        }
-        self.served_ages = Some(ages);
-        Ok(Some(next))
     }
 
     fn publish(&mut self, generation: Generation) {

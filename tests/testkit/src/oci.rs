@@ -382,10 +382,16 @@ pub struct Crafted {
 }
 
 pub fn crafted(seed: u32, extra: impl FnOnce(Tar) -> Tar) -> Crafted {
+    crafted_bound(seed, TINY_REF, extra)
+}
+
+/// [`crafted`], its commit bound to `bind_ref` (images of different
+/// streams served side by side).
+pub fn crafted_bound(seed: u32, bind_ref: &str, extra: impl FnOnce(Tar) -> Tar) -> Crafted {
     let work = tempdir();
     let version = format!("1.{seed}");
     let repo = work.path().join("repo");
-    let commit = tiny_commit(&repo, &version, Some(TINY_REF), seed).unwrap();
+    let commit = tiny_commit(&repo, &version, Some(bind_ref), seed).unwrap();
     let tar = extra(Tar::new().dir("srv").tree("srv/repo", &repo)).finish();
     let layout = work.path().join("oci");
     let tag = "crafted".to_owned();

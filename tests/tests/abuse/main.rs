@@ -19,6 +19,7 @@
 
 mod garbage;
 mod h2slow;
+mod starved;
 mod support;
 
 use std::io::{Read, Write};

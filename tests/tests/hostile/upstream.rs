@@ -373,3 +373,50 @@ fn allow_rollback_publishes_an_upstream_moved_back() {
     serves_only(&server, &[(REF, &p.commits[0])]).unwrap();
     nothing_outside(&sentinel).unwrap();
 }
+
+/// The server restarted on its state dir after the upstream moved back
+/// while it was down: the marks it kept refuse the first summary (nothing
+/// served, not ready, counted), and `--allow-rollback` publishes it.
+#[test]
+fn an_upstream_moved_back_while_the_server_was_down_is_refused_at_restart() {
+    let p = pristine();
+    let sentinel = Sentinel::new();
+    let (_copy, u, proxy, mut server) =
+        genuine_upstream(p, &sentinel, Arc::new(|_: &str| None), &[]).unwrap();
+    serves_only(&server, &[(REF, &p.commits[1])]).unwrap();
+    server.stop(REFUSAL_TIMEOUT).unwrap();
+
+    u.point(0);
+    let restart = |args: &[&str]| {
+        Server::upstream(&proxy.url)
+            .args(args)
+            .state_dir(&sentinel.state())
+    };
+    let mut refused = restart(&[]).spawn().unwrap();
+    wait_refused(&refused, 0.0, "nothing to publish").unwrap();
+    let m = refused.metrics().unwrap();
+    assert_eq!(
+        m.get("oscontent_rollbacks_total", &[("result", "refused")]),
+        Some(1.0)
+    );
+    assert_eq!(refused.get("/readyz").unwrap().status, 503);
+    let says = refused.stderr_lines("would move back");
+    assert!(
+        says.iter()
+            .any(|l| l.contains(&p.commits[0]) && l.contains(&p.commits[1])),
+        "the refusal names both commits: {says:?}"
+    );
+    refused.stop(REFUSAL_TIMEOUT).unwrap();
+
+    let mut allowed = restart(&["--allow-rollback"]).start().unwrap();
+    serves_only(&allowed, &[(REF, &p.commits[0])]).unwrap();
+    assert_eq!(
+        allowed
+            .metrics()
+            .unwrap()
+            .get("oscontent_rollbacks_total", &[("result", "allowed")]),
+        Some(1.0)
+    );
+    allowed.stop(REFUSAL_TIMEOUT).unwrap();
+    nothing_outside(&sentinel).unwrap();
+}

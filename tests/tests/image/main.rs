@@ -19,6 +19,7 @@ mod lifecycle;
 mod native;
 mod pull;
 mod refresh;
+mod rollback;
 mod root;
 mod space;
 mod state_full;

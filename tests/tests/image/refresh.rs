@@ -10,10 +10,10 @@ use std::time::Duration;
 
 /// How long a refresh may take to show (a fetch of the small fixture is a
 /// second or two; the backoff is one second).
-const SWITCH_TIMEOUT: Duration = Duration::from_secs(60);
+pub const SWITCH_TIMEOUT: Duration = Duration::from_secs(60);
 const SOURCE_CHECKS: &str = "oscontent_source_checks_total";
 
-fn checks(server: &Server, result: &str) -> f64 {
+pub fn checks(server: &Server, result: &str) -> f64 {
     server
         .metrics()
         .unwrap()
@@ -22,7 +22,7 @@ fn checks(server: &Server, result: &str) -> f64 {
 }
 
 /// Polls until `/refs/heads/NAME` names `commit`.
-fn wait_for_ref(server: &Server, name: &str, commit: &str) {
+pub fn wait_for_ref(server: &Server, name: &str, commit: &str) {
     let found = poll(SWITCH_TIMEOUT, || -> anyhow::Result<Option<()>> {
         let r = server.get(&format!("/refs/heads/{name}"))?;
         Ok((r.status == 200 && String::from_utf8_lossy(&r.body).trim() == commit).then_some(()))
@@ -36,7 +36,7 @@ fn wait_for_ref(server: &Server, name: &str, commit: &str) {
 }
 
 /// Polls until `f` holds for the server's metrics.
-fn wait_for_metrics(server: &Server, what: &str, f: impl Fn(&Server) -> bool) {
+pub fn wait_for_metrics(server: &Server, what: &str, f: impl Fn(&Server) -> bool) {
     let found = poll(SWITCH_TIMEOUT, || -> anyhow::Result<Option<()>> {
         Ok(f(server).then_some(()))
     })
@@ -260,7 +260,7 @@ fn sighup_republishes_a_local_oscontainer() {
     assert_eq!(server.get("/readyz").unwrap().status, 200);
 }
 
-fn rollbacks(server: &Server, result: &str) -> f64 {
+pub fn rollbacks(server: &Server, result: &str) -> f64 {
     server
         .metrics()
         .unwrap()

@@ -5,11 +5,15 @@
 //! allowed it (`--allow-rollback`). Decided per ref: a ref that appears or
 //! disappears is not a rollback, only one that moves back.
 
+use super::marks::{self, MarksFile};
 use crate::metrics::Metrics;
 use crate::served::Generation;
 use anyhow::{Context, Result};
 use oscontent_format::age::{downgrade_reason, Age};
 use oscontent_format::Checksum;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 /// A published ref and how old its commit is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +101,21 @@ pub enum RollbackPolicy {
 
 /// Logs and counts what `found` moves back; whether to publish anyway.
 pub fn judge(policy: RollbackPolicy, found: &[Rollback], metrics: &Metrics) -> bool {
+    judge_serving(
+        policy,
+        found,
+        metrics,
+        "still serving the previous generation",
+    )
+}
+
+/// [`judge`], saying what is served instead when refused.
+pub fn judge_serving(
+    policy: RollbackPolicy,
+    found: &[Rollback],
+    metrics: &Metrics,
+    serving: &str,
+) -> bool {
     for r in found {
         match policy {
             RollbackPolicy::Allow => {
@@ -105,14 +124,76 @@ pub fn judge(policy: RollbackPolicy, found: &[Rollback], metrics: &Metrics) -> b
             }
             RollbackPolicy::Refuse => {
                 metrics.rollbacks.with_label_values(&["refused"]).inc();
-                tracing::error!(
-                    "{r}: refused, still serving the previous generation \
-                     (--allow-rollback publishes it)"
-                );
+                tracing::error!("{r}: refused, {serving} (--allow-rollback publishes it)");
             }
         }
     }
     found.is_empty() || policy == RollbackPolicy::Allow
+}
+
+/// The policy and the high-water marks it judges against (loaded from
+/// the state dir, so the first publication after a restart is judged
+/// too), shared by the publisher that checks and records.
+#[derive(Debug)]
+pub struct RollbackGuard {
+    policy: RollbackPolicy,
+    file: MarksFile,
+    marks: Mutex<BTreeMap<String, RefAge>>,
+    metrics: Arc<Metrics>,
+}
+
+impl RollbackGuard {
+    /// Loads the state dir's marks (blocking); a corrupt file is an error.
+    pub fn load(state_dir: &Path, policy: RollbackPolicy, metrics: Arc<Metrics>) -> Result<Self> {
+        let file = MarksFile::new(state_dir);
+        let marks = file.load()?;
+        tracing::info!(
+            marks = marks.len(),
+            file = %file.path().display(),
+            "rollback marks: newest release of each ref published from this state dir"
+        );
+        metrics
+            .rollback_allowed
+            .set(i64::from(policy == RollbackPolicy::Allow));
+        Ok(Self {
+            policy,
+            file,
+            marks: Mutex::new(marks),
+            metrics,
+        })
+    }
+
+    pub fn policy(&self) -> RollbackPolicy {
+        self.policy
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Every ref `next` would move back from its mark (not yet judged).
+    pub fn found(&self, next: &[RefAge]) -> Vec<Rollback> {
+        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        let marked: Vec<RefAge> = next
+            .iter()
+            .filter_map(|n| marks.get(&n.name).cloned())
+            .collect();
+        rollbacks(&marked, next)
+    }
+
+    /// Moves the marks to what `published` publishes and writes them
+    /// durably (blocking); on error they stay as they were, in memory and
+    /// on disk, and the caller must not publish.
+    pub fn record(&self, published: &[RefAge]) -> Result<()> {
+        let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = marks.clone();
+        marks::advance(&mut next, published);
+        if next != *marks {
+            self.file.store(&next)?;
+            *marks = next;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

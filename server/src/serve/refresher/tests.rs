@@ -12,8 +12,8 @@ enum Step {
     Unchanged,
     Refuse,
     Fail,
-    /// A generation publishing ref `tiny` at the fake's release N.
-    Release(usize),
+    /// A new generation, less something that failed.
+    Partial,
 }
 
 /// When a check ran (seconds since the test began) and whether forced.
@@ -27,16 +27,15 @@ struct Fake {
     next_id: u64,
     /// The `--signatures` directory a generation is published with.
     bundle: Option<PathBuf>,
-    /// A repo and its commits, oldest first, for [`Step::Release`].
-    releases: Option<(PathBuf, Vec<oscontent_format::Checksum>)>,
 }
 
 impl Publisher for Fake {
     async fn check(&mut self, force: bool) -> Result<Checked> {
         let at = self.start.elapsed().as_secs();
         self.calls.lock().expect("calls").push((at, force));
-        match self.script.pop_front().unwrap_or(Step::Unchanged) {
-            Step::New => {
+        let step = self.script.pop_front().unwrap_or(Step::Unchanged);
+        match step {
+            Step::New | Step::Partial => {
                 self.next_id += 1;
                 let mut g =
                     Generation::new(self.next_id, Vec::new(), "/nonexistent".into(), Vec::new());
@@ -50,13 +49,12 @@ impl Publisher for Fake {
                     .served_summary()
                     .ok()
                     .map(|b| oscontent_format::Checksum::digest(&b));
-                Ok(Checked::New(Box::new(g)))
-            }
-            Step::Release(i) => {
-                self.next_id += 1;
-                let (repo, commits) = self.releases.as_ref().expect("releases");
-                let refs = vec![("tiny".to_owned(), commits[i])];
-                let g = Generation::new(self.next_id, vec![repo.clone()], repo.join("none"), refs);
+                if matches!(step, Step::Partial) {
+                    return Ok(Checked::Partial(
+                        Box::new(g),
+                        anyhow::anyhow!("one image unreachable"),
+                    ));
+                }
                 Ok(Checked::New(Box::new(g)))
             }
             Step::Unchanged => Ok(Checked::Unchanged),
@@ -85,7 +83,6 @@ impl Harness {
             start: Instant::now(),
             next_id: 0,
             bundle: None,
-            releases: None,
         };
         let (sink, hup) = (Arc::new(Sink::default()), Arc::new(Notify::new()));
         let refresher = Refresher::new(fake, sink.clone(), hup.clone(), schedule);
@@ -268,58 +265,21 @@ async fn a_refusal_waits_for_new_signatures_then_republishes_forced() {
     task.abort();
 }
 
-/// Three releases made by stock `ostree commit`, versions 1 to 3.
-fn releases() -> (tempfile::TempDir, Vec<oscontent_format::Checksum>) {
-    use oscontent_testkit::ostree::{tiny_repo, TinyCommit};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let commits: Vec<TinyCommit<'_>> = ["1", "2", "3"]
-        .iter()
-        .zip(1..)
-        .map(|(version, seed)| TinyCommit {
-            version,
-            bind_ref: None,
-            seed,
-        })
-        .collect();
-    let made = tiny_repo(dir.path(), &commits).expect("ostree commit");
-    let parsed = made.iter().map(|c| c.parse().expect("checksum")).collect();
-    (dir, parsed)
-}
-
 #[tokio::test(start_paused = true)]
-async fn a_ref_moved_back_is_refused_and_the_previous_generation_stays() {
+async fn a_partial_generation_is_published_and_what_failed_is_retried() {
     use Step::*;
-    let (repo, commits) = releases();
-    let table = [
-        (RollbackPolicy::Refuse, [Some(1), Some(1), Some(3)], 1, 0),
-        (RollbackPolicy::Allow, [Some(1), Some(2), Some(3)], 0, 1),
-    ];
-    for (policy, served, refused, allowed) in table {
-        let (h, mut r) =
-            Harness::refresher(&[Release(1), Release(0), Release(2)], Schedule::default());
-        r.publisher.releases = Some((repo.path().to_owned(), commits.clone()));
-        let r = r.checking_rollback(policy);
-        let task = tokio::spawn(r.run());
-        let mut seen = Vec::new();
-        for _ in 0..3 {
-            // Time does not auto-advance while the commit reads run on the
-            // blocking pool, so each step is decided within it.
-            advance(1).await;
-            seen.push(h.generation());
-            h.hup.notify_one();
-        }
-        assert_eq!(seen, served, "{policy:?}");
-        let metrics = &h.sink.metrics();
-        assert_eq!(
-            metrics.rollbacks.with_label_values(&["refused"]).get(),
-            refused
-        );
-        assert_eq!(
-            metrics.rollbacks.with_label_values(&["allowed"]).get(),
-            allowed
-        );
-        assert_eq!(metrics.rollback_allowed.get(), allowed as i64);
-        assert_eq!(h.count(Outcome::Failed), refused);
-        task.abort();
-    }
+    let (h, r) = Harness::refresher(&[New, Partial, New], schedule(None, Some(60)));
+    let task = tokio::spawn(r.run());
+    advance(1).await;
+    h.hup.notify_one();
+    advance_ms(500).await;
+    // Published at once, although one image failed...
+    assert_eq!(h.generation(), Some(2));
+    assert_eq!(h.times(), [0, 1]);
+    advance(1).await;
+    // ...and retried after the first backoff, without a trigger.
+    assert_eq!(h.times(), [0, 1, 2]);
+    assert_eq!(h.generation(), Some(3));
+    assert_eq!(h.count(Outcome::Published), 3);
+    task.abort();
 }

@@ -266,14 +266,18 @@ pub fn run(
     })
 }
 
+/// When a node's pull ended (seconds into the wave) and whether it
+/// succeeded.
+type Ended = (f64, bool);
+
 /// Waits for every node's pull (bounded by [`WAVE_TIMEOUT`]): when each
 /// ended and whether it succeeded, and the server's peak RSS meanwhile.
 fn wait_all(
     mut running: Vec<Option<Stopper>>,
     start: Instant,
     pid: u32,
-) -> Result<(Vec<Option<(f64, bool)>>, u64)> {
-    let mut finished: Vec<Option<(f64, bool)>> = vec![None; running.len()];
+) -> Result<(Vec<Option<Ended>>, u64)> {
+    let mut finished: Vec<Option<Ended>> = vec![None; running.len()];
     let mut peak_rss = 0;
     while finished.iter().any(Option::is_none) {
         check_interrupted()?;
@@ -297,7 +301,7 @@ fn wait_all(
 /// log (`(client, path, status, bytes)`); every request must come from a
 /// node.
 fn outcomes(
-    finished: Vec<Option<(f64, bool)>>,
+    finished: Vec<Option<Ended>>,
     requests: Vec<(String, String, u16, u64)>,
     node_dirs: &[PathBuf],
     repos: &Repos,
