@@ -112,13 +112,22 @@ fn has_cargo_fuzz() -> bool {
 /// cargo-fuzz, pinned, from crates.io with its own lock file, only if
 /// missing (a fresh machine): the fuzz targets need it, and a build of it
 /// takes under a minute.
-pub fn ensure_cargo_fuzz() -> Result<()> {
+/// At `niceness` when given (an install beside other work).
+pub fn ensure_cargo_fuzz(niceness: Option<&str>) -> Result<()> {
     if has_cargo_fuzz() {
         return Ok(());
     }
     eprintln!("xtask: installing cargo-fuzz {CARGO_FUZZ_VERSION}");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
+    let mut cmd = match niceness {
+        Some(n) => {
+            let mut c = Command::new("nice");
+            c.args(["-n", n]).arg(cargo);
+            c
+        }
+        None => Command::new(cargo),
+    };
+    let status = cmd
         .args([
             "install",
             "cargo-fuzz",

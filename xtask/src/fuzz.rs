@@ -21,6 +21,9 @@ use crate::fixtures;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The fuzz crate (its own workspace and lock file).
@@ -96,17 +99,73 @@ pub fn targets() -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// Niceness of a build started early ([`prebuild`]): the lowest, so it
+/// takes only the CPU the rest leaves idle.
+const PREBUILD_NICENESS: &str = "19";
+
+/// The build [`prebuild`] started, which [`ci`] waits for.
+static PREBUILD: Mutex<Option<Prebuild>> = Mutex::new(None);
+
+struct Prebuild {
+    thread: JoinHandle<Result<PathBuf>>,
+    /// The cargo process group, once started (0 before).
+    group: Arc<AtomicI32>,
+}
+
+/// Starts building every target now, in the background at niceness 19:
+/// `cargo xtask test` calls it first, so the build runs in what the lints,
+/// the workspace build and the fixtures leave idle (link steps, one big
+/// crate at a time, downloads, fixture I/O) instead of adding minutes
+/// after them. [`ci`] waits for it.
+pub fn prebuild() {
+    let group = Arc::new(AtomicI32::new(0));
+    let shared = group.clone();
+    let thread = std::thread::spawn(move || build_as(Some(&shared)));
+    if let Ok(mut p) = PREBUILD.lock() {
+        *p = Some(Prebuild { thread, group });
+    }
+}
+
+/// Waits for [`prebuild`]'s build, if one was started, at normal priority
+/// from now on (it is what the caller waits for): raising it back needs
+/// root, as in CI; elsewhere it finishes at niceness 19.
+fn finish_prebuild() -> Result<()> {
+    let Some(p) = PREBUILD.lock().ok().and_then(|mut p| p.take()) else {
+        return Ok(());
+    };
+    if let Some(pid) = rustix::process::Pid::from_raw(p.group.load(Ordering::SeqCst)) {
+        let _ = rustix::process::setpriority_pgrp(Some(pid), 0);
+    }
+    p.thread
+        .join()
+        .map_err(|_| anyhow::anyhow!("the fuzz build thread panicked"))?
+        .map(drop)
+}
+
 /// Builds every target in one cargo invocation (shared dependencies, one
 /// link each), its output in `logs/build.log`. Returns the binaries' dir.
 pub fn build() -> Result<PathBuf> {
-    crate::deps::ensure_cargo_fuzz()?;
+    build_as(None)
+}
+
+/// [`build`], at niceness 19 when `group` is given (a [`prebuild`]), which
+/// then holds the build's process group for [`finish_prebuild`].
+fn build_as(group: Option<&AtomicI32>) -> Result<PathBuf> {
+    crate::deps::ensure_cargo_fuzz(group.is_some().then_some(PREBUILD_NICENESS))?;
     let work = work_dir();
     let logs = work.join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
     let log = logs.join("build.log");
     // A fresh log per build: run_logged appends.
     std::fs::write(&log, b"").with_context(|| format!("creating {}", log.display()))?;
-    let mut cmd = Command::new("cargo");
+    let mut cmd = match group {
+        Some(_) => {
+            let mut c = Command::new("nice");
+            c.args(["-n", PREBUILD_NICENESS, "cargo"]);
+            c
+        }
+        None => Command::new("cargo"),
+    };
     cmd.args(["+nightly", "fuzz", "build", "--fuzz-dir", FUZZ_DIR])
         .args(["--sanitizer", "none", "--debug-assertions"])
         // cargo-fuzz's default of one codegen unit serialises the big
@@ -122,7 +181,7 @@ pub fn build() -> Result<PathBuf> {
         .env_remove("RUSTC");
     eprintln!("xtask: building the fuzz targets (log: {})", log.display());
     let start = Instant::now();
-    run_group(&mut cmd, &log, BUILD_TIMEOUT)
+    run_group(&mut cmd, &log, BUILD_TIMEOUT, group)
         .context("building the fuzz targets (cargo +nightly fuzz build)")?;
     eprintln!(
         "xtask: fuzz targets built in {:.0} s",
@@ -135,7 +194,13 @@ pub fn build() -> Result<PathBuf> {
 /// kills the whole group if it outlives `timeout`: cargo-fuzz dies on
 /// SIGTERM without passing it on, and the cargo under it would go on
 /// building (and holding the target dir's lock) as an orphan.
-fn run_group(cmd: &mut Command, log: &Path, timeout: Duration) -> Result<()> {
+/// Its process group id goes to `group` when given.
+fn run_group(
+    cmd: &mut Command,
+    log: &Path,
+    timeout: Duration,
+    group: Option<&AtomicI32>,
+) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let out = std::fs::File::options()
         .create(true)
@@ -149,11 +214,14 @@ fn run_group(cmd: &mut Command, log: &Path, timeout: Duration) -> Result<()> {
         .stderr(out)
         .spawn()
         .with_context(|| format!("starting {cmd:?}"))?;
-    let group = rustix::process::Pid::from_child(&child);
+    let pgid = rustix::process::Pid::from_child(&child);
+    if let Some(g) = group {
+        g.store(pgid.as_raw_nonzero().get(), Ordering::SeqCst);
+    }
     let mut child = oscontent_testkit::process::Stopper::new(child, "cargo fuzz build");
     let status = child.wait_bounded(timeout);
     // Whatever is left of the group (nothing, after a clean exit).
-    let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+    let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
     let status = status?;
     anyhow::ensure!(
         status.success(),
@@ -258,6 +326,7 @@ pub fn fuzz(opts: &Options) -> Result<Vec<Outcome>> {
 /// What CI runs: every target, [`CI_BUDGET`] shared out (at least 5 s
 /// each).
 pub fn ci() -> Result<Vec<Outcome>> {
+    finish_prebuild()?;
     let n = targets()?.len() as u64;
     let seconds = (CI_BUDGET.as_secs() / n).max(5);
     fuzz(&Options {

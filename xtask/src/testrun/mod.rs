@@ -43,6 +43,9 @@ pub fn check() -> Result<()> {
 /// runs every test.
 pub fn test() -> Result<()> {
     deps::ensure()?;
+    if fuzz_in_tests() {
+        crate::fuzz::prebuild();
+    }
     // checkov's install is mostly network wait (minutes on a fresh
     // machine); it overlaps the CPU-bound lints instead of adding to them.
     let checkov = std::thread::spawn(crate::deploy::checkov::ensure_installed);
@@ -76,8 +79,9 @@ pub fn test() -> Result<()> {
 /// Whether the fuzz job (every target built, then run briefly) joins the
 /// tests: yes, unless `OSCONTENT_TEST_FUZZ=0`. Its cold build is the fuzz
 /// crate's light tree (oscontent-parse and oscontent-format without
-/// sequoia, not the server's), about 2.5 minutes of CPU, which overlaps
-/// the suites that mostly wait.
+/// sequoia, not the server's), about 2.5 minutes of CPU, started first at
+/// the lowest priority ([`crate::fuzz::prebuild`]) so that it fills the
+/// CPU the checks and builds leave idle.
 fn fuzz_in_tests() -> bool {
     std::env::var("OSCONTENT_TEST_FUZZ").map_or(true, |v| v != "0")
 }
