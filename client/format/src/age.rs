@@ -38,6 +38,20 @@ pub struct Age<'a> {
     pub version: Option<&'a str>,
 }
 
+impl Age<'_> {
+    /// Which of two commits is newer: timestamp first, then version (a
+    /// commit without one sorts before one with), so that picking the
+    /// newest release agrees with [`downgrade_reason`].
+    pub fn order(&self, other: &Age<'_>) -> Ordering {
+        self.timestamp
+            .cmp(&other.timestamp)
+            .then_with(|| match (self.version, other.version) {
+                (Some(a), Some(b)) => compare_versions(a, b),
+                (a, b) => a.is_some().cmp(&b.is_some()),
+            })
+    }
+}
+
 /// Why a target is older than what the ref has now, or `None` if it is
 /// not. A replay of an older, validly signed release is refused on either
 /// signal: an older timestamp, or a lower version.
@@ -79,6 +93,22 @@ mod tests {
         for (a, b, want) in cases {
             assert_eq!(compare_versions(a, b), want, "{a} vs {b}");
             assert_eq!(compare_versions(b, a), want.reverse(), "{b} vs {a}");
+        }
+    }
+
+    #[test]
+    fn newer_by_timestamp_then_version() {
+        let age = |timestamp, version| Age { timestamp, version };
+        let cases = [
+            (age(1, Some("9")), age(2, Some("1")), Less),
+            (age(2, Some("1")), age(1, Some("9")), Greater),
+            (age(5, Some("41.9")), age(5, Some("41.10")), Less),
+            (age(5, None), age(5, Some("1")), Less),
+            (age(5, Some("1")), age(5, Some("1")), Equal),
+            (age(5, None), age(5, None), Equal),
+        ];
+        for (a, b, want) in cases {
+            assert_eq!(a.order(&b), want, "{a:?} vs {b:?}");
         }
     }
 

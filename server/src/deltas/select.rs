@@ -1,8 +1,9 @@
 //! Which deltas a generation gets (`--deltas`): pure, from its refs and
 //! the age of each commit they name.
 
+pub use crate::publish::RefAge;
 use crate::publish::VERSION_REF_PREFIX;
-use oscontent_format::{Checksum, DeltaName};
+use oscontent_format::DeltaName;
 use std::collections::BTreeSet;
 
 /// `--deltas`: which static deltas the server generates between the
@@ -16,22 +17,6 @@ pub enum DeltaMode {
     Latest,
     /// Between every pair of releases, older to newer.
     All,
-}
-
-/// A published ref, and its commit's age as the downgrade rule orders
-/// releases: timestamp, then version.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RefAge {
-    pub name: String,
-    pub commit: Checksum,
-    pub timestamp: u64,
-    pub version: Option<String>,
-}
-
-impl RefAge {
-    fn age(&self) -> (u64, Option<&str>) {
-        (self.timestamp, self.version.as_deref())
-    }
 }
 
 /// The from → to deltas `mode` asks for. The targets of `latest` are what
@@ -57,7 +42,7 @@ pub fn pairs(mode: DeltaMode, refs: &[RefAge]) -> Vec<DeltaName> {
                 releases
                     .iter()
                     .copied()
-                    .max_by(|a, b| a.age().cmp(&b.age()))
+                    .max_by(|a, b| a.age().order(&b.age()))
                     .into_iter()
                     .collect()
             } else {
@@ -67,7 +52,7 @@ pub fn pairs(mode: DeltaMode, refs: &[RefAge]) -> Vec<DeltaName> {
     };
     let mut out = BTreeSet::new();
     for to in targets {
-        for from in releases.iter().filter(|f| f.age() < to.age()) {
+        for from in releases.iter().filter(|f| f.age().order(&to.age()).is_lt()) {
             out.insert(DeltaName {
                 from: Some(from.commit),
                 to: to.commit,
@@ -80,6 +65,7 @@ pub fn pairs(mode: DeltaMode, refs: &[RefAge]) -> Vec<DeltaName> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use oscontent_format::Checksum;
 
     fn c(n: u8) -> Checksum {
         Checksum::from([n; 32])
@@ -118,6 +104,11 @@ mod tests {
         ];
         let versions_only = vec![r("version/2", 2, 200, "2"), r("version/1", 1, 100, "1")];
         let same_time = vec![r("version/a", 1, 100, "1.0"), r("version/b", 2, 100, "1.1")];
+        // Versions compare as CoreOS versions, not as text ("10" > "9").
+        let numeric = vec![
+            r("version/b", 2, 100, "41.10"),
+            r("version/a", 1, 100, "41.9"),
+        ];
         let one = vec![r("version/1", 1, 100, "1"), r("os/stable", 1, 100, "1")];
         let table: Vec<(&str, DeltaMode, &[RefAge], Vec<DeltaName>)> = vec![
             ("none", DeltaMode::None, &three, vec![]),
@@ -149,6 +140,12 @@ mod tests {
                 "same timestamp: version decides",
                 DeltaMode::Latest,
                 &same_time,
+                vec![d(1, 2)],
+            ),
+            (
+                "same timestamp: versions by number",
+                DeltaMode::Latest,
+                &numeric,
                 vec![d(1, 2)],
             ),
             ("one release: nothing", DeltaMode::Latest, &one, vec![]),

@@ -9,29 +9,13 @@ use super::marks::{self, MarksFile};
 use crate::metrics::Metrics;
 use crate::served::Generation;
 use anyhow::{Context, Result};
-use oscontent_format::age::{downgrade_reason, Age};
+use oscontent_format::age::downgrade_reason;
 use oscontent_format::Checksum;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-/// A published ref and how old its commit is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RefAge {
-    pub name: String,
-    pub commit: Checksum,
-    pub timestamp: u64,
-    pub version: Option<String>,
-}
-
-impl RefAge {
-    fn age(&self) -> Age<'_> {
-        Age {
-            timestamp: self.timestamp,
-            version: self.version.as_deref(),
-        }
-    }
-}
+pub use crate::publish::RefAge;
 
 /// A ref the next generation would move back.
 #[derive(Debug, Clone, PartialEq, Eq)]
