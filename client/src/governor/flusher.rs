@@ -16,12 +16,17 @@
 //! Chunks, backlog and rate are measured in cost bytes (length plus a
 //! fixed cost per object, [`AimdConfig::cost`]): an update of thousands of
 //! small files is paced by its creates, not only by its few megabytes.
-//! `sync_file_range` writes data only; the creates sit in the filesystem's
-//! journal until something forces it, so every [`LOG_FORCE_OBJECTS`]
-//! objects the flusher `fdatasync`s the last file it flushed, which on a
-//! journalled filesystem commits the journal up to that point. The
-//! neighbour's own fdatasync would otherwise carry our creates, and the
-//! final `syncfs` would carry all of them at once.
+//!
+//! Creates are paced too, not only data. `sync_file_range` writes data
+//! only; a create (inode, xattr, directory entry) sits in the filesystem's
+//! journal until something forces it, and on XFS a neighbour's own
+//! `fdatasync` forces the whole pending journal, ours included. So every
+//! chunk that holds a new object ends with an `fdatasync` of its last file
+//! (which commits the journal up to that point, creates of other files
+//! included), and writers wait while more than [`MAX_UNFORCED`] objects are
+//! written but not yet committed: what a neighbour's flush can find of ours
+//! in the journal is then a few dozen creates, never the hundreds a writer
+//! can produce in a second, and the final `syncfs` finds almost nothing.
 
 use super::aimd::{Aimd, AimdConfig};
 use super::samples::Samples;
@@ -36,8 +41,12 @@ use std::time::{Duration, Instant};
 
 /// A chunk also closes after this many files: each small file is its own
 /// write request, and many of them in flight at once queue the neighbour
-/// as surely as one big one.
-pub const CHUNK_MAX_FILES: usize = 32;
+/// as surely as one big one. It is also the most creates one journal
+/// commit of ours carries.
+pub const CHUNK_MAX_FILES: usize = 16;
+/// Objects written but not yet committed to the journal (queued or in the
+/// chunk in flight) before writers wait (see the module doc).
+pub const MAX_UNFORCED: u64 = 2 * CHUNK_MAX_FILES as u64;
 /// Chunk ranges are cut at multiples of this (the page size of every
 /// architecture a node runs).
 const PAGE: u64 = 4096;
@@ -53,9 +62,6 @@ pub const MIN_BACKLOG: u64 = 8 << 20;
 /// small node, and flushed long before `dirty_expire` (30 s) would hand it
 /// to the kernel's flusher at normal priority.
 pub const MAX_BACKLOG: u64 = 64 << 20;
-/// Objects flushed between two journal commits (see the module doc):
-/// about a hundred small creates, a few hundred KiB of journal.
-pub const LOG_FORCE_OBJECTS: u64 = 128;
 /// The schedule may run this far behind real time before the flusher
 /// sleeps, so pacing does not turn every chunk into a tiny sleep.
 const PACE_SLACK: Duration = Duration::from_millis(5);
@@ -68,6 +74,10 @@ pub struct FlusherStats {
     pub throttle: Duration,
     /// Time writers spent waiting for backlog room.
     pub backpressure: Duration,
+    /// Journal commits (`fdatasync`s ending a chunk).
+    pub log_forces: u64,
+    /// The most objects ever written but not yet committed.
+    pub max_unforced: u64,
     pub samples: Samples,
 }
 
@@ -77,6 +87,8 @@ struct Item {
     /// The part of the file still to flush.
     offset: u64,
     len: u64,
+    /// More of the file follows in a later chunk.
+    split: bool,
 }
 
 impl Item {
@@ -91,8 +103,8 @@ struct State {
     queue: VecDeque<Item>,
     /// Cost queued plus the chunk in flight.
     backlog: u64,
-    /// Objects flushed since the journal was last committed.
-    unlogged: u64,
+    /// Objects submitted whose create is not yet committed.
+    unforced: u64,
     in_flight: bool,
     closed: bool,
     /// The first error the flusher hit; every later call reports it.
@@ -140,6 +152,7 @@ impl State {
                     },
                     offset: front.offset,
                     len: take,
+                    split: true,
                 };
                 front.offset += take;
                 front.len -= take;
@@ -190,7 +203,7 @@ impl Flusher {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
                 backlog: 0,
-                unlogged: 0,
+                unforced: 0,
                 in_flight: false,
                 closed: false,
                 error: None,
@@ -221,14 +234,19 @@ impl Flusher {
             file,
             offset: 0,
             len,
+            split: false,
         };
         st.backlog += item.cost(&st.aimd.config);
+        st.unforced += 1;
+        st.stats.max_unforced = st.stats.max_unforced.max(st.unforced);
         st.queue.push_back(item);
         self.shared.work.notify_one();
         let t = Instant::now();
         let mut waited = false;
         while st.error.is_none()
-            && (st.backlog > st.backlog_limit() || st.queue.len() > MAX_QUEUED_FILES)
+            && (st.backlog > st.backlog_limit()
+                || st.queue.len() > MAX_QUEUED_FILES
+                || st.unforced > MAX_UNFORCED)
         {
             waited = true;
             st = self.shared.room.wait(st).expect("flusher state");
@@ -277,15 +295,13 @@ fn run(shared: &Shared) {
             st.in_flight = true;
             let chunk = st.take_chunk();
             let objects = chunk.iter().filter(|i| i.offset == 0).count() as u64;
-            st.unlogged += objects;
-            let force = st.unlogged >= LOG_FORCE_OBJECTS;
-            if force {
-                st.unlogged = 0;
-            }
             let cost: u64 = chunk.iter().map(|i| i.cost(&st.aimd.config)).sum();
-            (chunk, cost, force)
+            (chunk, cost, objects)
         };
-        let (chunk, bytes, force_log) = chunk;
+        let (chunk, bytes, objects) = chunk;
+        // A chunk with no new object (the rest of a big file) has no
+        // create to commit.
+        let force_log = objects > 0;
         let t = Instant::now();
         let r = flush_chunk(&chunk, force_log);
         let latency = t.elapsed();
@@ -294,6 +310,12 @@ fn run(shared: &Shared) {
             let mut st = shared.lock();
             st.in_flight = false;
             st.backlog = st.backlog.saturating_sub(bytes);
+            // Whether the chunk failed or not, its objects no longer hold
+            // writers back: on failure every later call reports the error.
+            st.unforced = st.unforced.saturating_sub(objects);
+            if force_log && r.is_ok() {
+                st.stats.log_forces += 1;
+            }
             match r {
                 Err(e) => {
                     st.error.get_or_insert((e.kind(), e.to_string()));
@@ -327,7 +349,9 @@ fn run(shared: &Shared) {
 /// Starts writeback of every range of the chunk, then waits for all of
 /// them: one chunk in flight, its requests submitted together so the
 /// device can merge them. With `force_log`, commits the journal (creates
-/// included) up to the chunk's last file.
+/// included) by `fdatasync`ing the chunk's last whole file: never a file
+/// with more data to come, whose `fdatasync` would write it all back at
+/// once.
 fn flush_chunk(chunk: &[Item], force_log: bool) -> io::Result<()> {
     // A zero length means "to the end of the file" to sync_file_range;
     // an empty object has no data to write back at all.
@@ -338,7 +362,7 @@ fn flush_chunk(chunk: &[Item], force_log: bool) -> io::Result<()> {
     for i in data() {
         sys::sync_file_range(i.file.as_fd(), i.offset, i.len, sys::SYNC_WAIT)?;
     }
-    if let (true, Some(last)) = (force_log, chunk.last()) {
+    if let (true, Some(last)) = (force_log, chunk.iter().rev().find(|i| !i.split)) {
         rustix::fs::fdatasync(last.file.as_fd())?;
     }
     Ok(())
@@ -361,7 +385,7 @@ mod tests {
         let mut st = State {
             queue: VecDeque::new(),
             backlog: 0,
-            unlogged: 0,
+            unforced: 0,
             in_flight: false,
             closed: false,
             error: None,
@@ -374,6 +398,7 @@ mod tests {
                 file: file_of(dir, &n.to_string(), len as usize),
                 offset: 0,
                 len,
+                split: false,
             });
         }
         st
@@ -416,7 +441,11 @@ mod tests {
                 256 * K,
                 0,
                 &[1; 40],
-                &[&[(0, 1); CHUNK_MAX_FILES], &[(0, 1); 8]],
+                &[
+                    &[(0, 1); CHUNK_MAX_FILES],
+                    &[(0, 1); CHUNK_MAX_FILES],
+                    &[(0, 1); 8],
+                ],
             ),
             // A create costs 16 KiB: the third file's first part carries
             // its create and 8 KiB of data, the rest costs its bytes only.
@@ -464,8 +493,23 @@ mod tests {
         f.drain().unwrap();
         let (s, _) = f.stats();
         // 6000 KiB and 220 creates in chunks of at most the 1 MiB ceiling
-        // and 32 files.
-        assert!(s.flushes >= 6000 / 1024 + 200 / 32, "{} flushes", s.flushes);
+        // and CHUNK_MAX_FILES files.
+        let most = CHUNK_MAX_FILES as u64;
+        assert!(
+            s.flushes >= 6000 / 1024 + 200 / most,
+            "{} flushes",
+            s.flushes
+        );
+        // Every chunk with a create committed the journal, and the one
+        // writer never ran more than the bound (plus its own object)
+        // ahead of the commits.
+        assert!(s.log_forces >= 220 / most, "{} log forces", s.log_forces);
+        assert!(s.log_forces <= s.flushes);
+        assert!(
+            s.max_unforced <= MAX_UNFORCED + 1,
+            "{} objects uncommitted at once",
+            s.max_unforced
+        );
         assert_eq!(f.shared.lock().backlog, 0);
         assert_eq!(s.samples.len() as u64, s.flushes);
     }

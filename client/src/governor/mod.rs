@@ -13,8 +13,9 @@
 //!   flight at a time, at a rate the feedback loop ([`aimd`]) steers by the
 //!   tail of the chunks' own latency toward `--io-latency-target`: slow
 //!   start from a low rate, objects counted by their creates as well as
-//!   their bytes, the journal committed as it goes, and at most
-//!   `--io-max-rate`.
+//!   their bytes, the journal committed at the end of every chunk (writers
+//!   wait while more than a few dozen objects are uncommitted), and at
+//!   most `--io-max-rate`.
 //!
 //! All modes end with one `syncfs` barrier before any ref moves.
 //!
@@ -105,6 +106,10 @@ pub struct GovernorStats {
     pub nice: i32,
     /// Duration of the final syncfs.
     pub barrier_ms: f64,
+    /// Journal commits the paced flusher made.
+    pub log_forces: u64,
+    /// The most objects written but not yet committed at once (paced).
+    pub max_unforced: u64,
 }
 
 /// The inline modes' state (`writeback` batches, `per-object-fsync`).
@@ -277,6 +282,8 @@ impl Governor {
                 s.flushes_over_target = fs.flushes_over_target;
                 s.throttle_ms = fs.throttle.as_secs_f64() * 1e3;
                 s.backpressure_ms = fs.backpressure.as_secs_f64() * 1e3;
+                s.log_forces = fs.log_forces;
+                s.max_unforced = fs.max_unforced;
                 s.final_rate_mib_s = aimd.rate / (1024.0 * 1024.0);
                 s.final_batch_kib = aimd.batch >> 10;
                 fs.samples
