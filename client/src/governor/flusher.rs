@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 /// write request, and many of them in flight at once queue the neighbour
 /// as surely as one big one. It is also the most creates one journal
 /// commit of ours carries.
-pub const CHUNK_MAX_FILES: usize = 16;
+pub const CHUNK_MAX_FILES: usize = 64;
 /// Objects written but not yet committed to the journal (queued or in the
 /// chunk in flight) before writers wait (see the module doc).
 pub const MAX_UNFORCED: u64 = 2 * CHUNK_MAX_FILES as u64;
@@ -440,7 +440,7 @@ mod tests {
             (
                 256 * K,
                 0,
-                &[1; 40],
+                &[1; 2 * CHUNK_MAX_FILES + 8],
                 &[
                     &[(0, 1); CHUNK_MAX_FILES],
                     &[(0, 1); CHUNK_MAX_FILES],

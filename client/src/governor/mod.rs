@@ -137,10 +137,10 @@ pub struct Governor {
 }
 
 impl Governor {
-    /// Creates the governor. In `paced` mode this starts the flusher and
-    /// puts the calling thread in the idle I/O class and at nice
-    /// [`PACED_NICE`]: call it before spawning any thread, so that they all
-    /// inherit both.
+    /// Creates the governor. In `paced` mode this puts the calling thread
+    /// in the idle I/O class, starts the flusher (which inherits that), and
+    /// then lowers the calling thread to nice [`PACED_NICE`]: call it
+    /// before spawning any thread, so that they all inherit both.
     pub fn new(mode: IoMode, target: Duration, max_rate: Option<u64>) -> io::Result<Self> {
         let mut stats = GovernorStats {
             io_mode: mode.as_str().to_owned(),
@@ -152,6 +152,14 @@ impl Governor {
                 Ok(()) => stats.idle_priority = true,
                 Err(e) => tracing::warn!("cannot set the idle I/O priority: {e}"),
             }
+            let config = AimdConfig::new(target).with_max_rate(max_rate.map(|r| r as f64));
+            // The flusher starts before the pull is reniced, so it keeps
+            // the normal CPU priority (and the idle I/O class): its
+            // `fdatasync` may be what submits the journal write that the
+            // neighbour's own `fdatasync` waits for, and a flusher starved
+            // of CPU on a busy node would hold the neighbour for as long.
+            // It uses almost no CPU.
+            flusher = Some(Flusher::start(config)?);
             // The neighbour's fdatasync only completes for it once it gets a
             // CPU back; inflating and hashing objects on every core would
             // add run-queue delay to its latency that no I/O policy removes.
@@ -159,8 +167,6 @@ impl Governor {
                 Ok(()) => stats.nice = PACED_NICE,
                 Err(e) => tracing::warn!("cannot lower the CPU priority: {e}"),
             }
-            let config = AimdConfig::new(target).with_max_rate(max_rate.map(|r| r as f64));
-            flusher = Some(Flusher::start(config)?);
         }
         Ok(Self {
             mode,

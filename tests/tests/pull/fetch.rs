@@ -198,6 +198,11 @@ fn every_repo_mode_matches_a_stock_pull_over_http1_and_http2() {
             "{mode}: {g}"
         );
         assert!(g["barrier_ms"].as_f64().is_some());
+        // Paced commits the journal as it goes, never more than once a
+        // chunk; the other modes leave that to their fsyncs or the barrier.
+        let forces = g["log_forces"].as_u64().unwrap();
+        assert_eq!(forces > 0, io_mode == "paced", "{mode}: {g}");
+        assert!(forces <= g["flushes"].as_u64().unwrap(), "{mode}: {g}");
         // Nothing left behind in tmp/ but what ostree itself keeps.
         let leftovers: Vec<_> = std::fs::read_dir(repo.repo.join("tmp"))
             .unwrap()
