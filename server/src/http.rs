@@ -27,7 +27,7 @@ use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// Objects are content-addressed: their bytes never change.
 pub const IMMUTABLE: &str = "public, max-age=31536000, immutable";
@@ -186,8 +186,8 @@ pub fn classify(path: &str) -> &'static str {
 }
 
 /// Metrics and the access log for every request. Counting takes no lock
-/// (`Metrics::observe_request`); the log line is handed to the writer
-/// thread, and built only when there is a log.
+/// (`Metrics::observe_request`); the log line is serialized from borrowed
+/// fields and handed to the writer thread, and only when there is a log.
 async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
     let start = Instant::now();
     let kind = classify(req.uri().path());
@@ -195,11 +195,12 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
     let logged = st.access_log.as_ref().map(|_| {
         (
             req.method().clone(),
-            req.uri().path().to_owned(),
+            // A reference count on the request's bytes, not a copy.
+            req.uri().clone(),
             req.version(),
             req.extensions()
                 .get::<ConnectInfo<SocketAddr>>()
-                .map(|c| c.0.ip().to_string()),
+                .map(|c| c.0.ip()),
         )
     });
     let resp = next.run(req).await;
@@ -216,21 +217,72 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
     };
     st.metrics
         .observe_request(kind, status, bytes, elapsed.as_secs_f64());
-    if let (Some(log), Some((method, path, version, client))) = (&st.access_log, logged) {
-        let line = serde_json::json!({
-            "ts": httpdate::fmt_http_date(SystemTime::now()),
-            "client": client,
-            "method": method.as_str(),
-            "path": path,
-            "status": status,
-            "bytes": bytes,
-            "kind": kind,
-            "version": format!("{version:?}"),
-            "duration_ms": elapsed.as_secs_f64() * 1e3,
+    if let (Some(log), Some((method, uri, version, client))) = (&st.access_log, logged) {
+        log_date::with_now(|ts| {
+            log.log(&LogLine {
+                bytes,
+                client,
+                duration_ms: elapsed.as_secs_f64() * 1e3,
+                kind,
+                method: method.as_str(),
+                path: uri.path(),
+                status,
+                ts,
+                version: version_name(version),
+            });
         });
-        log.log(line.to_string());
     }
     resp
+}
+
+/// One access log line (fields in the order the log has always had them:
+/// alphabetical).
+#[derive(serde::Serialize)]
+struct LogLine<'a> {
+    bytes: u64,
+    client: Option<std::net::IpAddr>,
+    duration_ms: f64,
+    kind: &'static str,
+    method: &'a str,
+    path: &'a str,
+    status: u16,
+    ts: &'a str,
+    version: &'static str,
+}
+
+/// The protocol as the log has always named it (`http::Version`'s Debug).
+fn version_name(v: http::Version) -> &'static str {
+    match v {
+        http::Version::HTTP_09 => "HTTP/0.9",
+        http::Version::HTTP_10 => "HTTP/1.0",
+        http::Version::HTTP_11 => "HTTP/1.1",
+        http::Version::HTTP_2 => "HTTP/2.0",
+        http::Version::HTTP_3 => "HTTP/3.0",
+        _ => "HTTP/?",
+    }
+}
+
+/// The log's timestamp (an HTTP date, one-second resolution), formatted
+/// once a second per thread rather than once a request.
+mod log_date {
+    use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    thread_local! {
+        static NOW: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+    }
+
+    pub fn with_now(f: impl FnOnce(&str)) {
+        let now = SystemTime::now();
+        let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        NOW.with_borrow_mut(|(at, text)| {
+            if *at != secs {
+                *at = secs;
+                *text = httpdate::fmt_http_date(now);
+            }
+            f(text);
+        });
+    }
 }
 
 /// Errors on repo paths: a status and an empty body, never internals.
@@ -290,14 +342,10 @@ fn policy(p: &RepoPath) -> CachePolicy {
     }
 }
 
-/// Serves one repo path. GET and HEAD only.
-async fn repo(
-    State(st): State<AppState>,
-    method: Method,
-    headers: HeaderMap,
-    uri: http::Uri,
-) -> Response {
-    match serve_repo(&st, &method, &headers, uri.path()).await {
+/// Serves one repo path. GET and HEAD only. Takes the request whole: the
+/// `HeaderMap` extractor would copy the headers.
+async fn repo(State(st): State<AppState>, req: Request) -> Response {
+    match serve_repo(&st, req.method(), req.headers(), req.uri().path()).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }

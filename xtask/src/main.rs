@@ -116,6 +116,10 @@ struct FleetArgs {
     /// Serve without (no), with (yes) or both (no,yes) the v1 -> v2 delta.
     #[arg(long, value_delimiter = ',', default_values_t = [false, true], action = clap::ArgAction::Set)]
     deltas: Vec<bool>,
+    /// Runs of each wave (servers interleaved); the table gives the median
+    /// server CPU per node and its min-max.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
+    repeat: u16,
     /// This oscontent-server binary instead of building the release one.
     #[arg(long, value_name = "PATH")]
     server_bin: Option<PathBuf>,
@@ -353,6 +357,7 @@ fn main() -> anyhow::Result<()> {
                 servers: a.servers,
                 clients: a.clients,
                 deltas: a.deltas,
+                repeat: a.repeat.into(),
                 server_bin: a.server_bin,
                 client_bin: a.client_bin,
             })?,

@@ -10,7 +10,9 @@
 //!   wait loop polls, so the `Drop`s that unmount, detach and kill run;
 //! - preconditions ([`require`]), cold caches ([`drop_caches`]), summary
 //!   statistics ([`Summary`]) and the report plumbing every benchmark
-//!   shares ([`report`]: where results go, the git revision, the machine).
+//!   shares ([`report`]: where results go, the git revision, the machine);
+//! - CPU time from /proc ([`tree_cpu_seconds`]; `fleet::cpuacct` counts
+//!   in nanoseconds through a cgroup).
 
 pub mod fleet;
 pub mod interrupt;
@@ -176,7 +178,7 @@ pub fn rounded_size(dir: &Path, block: u64) -> Result<u64> {
 }
 
 /// The live children of `pid` (one level: nginx's workers), from /proc.
-fn children(pid: u32) -> Vec<u32> {
+pub fn children(pid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };

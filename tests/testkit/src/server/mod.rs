@@ -18,6 +18,8 @@ use launch::ServerProcess;
 
 /// How long a server may take to print its address and become ready.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// Several times the server's access log linger (5 ms between batches).
+const LOG_SETTLE: Duration = Duration::from_millis(25);
 
 /// One `oscontent-server serve` under test: own state dir and access log,
 /// stopped (SIGTERM, then SIGKILL) on drop.
@@ -151,7 +153,22 @@ impl Server {
     }
 
     /// Every access-log line so far. A trailing partial line is left out.
+    /// The server writes its log in batches a few milliseconds apart
+    /// (`server/src/listen/access_log.rs`), so this first waits until the
+    /// file stopped growing for [`LOG_SETTLE`]: the lines of requests
+    /// answered before the call are then in it.
     pub fn access_log(&self) -> Result<Vec<AccessEntry>> {
+        let len = || std::fs::metadata(&self.access_log).map(|m| m.len()).ok();
+        let mut last = len();
+        // Bounded: a server still busy gets ~2 s, then is read as it is.
+        for _ in 0..80 {
+            std::thread::sleep(LOG_SETTLE);
+            let now = len();
+            if now == last {
+                break;
+            }
+            last = now;
+        }
         read_access_log(&self.access_log)
     }
 

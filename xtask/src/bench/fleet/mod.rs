@@ -7,6 +7,7 @@
 //! nginx's, server egress against what the nodes needed, errors, and
 //! objects served twice to one node. Needs root (namespaces, tc).
 
+pub mod cpuacct;
 mod render;
 pub mod repos;
 pub mod topology;
@@ -50,6 +51,9 @@ pub struct Options {
     pub clients: Vec<Client>,
     /// Without (false) and/or with (true) the v1→v2 delta.
     pub deltas: Vec<bool>,
+    /// Runs of each (nodes, deltas, client, server) wave, servers
+    /// interleaved, so slow drift in the machine's load hits both alike.
+    pub repeat: usize,
     pub server_bin: Option<PathBuf>,
     pub client_bin: Option<PathBuf>,
 }
@@ -65,6 +69,7 @@ pub struct Report {
     pub share: f64,
     pub rate: String,
     pub delay_ms: f64,
+    pub repeat: usize,
     pub server_profile: String,
     pub new_objects: usize,
     pub new_bytes: u64,
@@ -108,26 +113,29 @@ pub fn run(opts: &Options) -> Result<()> {
     for &n in &opts.nodes {
         for &delta in &opts.deltas {
             for &client in &opts.clients {
-                for &server in &opts.servers {
-                    check_interrupted()?;
-                    let spec = WaveSpec {
-                        nodes: n,
-                        server,
-                        client,
-                        delta,
-                    };
-                    eprintln!("fleet: {spec:?}");
-                    let w = wave::run(
-                        &fleet,
-                        spec,
-                        &repos,
-                        &server_bin,
-                        &client_bin,
-                        &work.path().join("wave"),
-                    )
-                    .with_context(|| format!("wave {spec:?}"))?;
-                    eprintln!("{}", render::one_line(&w, &repos));
-                    waves.push(w);
+                for repeat in 0..opts.repeat.max(1) {
+                    for &server in &opts.servers {
+                        check_interrupted()?;
+                        let spec = WaveSpec {
+                            nodes: n,
+                            server,
+                            client,
+                            delta,
+                        };
+                        eprintln!("fleet: {spec:?}, run {}", repeat + 1);
+                        let w = wave::run(
+                            &fleet,
+                            spec,
+                            repeat,
+                            &repos,
+                            &server_bin,
+                            &client_bin,
+                            &work.path().join("wave"),
+                        )
+                        .with_context(|| format!("wave {spec:?}, run {}", repeat + 1))?;
+                        eprintln!("{}", render::one_line(&w, &repos));
+                        waves.push(w);
+                    }
                 }
             }
         }
@@ -142,6 +150,7 @@ pub fn run(opts: &Options) -> Result<()> {
         share: opts.share,
         rate: opts.shaping.rate.clone(),
         delay_ms: opts.shaping.delay.as_secs_f64() * 1e3,
+        repeat: opts.repeat.max(1),
         server_profile,
         new_objects: repos.new_objects,
         new_bytes: repos.new_bytes,

@@ -3,9 +3,10 @@
 //! the server's own access log, by client address), objects served twice
 //! to one node, server CPU-seconds and egress.
 
+use super::cpuacct::{CpuMeter, CpuSource};
 use super::repos::{fresh_node, node_head, Repos, Served, REMOTE};
 use super::topology::{node_ip, server_addr, Fleet, DEV, SERVER_IP};
-use crate::bench::{check_interrupted, stopper, tree_cpu_seconds, Stopper};
+use crate::bench::{check_interrupted, stopper, Stopper};
 use anyhow::{bail, ensure, Context, Result};
 use oscontent_testkit::nginx::Nginx;
 use oscontent_testkit::{read_access_log, ServerProcess};
@@ -62,8 +63,12 @@ pub struct NodeOutcome {
 pub struct WaveResult {
     pub spec: WaveSpec,
     pub nodes: Vec<NodeOutcome>,
+    /// Which run of this spec (`--repeat`), from 0.
+    pub repeat: usize,
     pub wall_seconds: f64,
     pub server_cpu_seconds: f64,
+    /// How `server_cpu_seconds` was counted.
+    pub cpu_source: CpuSource,
     pub server_egress_bytes: u64,
     pub server_peak_rss_kib: u64,
 }
@@ -83,13 +88,21 @@ impl Running {
         }
     }
 
-    /// (client address, path, status, bytes) of every request so far.
-    fn requests(&self) -> Result<Vec<(String, String, u16, u64)>> {
+    /// Stops the server (oscontent's) and returns (client address, path,
+    /// status, bytes) of every request it logged. oscontent-server writes
+    /// its log from a thread of its own and flushes the last lines at
+    /// shutdown, so it is read after the exit; nginx writes each line
+    /// before it takes the connection's next request, so its log is whole
+    /// once every client has exited.
+    fn finish(self) -> Result<Vec<(String, String, u16, u64)>> {
         Ok(match self {
-            Running::Oscontent(_, log) => read_access_log(log)?
-                .into_iter()
-                .map(|e| (e.client.unwrap_or_default(), e.path, e.status, e.bytes))
-                .collect(),
+            Running::Oscontent(mut p, log) => {
+                p.stop();
+                read_access_log(&log)?
+                    .into_iter()
+                    .map(|e| (e.client.unwrap_or_default(), e.path, e.status, e.bytes))
+                    .collect()
+            }
             Running::Nginx(n) => n
                 .requests()?
                 .into_iter()
@@ -204,10 +217,11 @@ fn pull_command(
     }
 }
 
-/// Runs one wave; `work` is emptied first.
+/// Runs one wave (run `repeat` of its spec); `work` is emptied first.
 pub fn run(
     fleet: &Fleet,
     spec: WaveSpec,
+    repeat: usize,
     repos: &Repos,
     server_bin: &Path,
     client_bin: &Path,
@@ -230,7 +244,7 @@ pub fn run(
     };
     let server = start_server(fleet, spec.server, served, repos, server_bin, work)?;
     let pid = server.pid().context("the server has no pid")?;
-    let cpu0 = tree_cpu_seconds(pid)?;
+    let meter = CpuMeter::start(pid)?;
     let (tx0, _) = fleet.server.counters(DEV)?;
     let start = Instant::now();
     let mut running = Vec::with_capacity(spec.nodes);
@@ -247,10 +261,11 @@ pub fn run(
     }
     let (finished, peak_rss) = wait_all(running, start, pid)?;
     let wall = start.elapsed().as_secs_f64();
-    let cpu = tree_cpu_seconds(pid)? - cpu0;
+    let cpu = meter.seconds()?;
     let (tx1, _) = fleet.server.counters(DEV)?;
-    let requests = server.requests()?;
-    drop(server);
+    let requests = server.finish()?;
+    let cpu_source = meter.source();
+    drop(meter);
     let nodes = outcomes(finished, requests, &node_dirs, repos, work)?;
     // The node repos are the bulk of the disk a wave used.
     for d in &node_dirs {
@@ -259,8 +274,10 @@ pub fn run(
     Ok(WaveResult {
         spec,
         nodes,
+        repeat,
         wall_seconds: wall,
         server_cpu_seconds: cpu,
+        cpu_source,
         server_egress_bytes: tx1.saturating_sub(tx0),
         server_peak_rss_kib: peak_rss,
     })
