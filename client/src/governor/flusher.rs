@@ -318,14 +318,23 @@ fn run(shared: &Shared) {
         let (chunk, bytes, force_log) = chunk;
         let t = Instant::now();
         let r = flush_chunk(&chunk, force_log);
+        // A chunk that holds only the first part of a big file has no whole
+        // file to `fdatasync`, so the journal was not committed; its create
+        // is released all the same (the next commit, at the latest when
+        // that file's last part is flushed beside the next object, carries
+        // it), so that writers can never wait on a commit that does not
+        // come. Only real commits are counted.
+        let forced = matches!(r, Ok(true));
         let latency = t.elapsed();
         drop(chunk);
         let sleep = {
             let mut st = shared.lock();
             st.in_flight = false;
             st.backlog = st.backlog.saturating_sub(bytes);
-            if force_log && r.is_ok() {
+            if forced {
                 st.stats.log_forces += 1;
+            }
+            if force_log && r.is_ok() {
                 st.unforced = st.unforced.saturating_sub(st.flushed_unforced);
                 st.flushed_unforced = 0;
             }
@@ -337,7 +346,7 @@ fn run(shared: &Shared) {
                     st.unforced = 0;
                     None
                 }
-                Ok(()) => {
+                Ok(_) => {
                     st.stats.flushes += 1;
                     st.stats.samples.push(latency);
                     if latency > st.aimd.config.target {
@@ -365,8 +374,8 @@ fn run(shared: &Shared) {
 /// device can merge them. With `force_log`, commits the journal (creates
 /// included) by `fdatasync`ing the chunk's last whole file: never a file
 /// with more data to come, whose `fdatasync` would write it all back at
-/// once.
-fn flush_chunk(chunk: &[Item], force_log: bool) -> io::Result<()> {
+/// once. Returns whether the journal was committed.
+fn flush_chunk(chunk: &[Item], force_log: bool) -> io::Result<bool> {
     // A zero length means "to the end of the file" to sync_file_range;
     // an empty object has no data to write back at all.
     let data = || chunk.iter().filter(|i| i.len > 0);
@@ -378,8 +387,9 @@ fn flush_chunk(chunk: &[Item], force_log: bool) -> io::Result<()> {
     }
     if let (true, Some(last)) = (force_log, chunk.iter().rev().find(|i| !i.split)) {
         rustix::fs::fdatasync(last.file.as_fd())?;
+        return Ok(true);
     }
-    Ok(())
+    Ok(false)
 }
 
 #[cfg(test)]
