@@ -62,8 +62,9 @@ pub struct Inner {
     pub sink: Arc<Sink>,
     pub metrics: Arc<Metrics>,
     pub config: HttpConfig,
-    /// Immutable objects, by generation and name.
-    pub cache: ObjectCache,
+    /// Immutable objects, by generation and name; the sink's, which
+    /// publication warms before a generation becomes visible.
+    pub cache: Arc<ObjectCache>,
     /// `Cache-Control` of what is not immutable, made once.
     short_lived: HeaderValue,
     access_log: Option<AccessLog>,
@@ -89,7 +90,9 @@ impl std::ops::Deref for AppState {
 
 impl AppState {
     /// Serves what is published into `sink`, with its metrics; access log
-    /// lines go to `access_log` from a writer thread of their own.
+    /// lines go to `access_log` from a writer thread of their own. The
+    /// object cache is attached to `sink`, so that publication can warm it
+    /// (a sink keeps the first one attached).
     pub fn new(
         config: HttpConfig,
         sink: Arc<Sink>,
@@ -106,10 +109,11 @@ impl AppState {
             config.metadata_max_age.as_secs()
         ))
         .context("the metadata max-age as a header")?;
+        let cache = sink.attach_cache(ObjectCache::new(config.cache_size));
         Ok(Self(Arc::new(Inner {
             metrics,
             sink,
-            cache: ObjectCache::new(config.cache_size),
+            cache,
             short_lived,
             config,
             access_log,
@@ -504,21 +508,11 @@ async fn serve_object(
         other => other,
     }
     .map_err(|e| anyhow::anyhow!("reading {}: {e}", name.path()))?;
-    // Content-addressed: the name is the identity; the length guards
-    // against a re-compressed copy.
-    let validators = |len: u64, meta: &std::fs::Metadata| Validators {
-        etag: format!(
-            "\"{}.{}-{len:x}\"",
-            name.checksum.to_hex(),
-            name.kind.extension()
-        ),
-        last_modified: meta.modified().ok(),
-    };
     match loaded {
         Loaded::Missing => Err(AppError::NotFound),
         Loaded::Whole(bytes, meta) => {
-            let v = validators(bytes.len() as u64, &meta);
-            let obj = CachedObject::new(bytes, Prepared::new(v));
+            let v = Prepared::for_object(&name, bytes.len() as u64, &meta);
+            let obj = CachedObject::new(bytes, v);
             st.cache.insert(key, name, obj.clone());
             Ok(respond_bytes(
                 headers,
@@ -529,7 +523,7 @@ async fn serve_object(
             ))
         }
         Loaded::Open(file, meta) => {
-            let v = Prepared::new(validators(meta.len(), &meta));
+            let v = Prepared::for_object(&name, meta.len(), &meta);
             Ok(respond_file(headers, file, meta.len(), &v, immutable, head))
         }
         Loaded::WouldBlock => Err(anyhow::anyhow!("a blocking load would block").into()),

@@ -72,6 +72,10 @@ pub struct Metrics {
     /// moved on, by `image` (as given) and `reason`: `rollback`,
     /// `signatures` or `failed` (fetch or verification).
     pub image_refusals: IntCounterVec,
+    /// What the last publication put into the object cache before it
+    /// became visible (`cache::warm`).
+    pub cache_warmed_bytes: IntGauge,
+    pub cache_warmed_objects: IntGauge,
     handles: Handles,
 }
 
@@ -156,6 +160,14 @@ impl Metrics {
             "Checks that kept an --image at its previous release (or did not serve it) while the others moved on, by image and reason: rollback, signatures or failed",
             &["image", "reason"],
         );
+        let cache_warmed_bytes = r.gauge(
+            "oscontent_cache_warmed_bytes",
+            "Object bytes the last publication put into the object cache before it became visible (what its releases bring new)",
+        );
+        let cache_warmed_objects = r.gauge(
+            "oscontent_cache_warmed_objects",
+            "Objects the last publication put into the object cache before it became visible",
+        );
         Self {
             registry: r.0,
             requests,
@@ -173,6 +185,8 @@ impl Metrics {
             deltas,
             deltas_published,
             image_refusals,
+            cache_warmed_bytes,
+            cache_warmed_objects,
             handles: Handles {
                 requests: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
                 bytes: std::array::from_fn(|_| OnceLock::new()),

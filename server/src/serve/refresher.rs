@@ -132,9 +132,9 @@ impl<P: Publisher> Refresher<P> {
     /// which waits for new signatures. Not counted.
     pub async fn publish_first(&mut self) -> Result<()> {
         match self.publisher.check(false).await? {
-            Checked::New(generation) => self.publish(*generation),
+            Checked::New(generation) => self.publish(*generation).await,
             Checked::Partial(generation, e) => {
-                self.publish(*generation);
+                self.publish(*generation).await;
                 self.failed(&e, 1);
             }
             Checked::Unchanged => {}
@@ -162,12 +162,12 @@ impl<P: Publisher> Refresher<P> {
         match self.publisher.check(force).await {
             Ok(Checked::New(generation)) => {
                 self.sink.count(Outcome::Published);
-                self.publish(*generation);
+                self.publish(*generation).await;
                 self.succeeded();
             }
             Ok(Checked::Partial(generation, e)) => {
                 self.sink.count(Outcome::Published);
-                self.publish(*generation);
+                self.publish(*generation).await;
                 // What failed is fetched again at the retry.
                 self.failed(&e, attempt);
             }
@@ -189,10 +189,11 @@ impl<P: Publisher> Refresher<P> {
         }
     }
 
-    fn publish(&mut self, generation: Generation) {
+    /// Publishes into the sink, which warms the object cache first.
+    async fn publish(&mut self, generation: Generation) {
         self.watch.published();
         self.pending = false;
-        self.sink.publish(generation);
+        self.sink.publish(generation).await;
     }
 
     /// The check ran to an answer: back to the first backoff, no retry.

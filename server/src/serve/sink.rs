@@ -1,11 +1,14 @@
 //! Where publishers put what they published: the generation being served
 //! (one atomic slot the HTTP side reads at each request) and the metrics
-//! that describe it.
+//! that describe it. Before a generation becomes visible, the object cache
+//! the HTTP side attached is warmed with what its releases bring new
+//! (`cache::warm`), so the first wave of a fleet update finds it there.
 
+use crate::cache::{warm, ObjectCache};
 use crate::metrics::Metrics;
 use crate::served::Generation;
 use arc_swap::ArcSwapOption;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The outcome of one source check, the `result` label of
 /// `oscontent_source_checks_total`.
@@ -33,6 +36,8 @@ pub struct Sink {
     metrics: Arc<Metrics>,
     /// Each generation a publisher published, for the delta rounds.
     published: tokio::sync::watch::Sender<Option<Arc<Generation>>>,
+    /// The HTTP side's object cache, warmed at each publication.
+    cache: OnceLock<Arc<ObjectCache>>,
 }
 
 impl Default for Sink {
@@ -47,17 +52,34 @@ impl Sink {
             current: ArcSwapOption::empty(),
             metrics,
             published: tokio::sync::watch::Sender::new(None),
+            cache: OnceLock::new(),
         }
+    }
+
+    /// The object cache publication warms: `cache`, unless one was
+    /// attached before (then that one, which the caller must use too).
+    pub fn attach_cache(&self, cache: ObjectCache) -> Arc<ObjectCache> {
+        self.cache.get_or_init(|| Arc::new(cache)).clone()
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
 
-    /// Makes a generation visible in one step. Requests already holding the
-    /// previous one finish on it; it is dropped with its last request.
-    pub fn publish(&self, generation: Generation) {
+    /// Makes a generation visible in one step, after warming the object
+    /// cache for it (bounded in time by [`warm::WARM_TIME`]; a failure
+    /// only logs). Requests already holding the previous one finish on
+    /// it; it is dropped with its last request.
+    pub async fn publish(&self, generation: Generation) {
         let generation = Arc::new(generation);
+        if let Some(cache) = self.cache.get() {
+            let warmed = warm::warm_for(cache.clone(), generation.clone()).await;
+            let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            self.metrics.cache_warmed_bytes.set(gauge(warmed.bytes));
+            self.metrics
+                .cache_warmed_objects
+                .set(gauge(warmed.objects as u64));
+        }
         self.store(generation.clone());
         self.published.send_replace(Some(generation));
     }

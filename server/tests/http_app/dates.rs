@@ -25,7 +25,7 @@ async fn out_of_range_mtimes_are_clamped_not_fatal() {
         cache_size: 0,
         ..Default::default()
     });
-    server.publish(fx.publish(&fx.v1));
+    server.publish(fx.publish(&fx.v1)).await;
     let object = fx.v1.object("filez");
     let cases: Vec<(SystemTime, &str)> = vec![
         (

@@ -25,7 +25,7 @@ async fn readiness_follows_publication_and_draining() {
     assert_eq!(s.header("retry-after"), Some("5"));
     assert_eq!(server.metric("oscontent_ready", &[]).await, Some(0.0));
 
-    server.publish(fx.publish(&fx.v1));
+    server.publish(fx.publish(&fx.v1)).await;
     let r = server.get("/readyz").await;
     assert_eq!(
         (r.status, r.body.as_slice()),
@@ -136,7 +136,7 @@ async fn a_new_generation_is_served_from_the_next_request() {
     );
     let old_etag = before.header("etag").unwrap().to_owned();
 
-    server.publish(fx.publish(v2));
+    server.publish(fx.publish(v2)).await;
 
     // Only in the old generation: now answered from the new one.
     let gone = server.get(&old_commit).await;

@@ -39,10 +39,13 @@ pub fn ostree(repo: &Path, args: &[&str]) -> String {
 }
 
 /// An archive repo holding one orphan commit bound to [`REF`], with
-/// detached metadata, a from-empty static delta and its index.
+/// detached metadata, a from-empty static delta and its index (or, made
+/// by [`Fixture::child`], a copy of one with a commit on top).
 pub struct Repo {
     pub dir: PathBuf,
     pub commit: String,
+    /// The directory committed.
+    pub tree: PathBuf,
 }
 
 impl Repo {
@@ -81,7 +84,7 @@ impl Repo {
             ],
         );
         ostree(&dir, &["static-delta", "reindex"]);
-        Self { dir, commit }
+        Self { dir, commit, tree }
     }
 
     /// Every file under `sub`, relative to the repo, sorted.
@@ -141,8 +144,56 @@ impl Fixture {
         Repo::build(self.work.path(), version)
     }
 
+    /// The next release on top of `parent`, in a copy of its repo (so the
+    /// parent commit is served with it): its tree with `usr/bin/hello`
+    /// changed, `usr/big` kept, and `usr/lib/new/` added, holding `files`
+    /// new files of 3,000 bytes and one of 300,000.
+    pub fn child(&self, parent: &Repo, version: &str, files: usize) -> Repo {
+        let dir = self.work.path().join(format!("repo-{version}"));
+        let tree = self.work.path().join(format!("tree-{version}"));
+        for (from, to) in [(&parent.dir, &dir), (&parent.tree, &tree)] {
+            let st = Command::new("cp").arg("-a").arg(from).arg(to).status();
+            assert!(st.unwrap().success(), "cp -a {}", from.display());
+        }
+        std::fs::write(tree.join("usr/bin/hello"), format!("hello {version}\n")).unwrap();
+        let new = tree.join("usr/lib/new");
+        std::fs::create_dir_all(&new).unwrap();
+        let seed = version.bytes().fold(11u64, |a, b| a * 37 + u64::from(b));
+        for i in 0..files as u64 {
+            let bytes = oscontent_testkit::files::noise(3000, seed + 2 * i);
+            std::fs::write(new.join(format!("f{i}")), bytes).unwrap();
+        }
+        let big = oscontent_testkit::files::noise(300_000, seed + 2001);
+        std::fs::write(new.join("big"), big).unwrap();
+        let commit = ostree(
+            &dir,
+            &[
+                "commit",
+                "--orphan",
+                &format!("--parent={}", parent.commit),
+                &format!("--bind-ref={REF}"),
+                &format!("--add-metadata-string=version={version}"),
+                &format!("--tree=dir={}", tree.display()),
+            ],
+        )
+        .trim()
+        .to_owned();
+        Repo { dir, commit, tree }
+    }
+
     pub fn publish(&self, repo: &Repo) -> Generation {
         self.try_publish(repo).unwrap()
+    }
+
+    /// `repo` published with `--commit` its newest commit (a repo made by
+    /// [`Fixture::child`] holds two).
+    pub fn publish_newest(&self, repo: &Repo) -> Generation {
+        let req = PublishRequest {
+            source: Source::Repo(repo.dir.clone()),
+            commit: Some(repo.commit.parse().unwrap()),
+            refs: Vec::new(),
+        };
+        publish::publish(&req, &self.state).unwrap()
     }
 
     pub fn try_publish(&self, repo: &Repo) -> anyhow::Result<Generation> {
@@ -190,17 +241,19 @@ impl Server {
         Self { state, sink, log }
     }
 
-    pub fn publish(&self, generation: Generation) {
-        self.sink.publish(generation);
+    /// Publishes as the refresher does: the object cache is warmed first.
+    pub async fn publish(&self, generation: Generation) {
+        self.sink.publish(generation).await;
+    }
+
+    /// The generation served now.
+    pub fn current(&self) -> Arc<Generation> {
+        self.sink.current().expect("a generation is served")
     }
 
     /// The overlay of the generation served now: where its refs live.
     pub fn overlay(&self) -> PathBuf {
-        self.sink
-            .current()
-            .expect("a generation is served")
-            .overlay
-            .clone()
+        self.current().overlay.clone()
     }
 
     pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
@@ -282,7 +335,7 @@ impl Reply {
 pub async fn serving_v1() -> (Fixture, Server) {
     let fx = Fixture::new();
     let server = Server::new();
-    server.publish(fx.publish(&fx.v1));
+    server.publish(fx.publish(&fx.v1)).await;
     (fx, server)
 }
 

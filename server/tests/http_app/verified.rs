@@ -52,7 +52,7 @@ async fn a_ref_another_tool_adds_waits_for_a_publication() {
     let fx = Fixture::new();
     ostree(&fx.v1.dir, &["refs", "--create=live/one", &fx.v1.commit]);
     let server = Server::new();
-    server.publish(fx.publish(&fx.v1));
+    server.publish(fx.publish(&fx.v1)).await;
     assert_eq!(server.get("/refs/heads/live/one").await.status, 200);
     // Another tool commits into the live repo and points a ref at it.
     let tree = fx.v1.dir.parent().unwrap().join("tree-live");
@@ -73,7 +73,7 @@ async fn a_ref_another_tool_adds_waits_for_a_publication() {
     let summary = server.get("/summary").await.body;
     assert!(!summary.windows(8).any(|w| w == b"live/two"));
     // Served once a publication verified it.
-    server.publish(fx.publish(&fx.v1));
+    server.publish(fx.publish(&fx.v1)).await;
     assert_eq!(server.get("/refs/heads/live/two").await.status, 200);
     assert_eq!(server.get(&commit).await.status, 200);
     assert_eq!(server.get(&format!("/refs/heads/{REF}")).await.status, 404);

@@ -11,6 +11,12 @@
 //! the budget. Small metadata (refs, summary, config, detached metadata)
 //! has its own per-generation cache (`served/metadata.rs`), which must
 //! notice files replaced on disk; objects never change under their name.
+//!
+//! Publication fills it before a generation becomes visible ([`warm`]),
+//! with what the generation's releases bring new: what every node of a
+//! fleet update will ask for first.
+
+pub mod warm;
 
 use crate::conditional::{clamp_http_date, Validators};
 use bytes::Bytes;
@@ -49,6 +55,21 @@ impl Prepared {
             etag,
             last_modified,
         }
+    }
+
+    /// An immutable object's validators. Content-addressed: the name is the
+    /// identity, and the length guards against a re-compressed copy. The
+    /// one definition, for a request's read and for warming alike, so a
+    /// warmed entry answers exactly as one a request brought.
+    pub fn for_object(name: &ObjectName, len: u64, meta: &std::fs::Metadata) -> Self {
+        Self::new(Validators {
+            etag: format!(
+                "\"{}.{}-{len:x}\"",
+                name.checksum.to_hex(),
+                name.kind.extension()
+            ),
+            last_modified: meta.modified().ok(),
+        })
     }
 }
 
@@ -116,15 +137,16 @@ impl ObjectCache {
         Some(hit)
     }
 
-    /// Keeps `obj` if it fits the rules, evicting as needed.
-    pub fn insert(&self, generation: u64, name: ObjectName, obj: Arc<CachedObject>) {
+    /// Keeps `obj` if it fits the rules, evicting as needed; whether it was
+    /// added (false: refused, or already there).
+    pub fn insert(&self, generation: u64, name: ObjectName, obj: Arc<CachedObject>) -> bool {
         if !self.admits(obj.bytes.len() as u64) {
-            return;
+            return false;
         }
         let key = (generation, name);
         let mut inner = self.lock();
         if inner.map.contains_key(&key) {
-            return;
+            return false;
         }
         // Each turn removes an entry or takes one second chance away, so
         // two passes over the clock always make room.
@@ -146,11 +168,12 @@ impl ObjectCache {
             inner.bytes -= charge;
         }
         if inner.bytes + obj.charge() > self.capacity {
-            return;
+            return false;
         }
         inner.bytes += obj.charge();
         inner.queue.push_back(key);
         inner.map.insert(key, obj);
+        true
     }
 
     /// Bytes charged now (bodies plus overhead) and entries.
