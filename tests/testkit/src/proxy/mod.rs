@@ -308,6 +308,9 @@ impl Drop for Proxy {
     }
 }
 
+/// The proxy's send buffer per connection (the kernel doubles it).
+const SEND_BUFFER: usize = 128 << 10;
+
 /// The proxy's own runtime: accept until stopped, one task per connection.
 fn run(
     listener: std::net::TcpListener,
@@ -326,6 +329,11 @@ fn run(
             tokio::select! {
                 accepted = listener.accept() => {
                     let Ok((stream, _)) = accepted else { continue };
+                    // A fixed send buffer (no autotuning): what a lying
+                    // body can push ahead of a client that reads none of
+                    // it is then bounded by buffers, not by how fast the
+                    // client, on a loaded machine, gets to close.
+                    let _ = socket2::SockRef::from(&stream).set_send_buffer_size(SEND_BUFFER);
                     tokio::spawn(connection(stream, shared.clone(), http1_only));
                 }
                 _ = &mut stop => break,
