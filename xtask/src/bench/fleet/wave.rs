@@ -31,12 +31,17 @@ pub enum ServerKind {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Client {
     /// Stock `ostree pull`.
     Stock,
-    /// `oscontent pull --remote`.
+    /// `oscontent pull --remote`: HTTP/2 (prior knowledge) where the server
+    /// speaks it, as with oscontent-server; HTTP/1.1 with nginx, whose
+    /// cleartext listener here speaks only that.
     Oscontent,
+    /// `oscontent pull --remote --http1`: the same protocol for both
+    /// servers, so the anchor compares like with like.
+    OscontentH1,
 }
 
 /// What one wave runs.
@@ -203,7 +208,7 @@ fn pull_command(
                 .args(["pull", REMOTE, &repos.ref_name]);
             c
         }
-        Client::Oscontent => {
+        Client::Oscontent | Client::OscontentH1 => {
             let mut c = fleet.nodes[i].exec(client_bin);
             c.arg("pull").arg("--repo").arg(repo).args([
                 "--remote",
@@ -212,6 +217,9 @@ fn pull_command(
                 &repos.ref_name,
                 "--json",
             ]);
+            if client == Client::OscontentH1 {
+                c.arg("--http1");
+            }
             c
         }
     }
