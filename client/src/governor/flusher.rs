@@ -20,14 +20,16 @@
 //! Creates are paced too, not only data. `sync_file_range` writes data
 //! only; a create (inode, xattr, directory entry) sits in the filesystem's
 //! journal until something forces it, and on XFS a neighbour's own
-//! `fdatasync` forces the whole pending journal, ours included. So the
-//! flusher commits the journal (an `fdatasync` of the chunk's last whole
-//! file, which commits the creates of other files too) at the end of every
-//! chunk that holds a new object ([`LOG_FORCE_OBJECTS`]), and writers wait
-//! while more than [`MAX_UNFORCED`] objects are written but not yet
-//! committed: what a neighbour's flush can find of ours in the journal is
-//! then a chunk or two of creates, never the thousands a writer can
-//! produce in a few seconds, and the final `syncfs` finds at most that.
+//! `fdatasync` forces the whole pending journal, ours included. And data
+//! written back may still sit in the device's cache, which the neighbour's
+//! `fdatasync` flushes too. So the flusher commits (an `fdatasync` of the
+//! chunk's last whole file, which commits the creates of other files too
+//! and flushes the device cache) every [`LOG_FORCE_OBJECTS`] objects and
+//! every [`LOG_FORCE_BYTES`] of data, and writers wait while more than
+//! [`MAX_UNFORCED`] objects are written but not yet committed: what a
+//! neighbour's flush can find of ours is then at most one commit interval,
+//! never the thousands of creates a writer can produce in a few seconds,
+//! and the final `syncfs` finds at most that.
 
 use super::aimd::{Aimd, AimdConfig};
 use super::samples::Samples;
@@ -43,20 +45,24 @@ use std::time::{Duration, Instant};
 /// A chunk also closes after this many files: each small file is its own
 /// write request, and many of them in flight at once queue the neighbour
 /// as surely as one big one.
-pub const CHUNK_MAX_FILES: usize = 64;
-/// Objects flushed between two journal commits; 1 commits at the end of
-/// every chunk that holds a new object. Each commit is a device cache
-/// flush a neighbour's `fdatasync` may queue behind, so fewer commits cost
-/// the neighbour less at p99, but each then carries more creates: on the
-/// full fixture a commit every 128 objects took its p99 from about 2.0× to
-/// 1.7× its baseline and wrote fewer bytes, and let a 30% update's worst
-/// stall reach 4.5× (etcd's worst put 3.6×), where every chunk kept it at
-/// 1.7× (1.9×). The worst stall is the harm this governor exists to
-/// prevent.
-pub const LOG_FORCE_OBJECTS: u64 = 1;
+pub const CHUNK_MAX_FILES: usize = 32;
+/// Objects flushed between two commits. Each commit is a device cache
+/// flush a neighbour's `fdatasync` may queue behind, so the fewer, the
+/// lower the neighbour's p99 (and the fewer journal bytes written); each
+/// then carries more creates. Measured on the full fixture (RESULTS.md):
+/// a commit at the end of every chunk put the neighbour's p99 at 2-3×
+/// its baseline; one every 128 objects, with [`LOG_FORCE_BYTES`] bounding
+/// the data between two, about 1.5× with the same worst stall.
+pub const LOG_FORCE_OBJECTS: u64 = 128;
+/// Data written back between two commits, at most: what the device may
+/// hold in its cache for a neighbour's flush to wait on. Without it, a
+/// commit every 128 objects let a 30% update (bigger files, and the parts
+/// of a big file, which hold no new object) push the neighbour's worst
+/// stall to 4.5× its baseline; with it, the worst stays near 1.1×.
+pub const LOG_FORCE_BYTES: u64 = 2 << 20;
 /// Objects written but not yet committed to the journal (queued, in
 /// flight, or flushed since the last commit) before writers wait.
-pub const MAX_UNFORCED: u64 = 2 * CHUNK_MAX_FILES as u64;
+pub const MAX_UNFORCED: u64 = 2 * LOG_FORCE_OBJECTS;
 /// Chunk ranges are cut at multiples of this (the page size of every
 /// architecture a node runs).
 const PAGE: u64 = 4096;
@@ -117,6 +123,13 @@ struct State {
     unforced: u64,
     /// Of those, the ones already flushed (the next commit covers them).
     flushed_unforced: u64,
+    /// Data written back since the last commit.
+    unforced_bytes: u64,
+    /// A file flushed whole before, to `fdatasync` when a commit falls due
+    /// in a chunk with no whole file (a big file's middle): its data and
+    /// metadata are on the device, so that is a device cache flush, never
+    /// the write-back of a file with more to come.
+    flushed_file: Option<File>,
     in_flight: bool,
     closed: bool,
     /// The first error the flusher hit; every later call reports it.
@@ -217,6 +230,8 @@ impl Flusher {
                 backlog: 0,
                 unforced: 0,
                 flushed_unforced: 0,
+                unforced_bytes: 0,
+                flushed_file: None,
                 in_flight: false,
                 closed: false,
                 error: None,
@@ -309,34 +324,48 @@ fn run(shared: &Shared) {
             let chunk = st.take_chunk();
             let objects = chunk.iter().filter(|i| i.offset == 0).count() as u64;
             st.flushed_unforced += objects;
-            // A chunk with no new object (the rest of a big file) has no
-            // create to commit.
-            let force = objects > 0 && st.flushed_unforced >= LOG_FORCE_OBJECTS;
+            st.unforced_bytes += chunk.iter().map(|i| i.len).sum::<u64>();
+            let force = commit_due(objects, st.flushed_unforced, st.unforced_bytes);
             let cost: u64 = chunk.iter().map(|i| i.cost(&st.aimd.config)).sum();
-            (chunk, cost, force)
+            let fallback = force
+                .then(|| st.flushed_file.as_ref().and_then(|f| f.try_clone().ok()))
+                .flatten();
+            (chunk, cost, force, fallback)
         };
-        let (chunk, bytes, force_log) = chunk;
+        let (chunk, bytes, force_log, fallback) = chunk;
         let t = Instant::now();
-        let r = flush_chunk(&chunk, force_log);
-        // A chunk that holds only the first part of a big file has no whole
-        // file to `fdatasync`, so the journal was not committed; its create
-        // is released all the same (the next commit, at the latest when
-        // that file's last part is flushed beside the next object, carries
-        // it), so that writers can never wait on a commit that does not
-        // come. Only real commits are counted.
-        let forced = matches!(r, Ok(true));
+        let r = flush_chunk(&chunk, force_log, fallback.as_ref());
+        // Only real commits are counted.
+        let forced = matches!(r, Ok(Commit::Chunk | Commit::Fallback));
         let latency = t.elapsed();
+        let whole = chunk.iter().rev().find(|i| !i.split);
+        let flushed_file = whole.and_then(|i| i.file.try_clone().ok());
         drop(chunk);
         let sleep = {
             let mut st = shared.lock();
             st.in_flight = false;
             st.backlog = st.backlog.saturating_sub(bytes);
+            if r.is_ok() && flushed_file.is_some() {
+                st.flushed_file = flushed_file;
+            }
             if forced {
                 st.stats.log_forces += 1;
             }
-            if force_log && r.is_ok() {
+            if forced {
+                st.unforced_bytes = 0;
+            }
+            // A commit of this chunk's file covers every create flushed
+            // before it. The fallback's may not: its inode was committed
+            // before, and an `fdatasync` forces the journal only as far as
+            // that inode needs; the next chunk with a whole file commits
+            // them. With no file at all to `fdatasync` (a first chunk
+            // holding only part of a big file) they are released all the
+            // same, so that writers can never wait on a commit that does
+            // not come.
+            if force_log && matches!(r, Ok(Commit::Chunk | Commit::Nothing)) {
                 st.unforced = st.unforced.saturating_sub(st.flushed_unforced);
                 st.flushed_unforced = 0;
+                st.unforced_bytes = 0;
             }
             match r {
                 Err(e) => {
@@ -369,13 +398,23 @@ fn run(shared: &Shared) {
     }
 }
 
+/// Whether a chunk ends in a commit: it holds a new object and
+/// [`LOG_FORCE_OBJECTS`] have been flushed since the last commit (a chunk
+/// with no new object, the rest of a big file, has no create to commit),
+/// or [`LOG_FORCE_BYTES`] of data have.
+fn commit_due(objects_in_chunk: u64, flushed_unforced: u64, unforced_bytes: u64) -> bool {
+    (objects_in_chunk > 0 && flushed_unforced >= LOG_FORCE_OBJECTS)
+        || unforced_bytes >= LOG_FORCE_BYTES
+}
+
 /// Starts writeback of every range of the chunk, then waits for all of
 /// them: one chunk in flight, its requests submitted together so the
 /// device can merge them. With `force_log`, commits the journal (creates
-/// included) by `fdatasync`ing the chunk's last whole file: never a file
-/// with more data to come, whose `fdatasync` would write it all back at
-/// once. Returns whether the journal was committed.
-fn flush_chunk(chunk: &[Item], force_log: bool) -> io::Result<bool> {
+/// included) and flushes the device cache by `fdatasync`ing the chunk's
+/// last whole file, else `fallback` (a file flushed whole before): never a
+/// file with more data to come, whose `fdatasync` would write it all back
+/// at once.
+fn flush_chunk(chunk: &[Item], force_log: bool, fallback: Option<&File>) -> io::Result<Commit> {
     // A zero length means "to the end of the file" to sync_file_range;
     // an empty object has no data to write back at all.
     let data = || chunk.iter().filter(|i| i.len > 0);
@@ -385,11 +424,27 @@ fn flush_chunk(chunk: &[Item], force_log: bool) -> io::Result<bool> {
     for i in data() {
         sys::sync_file_range(i.file.as_fd(), i.offset, i.len, sys::SYNC_WAIT)?;
     }
-    if let (true, Some(last)) = (force_log, chunk.iter().rev().find(|i| !i.split)) {
-        rustix::fs::fdatasync(last.file.as_fd())?;
-        return Ok(true);
+    if !force_log {
+        return Ok(Commit::Nothing);
     }
-    Ok(false)
+    let (file, how) = match (chunk.iter().rev().find(|i| !i.split), fallback) {
+        (Some(last), _) => (&last.file, Commit::Chunk),
+        (None, Some(f)) => (f, Commit::Fallback),
+        (None, None) => return Ok(Commit::Nothing),
+    };
+    rustix::fs::fdatasync(file.as_fd())?;
+    Ok(how)
+}
+
+/// What ended a chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Commit {
+    /// No commit: none was due, or there was no file to `fdatasync`.
+    Nothing,
+    /// An `fdatasync` of the chunk's last whole file.
+    Chunk,
+    /// An `fdatasync` of a file flushed before.
+    Fallback,
 }
 
 #[cfg(test)]
@@ -411,6 +466,8 @@ mod tests {
             backlog: 0,
             unforced: 0,
             flushed_unforced: 0,
+            unforced_bytes: 0,
+            flushed_file: None,
             in_flight: false,
             closed: false,
             error: None,
@@ -525,17 +582,17 @@ mod tests {
             "{} flushes",
             s.flushes
         );
-        // The journal was committed at most once per LOG_FORCE_OBJECTS
-        // objects and at least once per full chunk of them (the rest is
-        // the barrier's), and the one writer never ran more than the bound
-        // (plus its own object) ahead of the commits.
-        let per_commit = LOG_FORCE_OBJECTS.max(most);
+        // The journal was committed at least once per LOG_FORCE_OBJECTS
+        // objects (the rest is the barrier's), at most once more per
+        // LOG_FORCE_BYTES of data, and the one writer never ran more than
+        // the bound (plus its own object) ahead of the commits.
+        let by_bytes = (6000 << 10) / LOG_FORCE_BYTES;
         assert!(
-            s.log_forces >= 220 / per_commit,
+            s.log_forces >= 220 / LOG_FORCE_OBJECTS,
             "{} log forces",
             s.log_forces
         );
-        assert!(s.log_forces <= 220 / LOG_FORCE_OBJECTS);
+        assert!(s.log_forces <= 220 / LOG_FORCE_OBJECTS + by_bytes + 1);
         assert!(s.log_forces <= s.flushes);
         assert!(
             s.max_unforced <= MAX_UNFORCED + 1,
@@ -544,5 +601,49 @@ mod tests {
         );
         assert_eq!(f.shared.lock().backlog, 0);
         assert_eq!(s.samples.len() as u64, s.flushes);
+    }
+
+    #[test]
+    fn commits_fall_due_by_objects_or_by_data() {
+        const M: u64 = 1 << 20;
+        let l = LOG_FORCE_OBJECTS;
+        // (new objects in the chunk, objects flushed since the last commit,
+        // data since the last commit, due)
+        let cases = [
+            (1, 1, 0, false),
+            (32, l - 1, M, false),
+            (32, l, M, true),
+            (1, l + 40, 0, true),
+            // The rest of a big file: no create to commit, however many
+            // objects are waiting...
+            (0, l + 40, M, false),
+            // ...but its data is bounded all the same.
+            (0, 0, LOG_FORCE_BYTES, true),
+            (3, 3, LOG_FORCE_BYTES + 1, true),
+        ];
+        for (objects, flushed, bytes, due) in cases {
+            assert_eq!(
+                commit_due(objects, flushed, bytes),
+                due,
+                "{objects} objects in the chunk, {flushed} flushed, {bytes} bytes"
+            );
+        }
+    }
+
+    #[test]
+    fn a_big_file_is_committed_as_it_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = Flusher::start(AimdConfig::new(Duration::from_millis(10))).unwrap();
+        // Two objects, far below LOG_FORCE_OBJECTS: every commit here is
+        // one that LOG_FORCE_BYTES made due, most of them in the middle
+        // of the big file, where only the small one can be synced.
+        let big = 4 * LOG_FORCE_BYTES;
+        f.submit(file_of(dir.path(), "small", 4096), 4096).unwrap();
+        f.submit(file_of(dir.path(), "big", big as usize), big)
+            .unwrap();
+        f.drain().unwrap();
+        let (s, _) = f.stats();
+        assert!(s.log_forces >= 3, "{} commits", s.log_forces);
+        assert!(s.log_forces <= big / LOG_FORCE_BYTES + 1);
     }
 }

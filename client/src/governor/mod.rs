@@ -13,8 +13,9 @@
 //!   flight at a time, at a rate the feedback loop ([`aimd`]) steers by the
 //!   tail of the chunks' own latency toward `--io-latency-target`: slow
 //!   start from a low rate, objects counted by their creates as well as
-//!   their bytes, the journal committed at the end of every chunk (writers
-//!   wait while more than 128 objects are uncommitted), and at most
+//!   their bytes, the journal committed every 128 objects and every 2 MiB
+//!   of data (writers wait while more than 256 objects are uncommitted),
+//!   and at most
 //!   `--io-max-rate`.
 //!
 //! All modes end with one `syncfs` barrier before any ref moves.

@@ -198,8 +198,9 @@ fn every_repo_mode_matches_a_stock_pull_over_http1_and_http2() {
             "{mode}: {g}"
         );
         assert!(g["barrier_ms"].as_f64().is_some());
-        // Paced commits the journal as it goes, never more than once a
-        // chunk; the other modes leave that to their fsyncs or the barrier.
+        // Paced commits the journal as it goes (every 128 objects or 2 MiB
+        // of data: v1 has thousands), never more than once a chunk; the
+        // other modes leave that to their fsyncs or the barrier.
         let forces = g["log_forces"].as_u64().unwrap();
         assert_eq!(forces > 0, io_mode == "paced", "{mode}: {g}");
         assert!(forces <= g["flushes"].as_u64().unwrap(), "{mode}: {g}");
