@@ -9,11 +9,9 @@ use anyhow::{Context, Result};
 /// The encapsulator's own cargo project (see xtask/encapsulate/Cargo.toml).
 const ENCAPSULATE_MANIFEST: &str = "xtask/encapsulate/Cargo.toml";
 
-/// Formatting and lints; part of `test` so CI enforces them.
+/// Formatting and lints (`cargo xtask check`).
 pub fn check() -> Result<()> {
-    cargo(&["fmt", "--all", "--check"])?;
-    // Its own workspace, which `--all` does not reach.
-    cargo(&["fmt", "--manifest-path", ENCAPSULATE_MANIFEST, "--check"])?;
+    fmt()?;
     cargo(&[
         "clippy",
         "--workspace",
@@ -23,8 +21,18 @@ pub fn check() -> Result<()> {
         "-D",
         "warnings",
     ])?;
-    // The configuration the fuzz targets build (no sequoia), which no
-    // workspace member uses: without this it would rot unseen.
+    clippy_without_openpgp()
+}
+
+fn fmt() -> Result<()> {
+    cargo(&["fmt", "--all", "--check"])?;
+    // Its own workspace, which `--all` does not reach.
+    cargo(&["fmt", "--manifest-path", ENCAPSULATE_MANIFEST, "--check"])
+}
+
+/// The configuration the fuzz targets build (format without sequoia),
+/// which no workspace member uses: without this it would rot unseen.
+fn clippy_without_openpgp() -> Result<()> {
     cargo(&[
         "clippy",
         "-p",
@@ -49,14 +57,17 @@ pub fn test() -> Result<()> {
     // checkov's install is mostly network wait (minutes on a fresh
     // machine); it overlaps the CPU-bound lints instead of adding to them.
     let checkov = std::thread::spawn(crate::deploy::checkov::ensure_installed);
-    let checked = check();
+    // The workspace's own lints run in its build below (cargo::linted).
+    let checked = fmt().and_then(|()| clippy_without_openpgp());
     let installed = checkov
         .join()
         .map_err(|_| anyhow::anyhow!("the checkov install thread panicked"))?;
     checked?;
     installed.context("installing checkov")?;
     crate::deploy::check_deploy().context("cargo xtask check-deploy")?;
-    cargo(&["build", "--workspace", "--bins", "--tests"])?;
+    // Every target `clippy --all-targets` would lint: the workspace has no
+    // examples or benches.
+    crate::cargo::linted(&["build", "--workspace", "--bins", "--tests"])?;
     let f = fixtures::small().context("building the small fixtures")?;
     eprintln!("xtask: fixtures ready at {}", f.root.display());
     // Builds xtask/encapsulate (ostree-ext) too, in its own target dir.
