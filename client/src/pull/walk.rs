@@ -4,11 +4,13 @@
 //! Two stages share one request semaphore. The metadata stage keeps at
 //! most `concurrency` directory jobs in flight (each fetches, verifies and
 //! writes a dirtree and its dirmeta, or reads them locally if present) and
-//! feeds the content checksums it finds into a bounded channel; the
-//! content stage keeps at most `concurrency` content objects streaming
-//! into the repo. When content falls behind, the channel fills and the
-//! walk waits: memory stays bounded by the channel, the in-flight jobs and
-//! the dedup sets (32 bytes per object seen).
+//! sends the missing content checksums it finds through a channel; the
+//! content stage gathers them all, then keeps at most `concurrency`
+//! content objects streaming into the repo, in checksum order (see
+//! [`content_stage`]: a small update wrote 1.09x its objects' allocated
+//! size so, against 1.15x in discovery order). Memory stays bounded by the
+//! in-flight jobs and 32 bytes per object seen (the dedup sets and the
+//! content list).
 
 use super::error::{PullError, PullResult, Tag};
 use super::fetch::{ConsumeError, FetchError, Fetcher};
@@ -304,23 +306,23 @@ async fn content_job(ctx: Arc<Ctx>, c: Checksum) -> PullResult<()> {
 }
 
 async fn content_stage(ctx: Arc<Ctx>, mut rx: mpsc::Receiver<Checksum>) -> PullResult<()> {
+    let mut all = Vec::new();
+    while let Some(c) = rx.recv().await {
+        all.push(c);
+    }
+    // Objects live in `objects/XX/` by their checksum's first byte: in
+    // checksum order, the objects between two journal commits share a few
+    // directories, whose blocks, inodes and extents each commit then logs
+    // once, where discovery order touched a hundred directories per commit.
+    all.sort_unstable();
     let mut set = JoinSet::new();
-    loop {
+    for c in all {
         while set.len() >= ctx.concurrency {
             if let Some(r) = set.join_next().await {
                 r.map_err(join_err)??;
             }
         }
-        tokio::select! {
-            biased;
-            Some(r) = set.join_next(), if !set.is_empty() => r.map_err(join_err)??,
-            next = rx.recv() => match next {
-                Some(c) => {
-                    set.spawn(content_job(ctx.clone(), c));
-                }
-                None => break,
-            },
-        }
+        set.spawn(content_job(ctx.clone(), c));
     }
     while let Some(r) = set.join_next().await {
         r.map_err(join_err)??;
