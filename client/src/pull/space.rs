@@ -129,6 +129,47 @@ pub struct Reservation {
     bytes: u64,
 }
 
+impl Reservation {
+    /// `n` of the promised bytes are written, so the filesystem's free
+    /// space counts them now: promising them as well would count a big
+    /// object twice while it is written, and refuse small ones beside it
+    /// that fit.
+    pub fn written(&mut self, n: u64) {
+        let n = n.min(self.bytes);
+        self.bytes -= n;
+        let mut in_flight = self
+            .guard
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *in_flight = in_flight.saturating_sub(n);
+    }
+
+    /// `r`, whose bytes read are counted as written by [`Self::written`]
+    /// (its reader writes them out before it reads more).
+    pub fn meter<R>(self, r: R) -> Metered<R> {
+        Metered {
+            inner: r,
+            room: self,
+        }
+    }
+}
+
+/// A reader that gives its reservation back as it is read.
+#[derive(Debug)]
+pub struct Metered<R> {
+    inner: R,
+    room: Reservation,
+}
+
+impl<R: std::io::Read> std::io::Read for Metered<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.room.written(n as u64);
+        Ok(n)
+    }
+}
+
 impl Drop for Reservation {
     fn drop(&mut self) {
         let mut n = self
@@ -271,6 +312,28 @@ mod tests {
                 "{len} in blocks of {block}: {got}"
             );
         }
+    }
+
+    #[test]
+    fn a_reservation_shrinks_as_it_is_written() {
+        use std::io::Read;
+        let g = Arc::new(SpaceGuard::new(
+            File::open("/").unwrap(),
+            "/".into(),
+            MinFree::Percent(0),
+        ));
+        let free = g.stat().unwrap().available;
+        let mut room = g.reserve("big", free / 2).unwrap();
+        let promised = *g.in_flight.lock().unwrap();
+        assert!(g.reserve("beside", free / 2 + free / 8).is_err());
+        // Half of it on disk: what is left fits beside it.
+        room.written(free / 4);
+        assert!(g.reserve("beside", free / 2 + free / 8).is_ok());
+        let mut r = room.meter(std::io::repeat(0).take(1000));
+        std::io::copy(&mut r, &mut std::io::sink()).unwrap();
+        assert_eq!(*g.in_flight.lock().unwrap(), promised - free / 4 - 1000);
+        drop(r);
+        assert_eq!(*g.in_flight.lock().unwrap(), 0);
     }
 
     #[test]

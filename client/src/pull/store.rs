@@ -200,7 +200,7 @@ impl Store {
             )));
         }
         let len = header.content_stream_len();
-        let _room = space
+        let room = space
             .reserve(&format!("content object {c}"), len)
             .map_err(ConsumeError::Local)?;
         let mut inflate = ExactInflate::new(std::io::BufReader::new(body), header.size);
@@ -208,7 +208,8 @@ impl Store {
             .check_empty()
             .map_err(|e| ConsumeError::Corrupt(anyhow!("content object {c}: {e}")))?;
         let refusal = inflate.refusal();
-        let stream = std::io::Cursor::new(header.content_stream_prefix()).chain(inflate);
+        let stream =
+            std::io::Cursor::new(header.content_stream_prefix()).chain(room.meter(inflate));
         let input = gio::ReadInputStream::new(stream);
         self.repo
             .write_content(Some(&c.to_hex()), &input, len, no_cancel())
