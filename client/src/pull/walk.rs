@@ -1,16 +1,15 @@
 //! The object walk: commit → dirtree → dirmeta → content, fetching only
 //! what is absent locally.
 //!
-//! Two stages share one request semaphore. The metadata stage keeps at
-//! most `concurrency` directory jobs in flight (each fetches, verifies and
-//! writes a dirtree and its dirmeta, or reads them locally if present) and
-//! sends the missing content checksums it finds through a channel; the
-//! content stage gathers them all, then keeps at most `concurrency`
-//! content objects streaming into the repo, in checksum order (see
-//! [`content_stage`]: a small update wrote 1.09x its objects' allocated
-//! size so, against 1.15x in discovery order). Memory stays bounded by the
-//! in-flight jobs and 32 bytes per object seen (the dedup sets and the
-//! content list).
+//! Two stages share one request semaphore, one after the other. The
+//! metadata stage keeps at most `concurrency` directory jobs in flight
+//! (each fetches, verifies and writes a dirtree and its dirmeta, or reads
+//! them locally if present) and lists the content objects that are
+//! missing; the content stage then keeps at most `concurrency` of them
+//! streaming into the repo, in checksum order (see [`content_stage`]: a
+//! small update wrote 1.09x its objects' allocated size so, against 1.15x
+//! in discovery order). Memory stays bounded by the in-flight jobs and 32
+//! bytes per object seen (the dedup sets and the content list).
 
 use super::error::{PullError, PullResult, Tag};
 use super::fetch::{ConsumeError, FetchError, Fetcher};
@@ -25,11 +24,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
-use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-
-/// Content checksums queued between the stages.
-const CONTENT_QUEUE: usize = 256;
 
 #[derive(Debug)]
 pub struct Ctx {
@@ -305,11 +300,7 @@ async fn content_job(ctx: Arc<Ctx>, c: Checksum) -> PullResult<()> {
     Ok(())
 }
 
-async fn content_stage(ctx: Arc<Ctx>, mut rx: mpsc::Receiver<Checksum>) -> PullResult<()> {
-    let mut all = Vec::new();
-    while let Some(c) = rx.recv().await {
-        all.push(c);
-    }
+async fn content_stage(ctx: Arc<Ctx>, mut all: Vec<Checksum>) -> PullResult<()> {
     // Objects live in `objects/XX/` by their checksum's first byte: in
     // checksum order, the objects between two journal commits share a few
     // directories, whose blocks, inodes and extents each commit then logs
@@ -330,28 +321,17 @@ async fn content_stage(ctx: Arc<Ctx>, mut rx: mpsc::Receiver<Checksum>) -> PullR
     Ok(())
 }
 
-/// Why the metadata stage stopped early.
-enum Stop {
-    Failed(PullError),
-    /// The content stage is gone; its own error says why.
-    ContentGone,
-}
-
-impl From<PullError> for Stop {
-    fn from(e: PullError) -> Self {
-        Stop::Failed(e)
-    }
-}
-
+/// Fetches the missing directories and returns the missing content
+/// objects, each once.
 async fn metadata_stage(
     ctx: Arc<Ctx>,
     root_tree: Checksum,
     root_meta: Checksum,
-    tx: mpsc::Sender<Checksum>,
-) -> Result<(), Stop> {
+) -> PullResult<Vec<Checksum>> {
     let mut seen_trees = HashSet::from([root_tree]);
     let mut seen_meta = HashSet::from([root_meta]);
     let mut seen_content = HashSet::new();
+    let mut missing = Vec::new();
     let mut pending: Vec<(Option<Checksum>, Option<Checksum>)> =
         vec![(Some(root_tree), Some(root_meta))];
     let mut set = JoinSet::new();
@@ -374,7 +354,7 @@ async fn metadata_stage(
                 ctx.progress.present.fetch_add(1, Ordering::Relaxed);
             } else {
                 ctx.progress.needed.fetch_add(1, Ordering::Relaxed);
-                tx.send(c).await.map_err(|_| Stop::ContentGone)?;
+                missing.push(c);
             }
         }
         for (_, t, m) in tree.dirs {
@@ -385,23 +365,11 @@ async fn metadata_stage(
             }
         }
     }
-    Ok(())
+    Ok(missing)
 }
 
 /// Walks the tree of a commit and fetches every missing object.
 pub async fn walk(ctx: Arc<Ctx>, root_tree: Checksum, root_meta: Checksum) -> PullResult<()> {
-    let (tx, rx) = mpsc::channel(CONTENT_QUEUE);
-    let content = tokio::spawn(content_stage(ctx.clone(), rx));
-    let meta = metadata_stage(ctx, root_tree, root_meta, tx).await;
-    match meta {
-        Err(Stop::Failed(e)) => {
-            content.abort();
-            Err(e)
-        }
-        Err(Stop::ContentGone) => match content.await.map_err(join_err)? {
-            Err(e) => Err(e),
-            Ok(()) => Err(PullError::LocalRepo(anyhow!("content stage ended early"))),
-        },
-        Ok(()) => content.await.map_err(join_err)?,
-    }
+    let missing = metadata_stage(ctx.clone(), root_tree, root_meta).await?;
+    content_stage(ctx, missing).await
 }
