@@ -9,7 +9,11 @@
 use anyhow::{anyhow, bail, Context, Result};
 use std::fs::File;
 use std::os::fd::AsFd;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// How often a reservation that waits for others re-reads the filesystem.
+const RECHECK: Duration = Duration::from_millis(100);
 
 /// libostree's default when the repo sets neither key.
 pub const DEFAULT_MIN_FREE_PERCENT: u32 = 3;
@@ -119,6 +123,10 @@ pub struct SpaceGuard {
     min_free: MinFree,
     /// Bytes promised to objects being written now.
     in_flight: Mutex<u64>,
+    /// Signalled when promises are given back.
+    given_back: Condvar,
+    /// Whether the filesystem allocates a file's length up front.
+    fallocates: bool,
 }
 
 /// Space promised to one object; given back when dropped (the object is
@@ -136,21 +144,25 @@ impl Reservation {
     /// that fit.
     pub fn written(&mut self, n: u64) {
         let n = n.min(self.bytes);
+        if n == 0 {
+            return;
+        }
         self.bytes -= n;
-        let mut in_flight = self
-            .guard
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        *in_flight = in_flight.saturating_sub(n);
+        self.guard.give_back(n);
     }
 
-    /// `r`, whose bytes read are counted as written by [`Self::written`]
-    /// (its reader writes them out before it reads more).
-    pub fn meter<R>(self, r: R) -> Metered<R> {
+    /// `r`, whose reader writes out what it reads before it reads more;
+    /// the promise is given back as the filesystem counts those bytes. If
+    /// the reader `preallocates` (libostree `fallocate`s a bare repo's
+    /// content object to its whole length before it reads a byte of it),
+    /// that is all of it at the first read, where the filesystem can
+    /// allocate ahead; otherwise as it is read.
+    pub fn meter<R>(self, r: R, preallocates: bool) -> Metered<R> {
+        let at_once = preallocates && self.guard.fallocates;
         Metered {
             inner: r,
             room: self,
+            at_once,
         }
     }
 }
@@ -160,34 +172,50 @@ impl Reservation {
 pub struct Metered<R> {
     inner: R,
     room: Reservation,
+    at_once: bool,
 }
 
 impl<R: std::io::Read> std::io::Read for Metered<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.room.written(n as u64);
+        let counted = if self.at_once { u64::MAX } else { n as u64 };
+        self.room.written(counted);
         Ok(n)
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        let mut n = self
-            .guard
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        *n = n.saturating_sub(self.bytes);
+        self.guard.give_back(self.bytes);
     }
+}
+
+/// Whether the filesystem under `dir` allocates ahead of writes
+/// (`fallocate` on an unnamed file there, gone when closed). Where it
+/// cannot, libostree writes without allocating first, and a promise is
+/// given back only as the bytes land.
+fn fallocates(dir: &File) -> bool {
+    use rustix::fs::{fallocate, openat, FallocateFlags, Mode, OFlags};
+    openat(
+        dir,
+        ".",
+        OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )
+    .and_then(|f| fallocate(&f, FallocateFlags::empty(), 0, 4096))
+    .is_ok()
 }
 
 impl SpaceGuard {
     pub fn new(dir: File, shown: String, min_free: MinFree) -> Self {
+        let fallocates = fallocates(&dir);
         Self {
             dir,
             shown,
             min_free,
             in_flight: Mutex::new(0),
+            given_back: Condvar::new(),
+            fallocates,
         }
     }
 
@@ -202,27 +230,51 @@ impl SpaceGuard {
         })
     }
 
+    fn give_back(&self, n: u64) {
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        *in_flight = in_flight.saturating_sub(n);
+        self.given_back.notify_all();
+    }
+
     /// Promises room for `what`, whose stream is `len` bytes, or says why
     /// it does not fit (naming `what` and the numbers).
+    ///
+    /// While other objects are being written, a misfit waits for them
+    /// instead: between a writer's allocation and its metering, the
+    /// filesystem and the promise may both count the same bytes, so only
+    /// a check with nothing in flight is a verdict.
     pub fn reserve(self: &Arc<Self>, what: &str, len: u64) -> Result<Reservation> {
-        let fs = self.stat()?;
-        let need = on_disk(len, fs.block);
-        let reserve = self.min_free.reserve(fs.total);
-        // Under the lock, so that two writers cannot both take the last room.
-        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        check_fit(fs, reserve, *in_flight, need).map_err(|why| {
-            anyhow!(
-                "{what} ({len} bytes declared) does not fit on {} while keeping the repo's \
-                 {}: it {why}",
-                self.shown,
-                self.min_free.describe()
-            )
-        })?;
-        *in_flight += need;
-        Ok(Reservation {
-            guard: self.clone(),
-            bytes: need,
-        })
+        loop {
+            let fs = self.stat()?;
+            let need = on_disk(len, fs.block);
+            let reserve = self.min_free.reserve(fs.total);
+            // Under the lock, so that two writers cannot both take the last room.
+            let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            match check_fit(fs, reserve, *in_flight, need) {
+                Ok(()) => {
+                    *in_flight += need;
+                    return Ok(Reservation {
+                        guard: self.clone(),
+                        bytes: need,
+                    });
+                }
+                Err(why) if *in_flight == 0 => {
+                    bail!(
+                        "{what} ({len} bytes declared) does not fit on {} while keeping the \
+                         repo's {}: it {why}",
+                        self.shown,
+                        self.min_free.describe()
+                    )
+                }
+                // The timeout re-reads the filesystem, which other
+                // processes may have freed meanwhile.
+                Err(_) => drop(
+                    self.given_back
+                        .wait_timeout(in_flight, RECHECK)
+                        .unwrap_or_else(|e| e.into_inner()),
+                ),
+            }
+        }
     }
 }
 
@@ -325,30 +377,58 @@ mod tests {
         let free = g.stat().unwrap().available;
         let mut room = g.reserve("big", free / 2).unwrap();
         let promised = *g.in_flight.lock().unwrap();
-        assert!(g.reserve("beside", free / 2 + free / 8).is_err());
-        // Half of it on disk: what is left fits beside it.
         room.written(free / 4);
-        assert!(g.reserve("beside", free / 2 + free / 8).is_ok());
-        let mut r = room.meter(std::io::repeat(0).take(1000));
+        assert_eq!(*g.in_flight.lock().unwrap(), promised - free / 4);
+        let mut r = room.meter(std::io::repeat(0).take(1000), false);
         std::io::copy(&mut r, &mut std::io::sink()).unwrap();
         assert_eq!(*g.in_flight.lock().unwrap(), promised - free / 4 - 1000);
         drop(r);
         assert_eq!(*g.in_flight.lock().unwrap(), 0);
     }
 
+    /// A preallocating writer has taken the whole object by its first
+    /// read (where the filesystem can), so the promise goes at once.
     #[test]
-    fn reservations_add_up_and_are_given_back() {
+    fn a_preallocated_reservation_is_given_back_at_the_first_read() {
+        use std::io::Read;
+        let dir = tempfile::tempdir().unwrap();
+        let g = Arc::new(SpaceGuard::new(
+            File::open(dir.path()).unwrap(),
+            "t".into(),
+            MinFree::Percent(0),
+        ));
+        assert!(g.fallocates, "a tmpfs or disk filesystem allocates ahead");
+        let promised = on_disk(1 << 20, g.stat().unwrap().block);
+        let room = g.reserve("big", 1 << 20).unwrap();
+        let mut r = room.meter(std::io::repeat(0).take(1 << 20), true);
+        r.read_exact(&mut [0; 4096]).unwrap();
+        assert_eq!(*g.in_flight.lock().unwrap(), 0, "of {promised}");
+    }
+
+    /// A misfit is refused when nothing else is in flight, and waits for
+    /// what is (it may be counted twice meanwhile).
+    #[test]
+    fn a_misfit_waits_for_what_is_in_flight_then_is_judged() {
         let dir = tempfile::tempdir().unwrap();
         let f = File::open(dir.path()).unwrap();
         let g = Arc::new(SpaceGuard::new(f, "t".into(), MinFree::Percent(0)));
         let free = g.stat().unwrap().available;
+        let e = g.reserve("huge", free.saturating_mul(2)).unwrap_err();
+        assert!(format!("{e:#}").contains("huge ("), "{e:#}");
         let a = g.reserve("a", free / 2).unwrap();
-        // The second half no longer fits beside the first...
-        let e = g.reserve("b", free / 2 + free / 8).unwrap_err();
-        assert!(format!("{e:#}").contains("b ("), "{e:#}");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let g2 = g.clone();
+        let waiter = std::thread::spawn(move || {
+            let b = g2.reserve("b", free / 2 + free / 8).map(drop);
+            tx.send(()).unwrap();
+            b
+        });
+        // The second half does not fit beside the first: it waits...
+        assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
         // ...until the first is given back.
         drop(a);
+        rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        waiter.join().unwrap().unwrap();
         assert_eq!(*g.in_flight.lock().unwrap(), 0);
-        assert!(g.reserve("b", free / 2).is_ok());
     }
 }

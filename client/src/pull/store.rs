@@ -208,8 +208,8 @@ impl Store {
             .check_empty()
             .map_err(|e| ConsumeError::Corrupt(anyhow!("content object {c}: {e}")))?;
         let refusal = inflate.refusal();
-        let stream =
-            std::io::Cursor::new(header.content_stream_prefix()).chain(room.meter(inflate));
+        let stream = std::io::Cursor::new(header.content_stream_prefix())
+            .chain(room.meter(inflate, !self.is_archive()));
         let input = gio::ReadInputStream::new(stream);
         self.repo
             .write_content(Some(&c.to_hex()), &input, len, no_cancel())
