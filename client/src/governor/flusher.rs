@@ -25,11 +25,12 @@
 //! `fdatasync` flushes too. So the flusher commits (an `fdatasync` of the
 //! chunk's last whole file, which commits the creates of other files too
 //! and flushes the device cache) every [`LOG_FORCE_OBJECTS`] objects and
-//! every [`LOG_FORCE_BYTES`] of data, and writers wait while more than
-//! [`MAX_UNFORCED`] objects are written but not yet committed: what a
-//! neighbour's flush can find of ours is then at most one commit interval,
-//! never the thousands of creates a writer can produce in a few seconds,
-//! and the final `syncfs` finds at most that.
+//! every [`LOG_FORCE_BYTES`] of data, at most once per [`COMMIT_GAP`]
+//! (each commit is itself a flush the neighbour may queue behind), and
+//! writers wait while more than [`MAX_UNFORCED`] objects are written but
+//! not yet committed: what a neighbour's flush can find of ours is then at
+//! most one commit interval, never everything a writer produced since the
+//! start, and the final `syncfs` finds at most that.
 
 use super::aimd::{Aimd, AimdConfig};
 use super::samples::Samples;
@@ -60,9 +61,20 @@ pub const LOG_FORCE_OBJECTS: u64 = 128;
 /// of a big file, which hold no new object) push the neighbour's worst
 /// stall to 4.5× its baseline; with it, the worst stays near 1.1×.
 pub const LOG_FORCE_BYTES: u64 = 2 << 20;
+/// The shortest time between two commits, whatever falls due. On a fast
+/// disk (a neighbour's fdatasync at 0.5 ms p99) 128 objects take a few
+/// tens of milliseconds, and a commit at each put 20-30 a second on the
+/// device: the neighbour's worst stall reached 4.7-20x its baseline at
+/// 30%. Commits at least 100 ms apart kept it at 2.0x, and 250 ms or
+/// 1 s apart let more pile up for the neighbour's own flush to meet
+/// (2.7x and 5.2x; RESULTS.md, session 11).
+pub const COMMIT_GAP: Duration = Duration::from_millis(100);
 /// Objects written but not yet committed to the journal (queued, in
-/// flight, or flushed since the last commit) before writers wait.
-pub const MAX_UNFORCED: u64 = 2 * LOG_FORCE_OBJECTS;
+/// flight, or flushed since the last commit) before writers wait: the
+/// creates of a few [`COMMIT_GAP`]s at the fastest rates measured (about
+/// 1,500 objects a second), so writers wait on it only when commits fall
+/// far behind.
+pub const MAX_UNFORCED: u64 = 4096;
 /// Chunk ranges are cut at multiples of this (the page size of every
 /// architecture a node runs).
 const PAGE: u64 = 4096;
@@ -125,6 +137,10 @@ struct State {
     flushed_unforced: u64,
     /// Data written back since the last commit.
     unforced_bytes: u64,
+    /// When the last commit ended.
+    last_commit: Option<Instant>,
+    /// [`COMMIT_GAP`], or a test's.
+    commit_gap: Duration,
     /// A file flushed whole before, to `fdatasync` when a commit falls due
     /// in a chunk with no whole file (a big file's middle): its data and
     /// metadata are on the device, so that is a device cache flush, never
@@ -224,6 +240,10 @@ impl Flusher {
     /// nice value, which is what makes them apply to the writeback it
     /// submits: [`super::Governor::new`] sets both before calling this.
     pub fn start(config: AimdConfig) -> io::Result<Self> {
+        Self::start_with_gap(config, COMMIT_GAP)
+    }
+
+    fn start_with_gap(config: AimdConfig, commit_gap: Duration) -> io::Result<Self> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
@@ -231,6 +251,8 @@ impl Flusher {
                 unforced: 0,
                 flushed_unforced: 0,
                 unforced_bytes: 0,
+                last_commit: None,
+                commit_gap,
                 flushed_file: None,
                 in_flight: false,
                 closed: false,
@@ -325,7 +347,13 @@ fn run(shared: &Shared) {
             let objects = chunk.iter().filter(|i| i.offset == 0).count() as u64;
             st.flushed_unforced += objects;
             st.unforced_bytes += chunk.iter().map(|i| i.len).sum::<u64>();
-            let force = commit_due(objects, st.flushed_unforced, st.unforced_bytes);
+            let force = commit_due(
+                objects,
+                st.flushed_unforced,
+                st.unforced_bytes,
+                st.last_commit.map(|t| t.elapsed()),
+                st.commit_gap,
+            );
             let cost: u64 = chunk.iter().map(|i| i.cost(&st.aimd.config)).sum();
             let fallback = force
                 .then(|| st.flushed_file.as_ref().and_then(|f| f.try_clone().ok()))
@@ -350,6 +378,7 @@ fn run(shared: &Shared) {
             }
             if forced {
                 st.stats.log_forces += 1;
+                st.last_commit = Some(Instant::now());
             }
             if forced {
                 st.unforced_bytes = 0;
@@ -398,13 +427,21 @@ fn run(shared: &Shared) {
     }
 }
 
-/// Whether a chunk ends in a commit: it holds a new object and
+/// Whether a chunk ends in a commit: `gap` has passed since the last one
+/// (`since_last`, None before the first), and it holds a new object and
 /// [`LOG_FORCE_OBJECTS`] have been flushed since the last commit (a chunk
 /// with no new object, the rest of a big file, has no create to commit),
 /// or [`LOG_FORCE_BYTES`] of data have.
-fn commit_due(objects_in_chunk: u64, flushed_unforced: u64, unforced_bytes: u64) -> bool {
-    (objects_in_chunk > 0 && flushed_unforced >= LOG_FORCE_OBJECTS)
-        || unforced_bytes >= LOG_FORCE_BYTES
+fn commit_due(
+    objects_in_chunk: u64,
+    flushed_unforced: u64,
+    unforced_bytes: u64,
+    since_last: Option<Duration>,
+    gap: Duration,
+) -> bool {
+    since_last.is_none_or(|t| t >= gap)
+        && ((objects_in_chunk > 0 && flushed_unforced >= LOG_FORCE_OBJECTS)
+            || unforced_bytes >= LOG_FORCE_BYTES)
 }
 
 /// Starts writeback of every range of the chunk, then waits for all of
@@ -467,6 +504,8 @@ mod tests {
             unforced: 0,
             flushed_unforced: 0,
             unforced_bytes: 0,
+            last_commit: None,
+            commit_gap: COMMIT_GAP,
             flushed_file: None,
             in_flight: false,
             closed: false,
@@ -563,7 +602,8 @@ mod tests {
     #[test]
     fn flushes_everything_submitted() {
         let dir = tempfile::tempdir().unwrap();
-        let f = Flusher::start(AimdConfig::new(Duration::from_millis(10))).unwrap();
+        let f = Flusher::start_with_gap(AimdConfig::new(Duration::from_millis(10)), Duration::ZERO)
+            .unwrap();
         for i in 0..20 {
             f.submit(file_of(dir.path(), &i.to_string(), 300 << 10), 300 << 10)
                 .unwrap();
@@ -607,25 +647,33 @@ mod tests {
     fn commits_fall_due_by_objects_or_by_data() {
         const M: u64 = 1 << 20;
         let l = LOG_FORCE_OBJECTS;
+        let g = COMMIT_GAP;
+        let first = None;
+        let soon = Some(g / 2);
+        let later = Some(g);
         // (new objects in the chunk, objects flushed since the last commit,
-        // data since the last commit, due)
+        // data since the last commit, time since the last commit, due)
         let cases = [
-            (1, 1, 0, false),
-            (32, l - 1, M, false),
-            (32, l, M, true),
-            (1, l + 40, 0, true),
+            (1, 1, 0, first, false),
+            (32, l - 1, M, later, false),
+            (32, l, M, first, true),
+            (32, l, M, later, true),
+            (1, l + 40, 0, later, true),
             // The rest of a big file: no create to commit, however many
             // objects are waiting...
-            (0, l + 40, M, false),
+            (0, l + 40, M, later, false),
             // ...but its data is bounded all the same.
-            (0, 0, LOG_FORCE_BYTES, true),
-            (3, 3, LOG_FORCE_BYTES + 1, true),
+            (0, 0, LOG_FORCE_BYTES, later, true),
+            (3, 3, LOG_FORCE_BYTES + 1, first, true),
+            // Nothing is due within the gap, by objects or by data.
+            (32, l + 40, M, soon, false),
+            (0, 0, 4 * LOG_FORCE_BYTES, soon, false),
         ];
-        for (objects, flushed, bytes, due) in cases {
+        for (objects, flushed, bytes, since, due) in cases {
             assert_eq!(
-                commit_due(objects, flushed, bytes),
+                commit_due(objects, flushed, bytes, since, g),
                 due,
-                "{objects} objects in the chunk, {flushed} flushed, {bytes} bytes"
+                "{objects} objects in the chunk, {flushed} flushed, {bytes} bytes, {since:?}"
             );
         }
     }
@@ -633,7 +681,9 @@ mod tests {
     #[test]
     fn a_big_file_is_committed_as_it_goes() {
         let dir = tempfile::tempdir().unwrap();
-        let f = Flusher::start(AimdConfig::new(Duration::from_millis(10))).unwrap();
+        // No gap: on a tmpfs the whole file takes a few milliseconds.
+        let f = Flusher::start_with_gap(AimdConfig::new(Duration::from_millis(10)), Duration::ZERO)
+            .unwrap();
         // Two objects, far below LOG_FORCE_OBJECTS: every commit here is
         // one that LOG_FORCE_BYTES made due, most of them in the middle
         // of the big file, where only the small one can be synced.

@@ -14,9 +14,8 @@
 //!   tail of the chunks' own latency toward `--io-latency-target`: slow
 //!   start from a low rate, objects counted by their creates as well as
 //!   their bytes, the journal committed every 128 objects and every 2 MiB
-//!   of data (writers wait while more than 256 objects are uncommitted),
-//!   and at most
-//!   `--io-max-rate`.
+//!   of data but at most every 100 ms (writers wait while more than 4,096
+//!   objects are uncommitted), and at most `--io-max-rate`.
 //!
 //! All modes end with one `syncfs` barrier before any ref moves.
 //!
