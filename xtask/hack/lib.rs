@@ -1,0 +1,1 @@
+//! Nothing: this crate exists for its `Cargo.toml` (see there).
