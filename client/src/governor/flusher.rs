@@ -55,8 +55,9 @@ pub const CHUNK_MAX_FILES: usize = 32;
 /// its baseline; one every 128 objects, with [`LOG_FORCE_BYTES`] bounding
 /// the data between two, about 1.5× with the same worst stall.
 pub const LOG_FORCE_OBJECTS: u64 = 128;
-/// Data written back between two commits, at most: what the device may
-/// hold in its cache for a neighbour's flush to wait on. Without it, a
+/// Data written back between two commits, at most once [`COMMIT_GAP`]
+/// has passed: what the device may hold in its cache for a neighbour's
+/// flush to wait on. Without it, a
 /// commit every 128 objects let a 30% update (bigger files, and the parts
 /// of a big file, which hold no new object) push the neighbour's worst
 /// stall to 4.5× its baseline; with it, the worst stays near 1.1×.
