@@ -174,7 +174,10 @@ struct IoArgs {
     solo_runs: usize,
     /// Arms to run, comma-separated: baseline, ostree,
     /// ostree-per-object-fsync (or ostree-fsync), oscontent (every mode) or
-    /// oscontent:MODE [default: all].
+    /// oscontent:MODE, and a pulling arm's name with @ram (e.g.
+    /// oscontent:paced@ram) for the same pull into a repo on a tmpfs: the
+    /// harm its CPU does alone, not judged [default: all but the @ram
+    /// twins].
     #[arg(long, value_delimiter = ',')]
     arms: Option<Vec<String>>,
     /// The client's --io-mode values to compare, comma-separated [default:

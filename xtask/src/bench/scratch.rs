@@ -32,6 +32,8 @@ const PREFIX: &str = "oscontent-scratch-";
 const IMAGE: &str = "fs.img";
 /// The mount point inside the scratch directory.
 const MNT: &str = "mnt";
+/// Where [`ScratchFs::mount_ram`] mounts its tmpfs, beside [`MNT`].
+const RAM: &str = "ram";
 /// XFS refuses filesystems smaller than 300 MiB.
 pub const MIN_SIZE: u64 = 512 << 20;
 
@@ -75,6 +77,8 @@ pub struct ScratchFs {
     /// `/dev/loopN`, once attached.
     device: Option<PathBuf>,
     mounted: bool,
+    /// The tmpfs of [`ScratchFs::mount_ram`], once mounted.
+    ram: Option<PathBuf>,
     size: u64,
     direct_io: bool,
 }
@@ -107,6 +111,7 @@ impl ScratchFs {
             mountpoint,
             device: None,
             mounted: false,
+            ram: None,
             size,
             direct_io: false,
         };
@@ -225,10 +230,31 @@ impl ScratchFs {
 }
 
 impl ScratchFs {
+    /// A tmpfs of at most `size` bytes beside the filesystem (not in it,
+    /// so that unmounting either never finds the other busy), unmounted
+    /// first on drop; returns its mount point. For a workload that must
+    /// run as it would on the filesystem without writing to it.
+    pub fn mount_ram(&mut self, size: u64) -> Result<PathBuf> {
+        anyhow::ensure!(self.ram.is_none(), "the tmpfs is already mounted");
+        let dir = self.dir.as_ref().context("scratch dir already gone")?;
+        let mnt = dir.path().join(RAM);
+        std::fs::create_dir(&mnt).with_context(|| format!("creating {}", mnt.display()))?;
+        run(Command::new("mount")
+            .args(["-t", "tmpfs", "-o"])
+            .arg(format!("size={size},mode=0755"))
+            .arg("tmpfs")
+            .arg(&mnt))?;
+        self.ram = Some(mnt.clone());
+        Ok(mnt)
+    }
+
     /// Unmounts and detaches the filesystem, then moves its backing file
     /// to `dest` (on the same filesystem as the scratch directory), for
     /// [`ScratchOptions::template`]. The rest goes as on drop.
     pub fn into_image(mut self, dest: &Path) -> Result<()> {
+        if let Some(ram) = self.ram.take() {
+            anyhow::ensure!(unmount(&ram), "could not unmount {}", ram.display());
+        }
         if self.mounted {
             anyhow::ensure!(
                 unmount(&self.mountpoint),
@@ -254,6 +280,9 @@ impl ScratchFs {
 impl Drop for ScratchFs {
     fn drop(&mut self) {
         let mut clean = true;
+        if let Some(ram) = self.ram.take() {
+            clean &= unmount(&ram);
+        }
         if self.mounted {
             clean &= unmount(&self.mountpoint);
             self.mounted = false;
@@ -384,12 +413,23 @@ pub fn reap_stale(parent: &Path) {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
     };
-    let mounted: Vec<PathBuf> = mount_points();
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let Some(pid) = owner(&name) else { continue };
         let path = entry.path();
-        if alive(pid) || mounted.iter().any(|m| m.starts_with(&path)) {
+        if alive(pid) {
+            continue;
+        }
+        // Its tmpfs has no device to find it by: unmount it by place.
+        let ram = path.join(RAM);
+        if mount_points().contains(&ram) {
+            eprintln!(
+                "xtask: cleaning up {} (left by dead pid {pid})",
+                ram.display()
+            );
+            unmount(&ram);
+        }
+        if mount_points().iter().any(|m| m.starts_with(&path)) {
             continue;
         }
         eprintln!("xtask: removing stale {}", path.display());
@@ -604,6 +644,65 @@ mod tests {
             ..s
         };
         assert_eq!(later.since(&s).written_bytes(), 1000 * 512);
+    }
+
+    /// Needs root, loop devices and xfsprogs, as every benchmark does.
+    #[test]
+    fn a_tmpfs_beside_the_filesystem_is_not_on_its_device_and_goes_with_it() {
+        let parent = tempfile::tempdir().unwrap();
+        let mut fs = ScratchFs::create_with(&ScratchOptions {
+            parent: Some(parent.path().to_owned()),
+            ..ScratchOptions::new(MIN_SIZE)
+        })
+        .unwrap();
+        let ram = fs.mount_ram(64 << 20).unwrap();
+        assert!(!ram.starts_with(fs.path()), "{}", ram.display());
+        assert!(fs.mount_ram(1 << 20).is_err(), "mounted twice");
+        fs.syncfs().unwrap();
+        let before = fs.stats().unwrap();
+        std::fs::write(ram.join("x"), vec![7u8; 8 << 20]).unwrap();
+        fs.syncfs().unwrap();
+        // Nothing of the 8 MiB reached the loop device (XFS may log a
+        // few blocks of its own).
+        assert!(fs.stats().unwrap().since(&before).written_bytes() < 1 << 20);
+        drop(fs);
+        assert!(
+            !mount_points().contains(&ram),
+            "{} still mounted",
+            ram.display()
+        );
+        assert_eq!(std::fs::read_dir(parent.path()).unwrap().count(), 0);
+    }
+
+    /// A tmpfs left by a process killed before its drop ran is unmounted
+    /// and its directory removed by the next benchmark.
+    #[test]
+    fn a_dead_owners_tmpfs_is_reaped() {
+        let parent = tempfile::tempdir().unwrap();
+        let mut child = Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let dir = parent.path().join(format!("{PREFIX}{dead}-x"));
+        let ram = dir.join(RAM);
+        std::fs::create_dir_all(&ram).unwrap();
+        run(Command::new("mount")
+            .args(["-t", "tmpfs", "tmpfs"])
+            .arg(&ram))
+        .unwrap();
+        std::fs::write(ram.join("x"), b"left behind").unwrap();
+        // A live owner's is left alone.
+        let live = parent
+            .path()
+            .join(format!("{PREFIX}{}-y", std::process::id()));
+        std::fs::create_dir(&live).unwrap();
+        reap_stale(parent.path());
+        assert!(
+            !mount_points().contains(&ram),
+            "{} still mounted",
+            ram.display()
+        );
+        assert!(!dir.exists());
+        assert!(live.exists());
     }
 
     #[test]

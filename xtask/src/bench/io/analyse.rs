@@ -183,8 +183,10 @@ fn arm_summary(
     let rs =
         |f: fn(&Ratios) -> f64| move |_: &Trial, s: &Option<Ratios>| s.as_ref().map_or(f64::NAN, f);
     let pulling = *arm != Arm::Baseline;
+    // A twin's writes went to RAM: the device's bytes are not its own.
+    let on_device = pulling && !arm.in_ram();
     let over = |bytes: f64, t: &Trial| {
-        if pulling {
+        if on_device {
             bytes / t.new_objects.allocated_bytes as f64
         } else {
             f64::NAN

@@ -1,6 +1,17 @@
 //! Which arms a `bench io` run compares: the neighbour alone, stock
 //! `ostree pull` (with and without `--per-object-fsync`), and `oscontent
-//! pull` in each `--io-mode` its client offers.
+//! pull` in each `--io-mode` its client offers; on request, any pulling
+//! arm's in-RAM twin (`ostree@ram`, `oscontent:paced@ram`).
+//!
+//! # In-RAM twins
+//!
+//! A twin runs the same pull into a copy of the node repo on a tmpfs,
+//! while the neighbour stays on the scratch disk. It uses the CPU, the
+//! network and the server as its arm does and writes nothing to the
+//! neighbour's disk, so its harm is the part of its arm's that no I/O
+//! policy can remove: CPU and scheduling. On the 2-vCPU machines of issue
+//! 16 that part was most of the p99 (RESULTS.md). Twins are only run when
+//! named, and are not judged against the targets.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -20,7 +31,12 @@ pub enum Arm {
     OstreePerObjectFsync,
     /// `oscontent pull --io-mode MODE`.
     Oscontent(String),
+    /// A pulling arm whose node repo is on a tmpfs.
+    InRam(Box<Arm>),
 }
+
+/// What an in-RAM twin's name adds to its arm's.
+const RAM_SUFFIX: &str = "@ram";
 
 impl Arm {
     pub fn name(&self) -> String {
@@ -29,7 +45,20 @@ impl Arm {
             Arm::Ostree => "ostree".into(),
             Arm::OstreePerObjectFsync => "ostree-per-object-fsync".into(),
             Arm::Oscontent(m) => format!("oscontent:{m}"),
+            Arm::InRam(a) => format!("{}{RAM_SUFFIX}", a.name()),
         }
+    }
+
+    /// The arm itself, or a twin's arm on disk.
+    pub fn on_disk(&self) -> &Arm {
+        match self {
+            Arm::InRam(a) => a.on_disk(),
+            a => a,
+        }
+    }
+
+    pub fn in_ram(&self) -> bool {
+        matches!(self, Arm::InRam(_))
     }
 
     pub(super) fn color(&self, i: usize) -> (u8, u8, u8) {
@@ -38,19 +67,31 @@ impl Arm {
             Arm::Ostree => (200, 90, 0),
             Arm::OstreePerObjectFsync => (160, 0, 120),
             Arm::Oscontent(_) => [(0, 90, 200), (0, 140, 70), (90, 60, 200), (0, 150, 160)][i % 4],
+            Arm::InRam(a) => {
+                let (r, g, b) = a.color(i);
+                // Paler: halfway to white.
+                (r / 2 + 128, g / 2 + 128, b / 2 + 128)
+            }
         }
     }
 }
 
 /// The arms `filter` selects from everything available (`oscontent`
 /// selects every mode; `ostree-fsync` is short for the per-object-fsync
-/// arm). An unknown name is an error that lists the known ones.
+/// arm; a pulling arm's name with `@ram` is its in-RAM twin). An unknown
+/// name is an error that lists the known ones. Without a filter: every
+/// arm but the twins.
 pub fn select_arms(filter: Option<&[String]>, modes: &[String]) -> Result<Vec<Arm>> {
     let mut all = vec![Arm::Baseline, Arm::Ostree, Arm::OstreePerObjectFsync];
     all.extend(modes.iter().cloned().map(Arm::Oscontent));
     let Some(filter) = filter else {
         return Ok(all);
     };
+    let twins: Vec<Arm> = all
+        .iter()
+        .filter(|a| **a != Arm::Baseline)
+        .map(|a| Arm::InRam(Box::new(a.clone())))
+        .collect();
     let mut out: Vec<Arm> = Vec::new();
     for f in filter {
         let f = f.trim();
@@ -61,11 +102,17 @@ pub fn select_arms(filter: Option<&[String]>, modes: &[String]) -> Result<Vec<Ar
                 .cloned()
                 .collect(),
             "ostree-fsync" => vec![Arm::OstreePerObjectFsync],
-            _ => all.iter().filter(|a| a.name() == f).cloned().collect(),
+            _ => all
+                .iter()
+                .chain(&twins)
+                .filter(|a| a.name() == f)
+                .cloned()
+                .collect(),
         };
         if picked.is_empty() {
             bail!(
-                "unknown arm {f:?}; known: {}, oscontent, ostree-fsync",
+                "unknown arm {f:?}; known: {}, oscontent, ostree-fsync, and any pulling arm's \
+                 name with {RAM_SUFFIX} for its in-RAM twin",
                 all.iter().map(Arm::name).collect::<Vec<_>>().join(", ")
             );
         }
@@ -289,5 +336,17 @@ mod tests {
             e.contains("unknown arm") && e.contains("oscontent:paced"),
             "{e}"
         );
+        let f: Vec<String> = vec!["ostree@ram".into(), "oscontent:paced@ram".into()];
+        let twins = select_arms(Some(&f), &modes).unwrap();
+        assert_eq!(
+            twins.iter().map(Arm::name).collect::<Vec<_>>(),
+            ["ostree@ram", "oscontent:paced@ram"]
+        );
+        assert!(twins.iter().all(Arm::in_ram));
+        assert_eq!(twins[1].on_disk(), &Arm::Oscontent("paced".into()));
+        for bad in ["baseline@ram", "oscontent@ram", "oscontent:paced@ram@ram"] {
+            let f: Vec<String> = vec![bad.into()];
+            assert!(names(Some(&f)).is_err(), "{bad}");
+        }
     }
 }

@@ -196,7 +196,8 @@ pub struct IoOptions {
     pub budget: Option<Duration>,
     /// Extra trials of every pulling arm without the neighbour.
     pub solo_runs: usize,
-    /// Arms to run (names, `oscontent` for every mode); None: all.
+    /// Arms to run (names, `oscontent` for every mode, `NAME@ram` for an
+    /// in-RAM twin); None: all but the twins.
     pub arms: Option<Vec<String>>,
     /// The client's io-modes to benchmark; None: what `pull --help` lists.
     pub io_modes: Option<Vec<String>>,

@@ -103,8 +103,10 @@ impl Ctx<'_> {
                 trials.push((trial, log));
             }
         }
+        // A twin alone measures nothing: its harm is only to a neighbour.
+        let solo: Vec<&Arm> = pulling.iter().filter(|a| !a.in_ram()).collect();
         for s in 0..opts.solo_runs {
-            for (position, arm) in pulling.iter().enumerate() {
+            for (position, arm) in solo.iter().copied().enumerate() {
                 check_interrupted()?;
                 let (trial, log) = self
                     .trial(arm, opts.runs + s, position, true, (0.0, Load::IDLE))
@@ -149,7 +151,7 @@ impl Ctx<'_> {
         let opts = self.opts;
         let limit = opts.warmup + opts.arm_timeout + Duration::from_secs(600);
         let with_neighbour = !solo;
-        let tfs = self.scratch(with_neighbour, limit)?;
+        let tfs = self.scratch(arm, with_neighbour, limit)?;
         // etcd initialises its data dir before the caches are dropped.
         let etcd = self.start_etcd(&tfs, arm, run, with_neighbour)?;
         self.cold_caches()?;
@@ -176,7 +178,7 @@ impl Ctx<'_> {
             trial.baseline_load = Some(baseline.1);
         }
         trial.neighbour_wraps = log_nb.wraps;
-        trial.client_last_event = matches!(arm, Arm::Oscontent(_))
+        trial.client_last_event = matches!(arm.on_disk(), Arm::Oscontent(_))
             .then(|| last_json_line(&log))
             .flatten();
         trial.log = log;
@@ -190,14 +192,32 @@ impl Ctx<'_> {
         Ok((trial, log_nb))
     }
 
-    /// Step 1: a fresh filesystem from the template, the remote pointed
-    /// at our server, the neighbour's file preallocated.
-    fn scratch(&self, with_neighbour: bool, limit: Duration) -> Result<TrialFs> {
-        let fs = ScratchFs::create_with(&ScratchOptions {
+    /// Step 1: a fresh filesystem from the template (an in-RAM twin's
+    /// repo copied out of it to a tmpfs), the remote pointed at our
+    /// server, the neighbour's file preallocated.
+    fn scratch(&self, arm: &Arm, with_neighbour: bool, limit: Duration) -> Result<TrialFs> {
+        let mut fs = ScratchFs::create_with(&ScratchOptions {
             template: Some(self.template.image.clone()),
             ..ScratchOptions::new(0)
         })?;
-        let repo = fs.path().join(repo::REPO_DIR);
+        let mut repo = fs.path().join(repo::REPO_DIR);
+        if arm.in_ram() {
+            // The filesystem's size bounds what the pull could write.
+            let ram = fs.mount_ram(fs.size())?.join(repo::REPO_DIR);
+            let st = Command::new("cp")
+                .arg("-a")
+                .arg(&repo)
+                .arg(&ram)
+                .status()
+                .context("running cp")?;
+            anyhow::ensure!(
+                st.success(),
+                "copying {} to {}: cp {st}",
+                repo.display(),
+                ram.display()
+            );
+            repo = ram;
+        }
         repo::set_remote(&repo, &self.server.url)?;
         let wal = fs.path().join("neighbour").join("wal");
         if with_neighbour {
@@ -309,6 +329,7 @@ impl Ctx<'_> {
                 cmd.args([repo::REMOTE, self.ref_name]);
                 run_bounded(&mut cmd, log, timeout)?;
             }
+            Arm::InRam(a) => return self.run_arm(a, repo_path, baseline, log),
             Arm::Oscontent(mode) => {
                 let bin = self.client_bin.context("no client binary")?;
                 let mut cmd = Command::new(bin);
