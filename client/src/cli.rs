@@ -135,7 +135,7 @@ pub struct VerifyArgs {
 }
 
 /// Longest `--timeout`.
-const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// `10ms`, `1.5s`, `2m`, or bare seconds, up to an hour.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {

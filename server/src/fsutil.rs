@@ -14,7 +14,7 @@
 //! syscall; where `openat2` is refused (old kernels, seccomp profiles) it
 //! falls back to the walk.
 //!
-//! [`write`] is the same walk for what the server writes from remote data.
+//! [`mod@write`] is the same walk for what the server writes from remote data.
 
 mod write;
 

@@ -6,7 +6,7 @@
 //! (each fetches, verifies and writes a dirtree and its dirmeta, or reads
 //! them locally if present) and lists the content objects that are
 //! missing; the content stage then keeps at most `concurrency` of them
-//! streaming into the repo, in checksum order (see [`content_stage`]: a
+//! streaming into the repo, in checksum order (sorted by `content_stage`: a
 //! small update wrote 1.09x its objects' allocated size so, against 1.15x
 //! in discovery order). Memory stays bounded by the in-flight jobs and 32
 //! bytes per object seen (the dedup sets and the content list).

@@ -111,7 +111,7 @@ pub struct RegistryArgs {
     /// system ones. Repeatable.
     #[arg(long = "ca", value_name = "FILE")]
     pub ca_files: Vec<PathBuf>,
-    /// Talk plain HTTP to this registry (HOST[:PORT]). Repeatable.
+    /// Talk plain HTTP to this registry (`HOST[:PORT]`). Repeatable.
     #[arg(long = "insecure-registry", value_name = "HOST[:PORT]")]
     pub insecure_registries: Vec<String>,
     /// Mirrors, in containers registries.conf format (`[[registry]]` with

@@ -1,6 +1,6 @@
 //! Child processes for benchmarks: the testkit's bounded [`Stopper`] and
-//! [`run_logged`](oscontent_testkit::process::run_logged), wired to
-//! [`super::interrupt`]'s flag, so a failed or interrupted benchmark leaves
+//! [`oscontent_testkit::process::run_logged`], wired to
+//! [`mod@super::interrupt`]'s flag, so a failed or interrupted benchmark leaves
 //! no process behind; and the server binary a benchmark measures.
 
 use super::interrupt::interrupted;

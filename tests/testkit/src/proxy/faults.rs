@@ -1,4 +1,4 @@
-//! Transient faults a client must retry past, as a [`Rule`](super::Rule):
+//! Transient faults a client must retry past, as a [`super::Rule`]:
 //! `503`s for the first requests of chosen paths, and responses cut
 //! mid-body.
 

@@ -14,7 +14,7 @@
 //!
 //! # One trial
 //!
-//! 1. A fresh [`ScratchFs`]: XFS on a direct-io loop device whose backing
+//! 1. A fresh [`ScratchFs`](crate::bench::scratch::ScratchFs): XFS on a direct-io loop device whose backing
 //!    file (on the host disk, not on the loop fs) is a sparse copy of the
 //!    template. The remote URL is set, the neighbour's file preallocated.
 //! 2. Drop the page cache (before an update's first trial, or every trial
@@ -54,7 +54,7 @@
 //!
 //! This file runs the benchmark as a sequence of steps; [`arms`] says what
 //! is compared, [`trial`] runs one trial, [`analyse`] turns an update's
-//! trials into its [`UpdateReport`], [`render`] prints the table and draws
+//! trials into its [`UpdateReport`], [`mod@render`] prints the table and draws
 //! the [`chart`], and [`results`] holds what is written to the JSON.
 
 pub mod analyse;

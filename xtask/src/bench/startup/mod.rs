@@ -27,7 +27,7 @@
 
 //!
 //! [`arms`] runs the two arms, [`results`] holds what the JSON records and
-//! [`render`] prints the table; this file orders the steps.
+//! [`mod@render`] prints the table; this file orders the steps.
 
 pub mod arms;
 pub mod native;
