@@ -333,7 +333,8 @@ fn announce(opts: &IoOptions, setup: &Setup) {
             .map(Arm::name)
             .collect::<Vec<_>>()
             .join(", "),
-        opts.runs * setup.arms.len() + opts.solo_runs * setup.pulling.len(),
+        opts.runs * setup.arms.len()
+            + opts.solo_runs * setup.pulling.iter().filter(|a| !a.in_ram()).count(),
         expand(&opts.updates).len(),
         opts.runs,
         opts.solo_runs

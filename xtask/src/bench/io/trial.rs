@@ -7,7 +7,7 @@ use super::neighbour::{self, Neighbour, NeighbourLog};
 use super::repo::{self, NewObjects, Server, Template};
 use super::results::{Calibration, EtcdTrial, Trial};
 use super::{etcd, stats, IoOptions, NEIGHBOUR_FILE_MAX, NEIGHBOUR_MAX_IOPS, TAIL};
-use crate::bench::scratch::{DiskStats, ScratchFs, ScratchOptions};
+use crate::bench::scratch::{self, DiskStats, ScratchFs, ScratchOptions};
 use crate::bench::{check_interrupted, run_bounded};
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
@@ -204,18 +204,7 @@ impl Ctx<'_> {
         if arm.in_ram() {
             // The filesystem's size bounds what the pull could write.
             let ram = fs.mount_ram(fs.size())?.join(repo::REPO_DIR);
-            let st = Command::new("cp")
-                .arg("-a")
-                .arg(&repo)
-                .arg(&ram)
-                .status()
-                .context("running cp")?;
-            anyhow::ensure!(
-                st.success(),
-                "copying {} to {}: cp {st}",
-                repo.display(),
-                ram.display()
-            );
+            scratch::run(Command::new("cp").arg("-a").arg(&repo).arg(&ram))?;
             repo = ram;
         }
         repo::set_remote(&repo, &self.server.url)?;

@@ -352,7 +352,7 @@ fn detach(dev: &Path) -> bool {
 
 /// Runs a short system command, returning its stdout; the error quotes
 /// its stderr.
-fn run(cmd: &mut Command) -> Result<String> {
+pub(crate) fn run(cmd: &mut Command) -> Result<String> {
     let out = cmd
         .stdin(std::process::Stdio::null())
         .output()
