@@ -36,7 +36,7 @@ pub enum Arm {
 }
 
 /// What an in-RAM twin's name adds to its arm's.
-const RAM_SUFFIX: &str = "@ram";
+pub(super) const RAM_SUFFIX: &str = "@ram";
 
 impl Arm {
     pub fn name(&self) -> String {

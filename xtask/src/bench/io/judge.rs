@@ -5,7 +5,7 @@
 //! that need them (stalls halved against stock `ostree pull`, and stock
 //! `ostree pull` visibly harmful, without which no "pass" means anything).
 
-use super::arms::Arm;
+use super::arms::{Arm, RAM_SUFFIX};
 use super::bootstrap::{self, Interval};
 use super::neighbour::NeighbourLog;
 use super::results::{Target, Trial};
@@ -85,6 +85,33 @@ fn arm(trials: &[(Trial, NeighbourLog)], name: &str) -> ArmJudgement {
     }
 }
 
+/// An arm's ratios over its in-RAM twin's: what its disk writes add to
+/// the harm its CPU does anyway (both are ratios to the same baseline).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OverTwin {
+    pub arm: String,
+    pub p99: f64,
+    pub max: f64,
+    pub expected: f64,
+}
+
+/// Every judged arm whose twin was judged too, in the twins' order.
+pub(super) fn over_twins(judged: &[ArmJudgement]) -> Vec<OverTwin> {
+    judged
+        .iter()
+        .filter_map(|twin| {
+            let name = twin.arm.strip_suffix(RAM_SUFFIX)?;
+            let arm = judged.iter().find(|j| j.arm == name)?;
+            Some(OverTwin {
+                arm: name.to_owned(),
+                p99: arm.p99.median / twin.p99.median,
+                max: arm.max.median / twin.max.median,
+                expected: arm.expected.median / twin.expected.median,
+            })
+        })
+        .collect()
+}
+
 /// The targets judged here: the default arm's stalls against stock's, and
 /// whether stock `ostree pull` is clearly harmful in this run (the low
 /// end of its p99 or max interval beyond the targets).
@@ -147,6 +174,21 @@ mod tests {
             min_ops_per_slice: Summary::of(&[]),
             stall_vs_ostree: stall,
         }
+    }
+
+    #[test]
+    fn an_arm_over_its_twin() {
+        let judged = [
+            judged("oscontent:paced", 3.5, 2.5, 0.1),
+            judged("ostree@ram", 2.0, 1.0, 0.0),
+            judged("oscontent:paced@ram", 2.0, 1.0, 0.0),
+        ];
+        // ostree's twin has no arm beside it in this run.
+        let got = over_twins(&judged);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].arm, "oscontent:paced");
+        assert_eq!((got[0].p99, got[0].max), (1.75, 2.5));
+        assert!(over_twins(&judged[..1]).is_empty());
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub fn render(r: &Report) -> String {
         s += &update_header(u);
         s += &latency_table(&u.summaries);
         s += &judged_table(&u.judgements);
+        s += &twins_table(&u.judgements);
         s += &cost_table(&u.summaries);
         s += &etcd_table(&u.summaries);
         s += "\n";
@@ -148,6 +149,26 @@ fn judged_table(judged: &[ArmJudgement]) -> String {
             pct(&j.stall_share[2]),
             j.min_ops_per_slice.median,
             j.stall_vs_ostree
+        );
+    }
+    s
+}
+
+/// Each arm over its in-RAM twin, when the run has both.
+fn twins_table(judged: &[ArmJudgement]) -> String {
+    let rows = super::judge::over_twins(judged);
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from("\nover its in-RAM twin (the arm's ratio of medians over its twin's): what its disk writes add to the harm of its CPU\n");
+    s += &format!(
+        "{:<26} {:>9} {:>9} {:>9}\n",
+        "arm", "p99 x", "max x", "E[lat] x"
+    );
+    for r in rows {
+        s += &format!(
+            "{:<26} {:>9.2} {:>9.2} {:>9.2}\n",
+            r.arm, r.p99, r.max, r.expected
         );
     }
     s
