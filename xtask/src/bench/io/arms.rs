@@ -61,6 +61,13 @@ impl Arm {
         matches!(self, Arm::InRam(_))
     }
 
+    /// Whether `--solo-runs` gives this arm trials without the neighbour:
+    /// every pulling arm but a twin, which alone measures nothing (its
+    /// harm is only to a neighbour, and its bytes are not on the device).
+    pub fn runs_solo(&self) -> bool {
+        *self != Arm::Baseline && !self.in_ram()
+    }
+
     pub(super) fn color(&self, i: usize) -> (u8, u8, u8) {
         match self {
             Arm::Baseline => (60, 60, 60),
@@ -343,6 +350,8 @@ mod tests {
             ["ostree@ram", "oscontent:paced@ram"]
         );
         assert!(twins.iter().all(Arm::in_ram));
+        assert!(!twins.iter().any(Arm::runs_solo));
+        assert!(Arm::Ostree.runs_solo() && !Arm::Baseline.runs_solo());
         assert_eq!(twins[1].on_disk(), &Arm::Oscontent("paced".into()));
         for bad in ["baseline@ram", "oscontent@ram", "oscontent:paced@ram@ram"] {
             let f: Vec<String> = vec![bad.into()];

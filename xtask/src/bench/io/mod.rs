@@ -334,7 +334,7 @@ fn announce(opts: &IoOptions, setup: &Setup) {
             .collect::<Vec<_>>()
             .join(", "),
         opts.runs * setup.arms.len()
-            + opts.solo_runs * setup.pulling.iter().filter(|a| !a.in_ram()).count(),
+            + opts.solo_runs * setup.pulling.iter().filter(|a| a.runs_solo()).count(),
         expand(&opts.updates).len(),
         opts.runs,
         opts.solo_runs

@@ -103,8 +103,7 @@ impl Ctx<'_> {
                 trials.push((trial, log));
             }
         }
-        // A twin alone measures nothing: its harm is only to a neighbour.
-        let solo: Vec<&Arm> = pulling.iter().filter(|a| !a.in_ram()).collect();
+        let solo: Vec<&Arm> = pulling.iter().filter(|a| a.runs_solo()).collect();
         for s in 0..opts.solo_runs {
             for (position, arm) in solo.iter().copied().enumerate() {
                 check_interrupted()?;
