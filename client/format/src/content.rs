@@ -6,8 +6,9 @@
 //! libostree writes content from the *uncompressed* stream: the same
 //! framing around `(uuuusa(ayay))`, then the bytes. [`ArchiveHeader`]
 //! turns one header into the other, so that a `.filez` body can be
-//! streamed into `ostree_repo_write_content` (which hashes what it writes
-//! and refuses a mismatch with the expected checksum).
+//! streamed into `ostree_repo_write_content_trusted`, hashed on the way
+//! (over [`ArchiveHeader::content_stream_prefix`] and the bytes) by the
+//! client itself.
 
 use crate::checksum::Checksum;
 use crate::error::FormatError;

@@ -166,10 +166,9 @@ impl Store {
     /// deflate) into the repo: the untrusted header is parsed and bounded
     /// here (by [`MAX_CONTENT_SIZE`], by `max_size` from the commit's
     /// `ostree.sizes`, and by the free space `space` keeps), the bytes are
-    /// inflated on the fly to exactly the declared size, and libostree
-    /// hashes the uncompressed stream as it writes it in this repo's mode;
-    /// a mismatch with `c` fails before the object is linked into
-    /// `objects/`.
+    /// inflated on the fly to exactly the declared size and hashed as
+    /// libostree writes them in this repo's mode; a mismatch with `c`
+    /// fails before the object is linked into `objects/`.
     pub fn write_content(
         &self,
         c: &Checksum,
@@ -203,16 +202,19 @@ impl Store {
         let room = space
             .reserve(&format!("content object {c}"), len)
             .map_err(ConsumeError::Local)?;
-        let mut inflate = ExactInflate::new(std::io::BufReader::new(body), header.size);
+        let prefix = header.content_stream_prefix();
+        let mut inflate =
+            ExactInflate::new(std::io::BufReader::new(body), header.size, &prefix, *c);
         inflate
             .check_empty()
             .map_err(|e| ConsumeError::Corrupt(anyhow!("content object {c}: {e}")))?;
         let refusal = inflate.refusal();
-        let stream = std::io::Cursor::new(header.content_stream_prefix())
-            .chain(room.meter(inflate, !self.is_archive()));
+        let stream = std::io::Cursor::new(prefix).chain(room.meter(inflate, !self.is_archive()));
         let input = gio::ReadInputStream::new(stream);
+        // Trusted: `inflate` has checked the checksum by the time libostree
+        // has read the last byte, and fails that read otherwise.
         self.repo
-            .write_content(Some(&c.to_hex()), &input, len, no_cancel())
+            .write_content_trusted(&c.to_hex(), &input, len, no_cancel())
             .map_err(|e| match refusal.get() {
                 Some(why) => ConsumeError::Corrupt(anyhow!("content object {c}: {why}")),
                 None => classify(e, &format!("writing content object {c}")),

@@ -104,6 +104,9 @@ pub struct Lab {
     /// Valid objects of the same kinds with other checksums.
     pub other_filez_bytes: Vec<u8>,
     pub other_dirtree_bytes: Vec<u8>,
+    /// `new_filez` with its own header (size, mode, xattrs) and one byte
+    /// of its content changed: only its checksum can tell.
+    pub tampered_filez_bytes: Vec<u8>,
 }
 
 /// Shared by the tests that run at the same time, rebuilt if they do not
@@ -117,6 +120,23 @@ pub fn lab() -> Arc<Lab> {
     let l = Arc::new(Lab::build());
     *held = Arc::downgrade(&l);
     l
+}
+
+/// A `.filez` (BE u32 header length, 4 bytes of padding, the header, raw
+/// deflate) with the first byte of its content flipped and the rest as it
+/// was; `None` for one with no content (a symlink, an empty file).
+fn flip_a_content_byte(filez: &[u8]) -> Option<Vec<u8>> {
+    use std::io::{Read, Write};
+    let hlen = u32::from_be_bytes(filez[..4].try_into().unwrap()) as usize;
+    let (framed_header, body) = filez.split_at(8 + hlen);
+    let mut content = Vec::new();
+    flate2::read::DeflateDecoder::new(body)
+        .read_to_end(&mut content)
+        .unwrap();
+    *content.first_mut()? ^= 1;
+    let mut out = flate2::write::DeflateEncoder::new(framed_header.to_vec(), Default::default());
+    out.write_all(&content).unwrap();
+    Some(out.finish().unwrap())
 }
 
 fn read(p: &Path) -> Vec<u8> {
@@ -238,10 +258,13 @@ impl Lab {
         let only_v2 = |kind: &str| -> Vec<String> {
             o2.get(kind).difference(&o1.get(kind)).cloned().collect()
         };
-        let new_filez = only_v2(CONTENT)
+        let (new_filez, tampered_filez_bytes) = only_v2(CONTENT)
             .into_iter()
-            .next()
-            .expect("v2 has content v1 lacks");
+            .find_map(|c| {
+                let tampered = flip_a_content_byte(&read(&object_path(&v2.repo, &c, "filez")))?;
+                Some((c, tampered))
+            })
+            .expect("v2 has a non-empty file v1 lacks");
         let new_dirtree = only_v2("dirtree")
             .into_iter()
             .find(|d| *d != root_dirtree)
@@ -262,6 +285,7 @@ impl Lab {
             attacker_commit,
             other_filez_bytes: read(&object_path(&v2.repo, &other_filez, "filez")),
             other_dirtree_bytes: read(&object_path(&v1.repo, &other_dirtree, "dirtree")),
+            tampered_filez_bytes,
             new_filez,
             new_dirtree,
             root_dirtree,

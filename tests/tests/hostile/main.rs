@@ -140,6 +140,21 @@ fn content_swaps() -> Vec<Attack> {
             ours: VERIFY,
         },
         Attack {
+            id: "1c",
+            what: "a content object with its own header and size, one byte of its content changed",
+            base: Base::V1,
+            setup: |l| {
+                (
+                    v2(l),
+                    table(vec![(
+                        obj(&l.new_filez, "filez"),
+                        Action::Bytes(l.tampered_filez_bytes.clone().into()),
+                    )]),
+                )
+            },
+            ours: VERIFY,
+        },
+        Attack {
             id: "2a",
             what: "a dirtree replaced by another valid dirtree",
             base: Base::V1,
