@@ -89,7 +89,9 @@ impl<R: BufRead> ExactInflate<R> {
         {
             self.check_stream_end()?;
         }
-        let got = Checksum::from(<[u8; 32]>::from(self.hasher.clone().finalize()));
+        let got = Checksum::from(<[u8; 32]>::from(
+            std::mem::take(&mut self.hasher).finalize(),
+        ));
         if got != self.want {
             return Err(self.refuse(format!("checksum mismatch: the content hashes to {got}")));
         }

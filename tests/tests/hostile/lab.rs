@@ -122,13 +122,14 @@ pub fn lab() -> Arc<Lab> {
     l
 }
 
-/// A `.filez` (BE u32 header length, 4 bytes of padding, the header, raw
-/// deflate) with the first byte of its content flipped and the rest as it
-/// was; `None` for one with no content (a symlink, an empty file).
+/// A `.filez` (framed header, raw deflate) with the first byte of its
+/// content flipped and the rest as it was; `None` for one with no content
+/// (a symlink, an empty file).
 fn flip_a_content_byte(filez: &[u8]) -> Option<Vec<u8>> {
+    use oscontent_format::content::{header_len, HEADER_PREFIX_LEN};
     use std::io::{Read, Write};
-    let hlen = u32::from_be_bytes(filez[..4].try_into().unwrap()) as usize;
-    let (framed_header, body) = filez.split_at(8 + hlen);
+    let hlen = header_len(&filez[..HEADER_PREFIX_LEN].try_into().unwrap()).unwrap();
+    let (framed_header, body) = filez.split_at(HEADER_PREFIX_LEN + hlen);
     let mut content = Vec::new();
     flate2::read::DeflateDecoder::new(body)
         .read_to_end(&mut content)
