@@ -43,12 +43,14 @@ pub fn matched(cpu_s: &[f64], wall_s: &[f64], nice: i32) -> Load {
 
 /// Burns `load` for `window`; returns the CPU seconds burned.
 pub fn burn(load: Load, window: Duration) -> Result<f64> {
-    if load.cpu_per_s <= 0.0 {
+    let duties = duties(load.cpu_per_s);
+    // The window lasts as long whether or not anything burns in it.
+    if duties.is_empty() {
         crate::bench::sleep(window)?;
         return Ok(0.0);
     }
     let start = Instant::now();
-    let handles: Vec<_> = duties(load.cpu_per_s)
+    let handles: Vec<_> = duties
         .into_iter()
         .map(|duty| std::thread::spawn(move || burn_thread(duty, load.nice, start, window)))
         .collect();
@@ -185,6 +187,18 @@ mod tests {
             )
             .unwrap(),
             0.0
+        );
+        // A rate too small for a thread still lasts the window.
+        let t = Instant::now();
+        let idle = Load {
+            cpu_per_s: 0.005,
+            nice: 0,
+        };
+        assert_eq!(burn(idle, Duration::from_millis(100)).unwrap(), 0.0);
+        assert!(
+            t.elapsed() >= Duration::from_millis(100),
+            "{:?}",
+            t.elapsed()
         );
     }
 }
