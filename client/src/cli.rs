@@ -2,7 +2,7 @@
 //! work is in [`crate::pull`].
 
 use crate::governor::IoMode;
-use crate::pull::error::{exit, PullError};
+use crate::pull::error::{exit, PullError, PullResult, Tag};
 use crate::pull::report::{Output, Reporter};
 use crate::pull::{self, origin, PullOptions, Source, VerifyOptions};
 use anyhow::{Context, Result};
@@ -18,11 +18,27 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  success (the ref moved, or was already at the target)
   1  usage error, or an unexpected failure
-  2  network or server failure (after retries); the remote lacks the ref or an object
+  2  network or server failure (after retries); the remote lacks the ref or an
+     object; not an archive remote; --timeout passed; a redirect to another origin
   3  verification failed: object checksum, signature, summary signature, ref binding
   4  downgrade refused (older timestamp or lower version; see --allow-downgrade)
   5  local repo error (open, read, write, disk full)
 On any failure the ref does not move.";
+
+const VERIFY_EXIT_CODES: &str = "\
+Exit codes:
+  0  the summary, the commit and its ref binding verify
+  1  usage error (such as an unreadable --trusted-keys), or an unexpected failure
+  2  network or server failure (after retries); the remote lacks the ref or the
+     commit; not an archive remote; --timeout passed; a redirect to another origin
+  3  verification failed: summary signature, commit checksum or signature, ref binding
+Nothing is written anywhere.";
+
+const LS_REMOTE_EXIT_CODES: &str = "\
+Exit codes:
+  0  the refs were listed
+  1  usage error (a URL that is not http:// or https://), or an unexpected failure
+  2  network or server failure; the remote has no summary";
 
 /// Node-side client for oscontent servers.
 #[derive(Debug, Parser)]
@@ -41,9 +57,10 @@ pub enum Cmd {
     Pull(PullArgs),
     /// Check a remote's signed summary and a commit's signatures and ref
     /// binding, without writing anything.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = VERIFY_EXIT_CODES)]
     Verify(VerifyArgs),
     /// List the refs a remote publishes, from its summary.
+    #[command(after_help = LS_REMOTE_EXIT_CODES)]
     LsRemote {
         /// Base URL of the remote (an oscontent server or any archive repo).
         #[arg(long)]
@@ -215,18 +232,50 @@ pub fn init_tracing() {
         .init();
 }
 
+/// Parses the command line, or returns the exit code to leave with. A
+/// usage error exits 1, as the exit codes say, not clap's 2, which here
+/// means a network failure: a supervisor branching on it must not take a
+/// typo for an outage. With `--json` the error is also an `error` event.
+pub fn parse<I, T>(args: I) -> Result<Cli, u8>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    Cli::try_parse_from(&args).map_err(|e| {
+        // Help and --version are printed the same way, to stdout.
+        if !e.use_stderr() {
+            let _ = e.print();
+            return exit::OK;
+        }
+        if args.iter().any(|a| a == "--json") {
+            let message = e.kind().as_str().map_or_else(
+                || e.to_string().trim().to_owned(),
+                |k| format!("{k}: {}", e.to_string().trim()),
+            );
+            Reporter::new(Output::Json).event(
+                "error",
+                json!({"kind": "usage", "exit_code": exit::USAGE, "message": message}),
+                None,
+            );
+        }
+        let _ = e.print();
+        exit::USAGE
+    })
+}
+
 /// Runs a command; returns the process exit code.
 pub fn run(cli: Cli) -> u8 {
     match cli.cmd {
         Cmd::Pull(a) => run_pull(a),
         Cmd::Verify(a) => run_verify(a),
-        Cmd::LsRemote { url, json } => match ls_remote(&url, json) {
-            Ok(()) => exit::OK,
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                exit::NETWORK
+        Cmd::LsRemote { url, json } => {
+            let output = if json { Output::Json } else { Output::Human };
+            match ls_remote(&url, json) {
+                Ok(()) => exit::OK,
+                Err(e) => report_error(&Reporter::new(output), &e),
             }
-        },
+        }
     }
 }
 
@@ -302,27 +351,41 @@ fn run_verify(a: VerifyArgs) -> u8 {
     }
 }
 
-fn fetch_summary(url: &str) -> Result<Summary> {
+fn fetch_summary(url: &str) -> PullResult<Summary> {
+    origin::check_remote_url(url).usage()?;
     let u = format!("{}/summary", url.trim_end_matches('/'));
     let shown = origin::redact(&u);
     let client = reqwest::blocking::Client::builder()
         .redirect(origin::redirect_policy())
         .timeout(Duration::from_secs(300))
         .build()
-        .context("starting the HTTP client")?;
+        .context("starting the HTTP client")
+        .usage()?;
     let resp = client
         .get(&u)
         .send()
         .map_err(reqwest::Error::without_url)
-        .with_context(|| format!("fetching {shown}"))?;
+        .with_context(|| format!("fetching {shown}"))
+        .net()?;
     let u = shown;
     let status = resp.status();
-    anyhow::ensure!(status.is_success(), "fetching {u}: HTTP {status}");
-    let bytes = resp.bytes().with_context(|| format!("reading {u}"))?;
-    parse_summary(&bytes).with_context(|| format!("parsing {u}"))
+    if status == reqwest::StatusCode::NOT_FOUND {
+        return Err(PullError::Network(anyhow::anyhow!(
+            "{u}: not found: the remote publishes no summary"
+        )));
+    }
+    if !status.is_success() {
+        return Err(PullError::Network(anyhow::anyhow!(
+            "fetching {u}: HTTP {status}"
+        )));
+    }
+    let bytes = resp.bytes().with_context(|| format!("reading {u}")).net()?;
+    parse_summary(&bytes)
+        .with_context(|| format!("parsing {u}"))
+        .net()
 }
 
-fn ls_remote(url: &str, json: bool) -> Result<()> {
+fn ls_remote(url: &str, json: bool) -> PullResult<()> {
     let s = fetch_summary(url)?;
     if json {
         let refs: Vec<_> = s

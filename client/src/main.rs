@@ -1,6 +1,8 @@
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
     oscontent::cli::init_tracing();
-    std::process::ExitCode::from(oscontent::cli::run(oscontent::cli::Cli::parse()))
+    let code = match oscontent::cli::parse(std::env::args_os()) {
+        Ok(cli) => oscontent::cli::run(cli),
+        Err(code) => code,
+    };
+    std::process::ExitCode::from(code)
 }

@@ -317,6 +317,24 @@ impl Flusher {
         st.check()
     }
 
+    /// Gives up on what is queued, for a pull that has failed: writers
+    /// waiting for backlog room return at once with an error (a slow
+    /// `--io-max-rate` must not hold a failed pull for the seconds its
+    /// backlog would take), and so does every later submit. What was queued
+    /// stays written but unflushed, which the commit's partial marker
+    /// already accounts for.
+    pub fn abandon(&self, why: &str) {
+        let mut st = self.shared.lock();
+        st.error
+            .get_or_insert((io::ErrorKind::Interrupted, why.to_owned()));
+        st.queue.clear();
+        st.backlog = 0;
+        st.unforced = 0;
+        drop(st);
+        self.shared.room.notify_all();
+        self.shared.work.notify_all();
+    }
+
     pub fn stats(&self) -> (FlusherStats, Aimd) {
         let st = self.shared.lock();
         (st.stats.clone(), st.aimd.clone())

@@ -254,6 +254,13 @@ impl Governor {
         }
     }
 
+    /// Stops pacing a pull that has failed (see [`Flusher::abandon`]).
+    pub fn abandon(&self, why: &str) {
+        if let Some(f) = &self.flusher {
+            f.abandon(why);
+        }
+    }
+
     /// Waits for whatever is still pending (end of the pull, before the
     /// barrier).
     pub fn drain(&self) -> io::Result<()> {

@@ -86,7 +86,7 @@ async fn indexed(ctx: &Ctx, name: &DeltaName) -> PullResult<Option<Checksum>> {
     const MAX_INDEX: usize = 1 << 20;
     let path = DeltaName::index_path(&name.to);
     let Some(bytes) = ctx
-        .fetcher
+        .content
         .get_bytes(&path, MAX_INDEX)
         .await
         .map_err(FetchError::into_pull)?
@@ -94,7 +94,7 @@ async fn indexed(ctx: &Ctx, name: &DeltaName) -> PullResult<Option<Checksum>> {
         return Ok(None);
     };
     let list = oscontent_format::parse_delta_index(&bytes)
-        .with_context(|| ctx.fetcher.url(&path))
+        .with_context(|| ctx.content.url(&path))
         .verification()?;
     Ok(list
         .into_iter()
@@ -113,7 +113,7 @@ async fn fetch_superblock(
 ) -> PullResult<Option<(Bytes, Superblock)>> {
     let sb_path = format!("{}/superblock", name.dir());
     let Some(sb_bytes) = ctx
-        .fetcher
+        .content
         .get_bytes(&sb_path, MAX_SUPERBLOCK_SIZE)
         .await
         .map_err(FetchError::into_pull)?
@@ -128,14 +128,14 @@ async fn fetch_superblock(
     if Checksum::digest(&sb_bytes) != listed {
         return Err(PullError::Verification(anyhow!(
             "{}: does not match the checksum the summary lists",
-            ctx.fetcher.url(&sb_path)
+            ctx.content.url(&sb_path)
         )));
     }
     let sb = Superblock::parse(&sb_bytes).verification()?;
     if sb.to != name.to || sb.from != name.from || Checksum::digest(&sb.commit) != name.to {
         return Err(PullError::Verification(anyhow!(
             "{}: describes another delta than {}",
-            ctx.fetcher.url(&sb_path),
+            ctx.content.url(&sb_path),
             name.summary_name()
         )));
     }
@@ -194,7 +194,7 @@ async fn download(
         let dest = tmp.path().join(i.to_string());
         let want = part.checksum;
         let got = ctx
-            .fetcher
+            .content
             .get_streamed(&path, part.size, move |body, _len| {
                 write_part(body, &dest, i, want)
             })
@@ -203,7 +203,7 @@ async fn download(
         if got.is_none() {
             return Err(PullError::Network(anyhow!(
                 "{}: not found on the remote",
-                ctx.fetcher.url(&path)
+                ctx.content.url(&path)
             )));
         }
     }

@@ -111,9 +111,47 @@ pub struct Fetcher {
     /// `base` with any credentials redacted: the only form that is shown.
     shown: String,
     pub protocol: Protocol,
+    /// Requests in flight at most (`permits`' size).
+    concurrency: usize,
     permits: Arc<Semaphore>,
     pub counters: Arc<Counters>,
     reporter: Arc<Reporter>,
+}
+
+/// An HTTP/2 prior-knowledge client and its answer to `GET base/config`,
+/// if `base` is `http://`, HTTP/1.1 was not asked for, and the server
+/// answers HTTP/2 at all; otherwise `None` (HTTP/1.1 it is).
+async fn probe_h2(
+    base: &str,
+    http1_only: bool,
+) -> PullResult<Option<(reqwest::Client, reqwest::Response)>> {
+    if http1_only || !base.starts_with("http://") {
+        return Ok(None);
+    }
+    let h2 = builder()
+        .http2_prior_knowledge()
+        .build()
+        .map_err(|e| PullError::Usage(e.into()))?;
+    let probe = h2
+        .get(format!("{base}/config"))
+        .timeout(PROBE_TIMEOUT)
+        .send()
+        .await;
+    match probe {
+        Ok(resp) => Ok(Some((h2, resp))),
+        Err(e) => {
+            tracing::debug!("HTTP/2 prior knowledge failed ({e}); using HTTP/1.1");
+            Ok(None)
+        }
+    }
+}
+
+fn h1_client(concurrency: usize) -> PullResult<reqwest::Client> {
+    builder()
+        .http1_only()
+        .pool_max_idle_per_host(concurrency)
+        .build()
+        .map_err(|e| PullError::Usage(e.into()))
 }
 
 fn builder() -> reqwest::ClientBuilder {
@@ -136,54 +174,34 @@ impl Fetcher {
     ) -> PullResult<(Self, Bytes)> {
         let base = base.trim_end_matches('/').to_owned();
         let shown = origin::redact(&base);
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(PullError::Usage(anyhow!(
-                "remote URL {shown:?} must start with http:// or https://"
-            )));
-        }
+        origin::check_remote_url(&base).map_err(PullError::Usage)?;
+        let concurrency = concurrency.max(1);
         let make = |client, protocol| Self {
             client,
             base: base.clone(),
             shown: shown.clone(),
             protocol,
-            permits: Arc::new(Semaphore::new(concurrency.max(1))),
+            concurrency,
+            permits: Arc::new(Semaphore::new(concurrency)),
             counters: Arc::new(Counters::default()),
             reporter: reporter.clone(),
         };
-        if !http1_only && base.starts_with("http://") {
-            let h2 = builder()
-                .http2_prior_knowledge()
-                .build()
-                .map_err(|e| PullError::Usage(e.into()))?;
-            let probe = h2
-                .get(format!("{base}/config"))
-                .timeout(PROBE_TIMEOUT)
-                .send()
-                .await;
-            match probe {
-                Ok(resp) if resp.status().is_success() => {
-                    if let Ok(body) = resp.bytes().await {
-                        return Ok((make(h2, Protocol::Http2), body));
-                    }
-                }
-                Ok(resp) => {
-                    // The server speaks HTTP/2; the status is the answer.
-                    let f = make(h2, Protocol::Http2);
-                    let status = resp.status().as_u16();
-                    let config = f.finish_config(status).await?;
-                    return Ok((f, config));
-                }
-                Err(e) => {
-                    tracing::debug!("HTTP/2 prior knowledge failed ({e}); using HTTP/1.1");
+        match probe_h2(&base, http1_only).await? {
+            Some((h2, resp)) if resp.status().is_success() => {
+                if let Ok(body) = resp.bytes().await {
+                    return Ok((make(h2, Protocol::Http2), body));
                 }
             }
+            Some((h2, resp)) => {
+                // The server speaks HTTP/2; the status is the answer.
+                let f = make(h2, Protocol::Http2);
+                let status = resp.status().as_u16();
+                let config = f.finish_config(status).await?;
+                return Ok((f, config));
+            }
+            None => {}
         }
-        let h1 = builder()
-            .http1_only()
-            .pool_max_idle_per_host(concurrency.max(1))
-            .build()
-            .map_err(|e| PullError::Usage(e.into()))?;
-        let f = make(h1, Protocol::Http11);
+        let f = make(h1_client(concurrency)?, Protocol::Http11);
         let config = f
             .get_bytes("config", MAX_CONFIG_SIZE)
             .await
@@ -192,6 +210,31 @@ impl Fetcher {
                 PullError::Network(anyhow!("{shown}/config: not found: not an ostree remote"))
             })?;
         Ok((f, config))
+    }
+
+    /// A fetcher for the remote's content URL (`contenturl`) that shares
+    /// this one's bound on requests in flight and its counters, so that
+    /// concurrency and totals cover both origins. The content origin need
+    /// not serve `config` (an object cache does not), so any answer to the
+    /// HTTP/2 probe proves HTTP/2, and none is required.
+    pub async fn connect_content(&self, base: &str, http1_only: bool) -> PullResult<Self> {
+        let base = base.trim_end_matches('/').to_owned();
+        origin::check_remote_url(&base)
+            .map_err(|e| PullError::Usage(e.context("the remote's contenturl")))?;
+        let (client, protocol) = match probe_h2(&base, http1_only).await? {
+            Some((h2, _)) => (h2, Protocol::Http2),
+            None => (h1_client(self.concurrency)?, Protocol::Http11),
+        };
+        Ok(Self {
+            client,
+            shown: origin::redact(&base),
+            base,
+            protocol,
+            concurrency: self.concurrency,
+            permits: self.permits.clone(),
+            counters: self.counters.clone(),
+            reporter: self.reporter.clone(),
+        })
     }
 
     async fn finish_config(&self, status: u16) -> PullResult<Bytes> {

@@ -26,6 +26,7 @@ pub async fn finish(
         req.store.sync_state_dir().local()?;
     }
     let moved = move_ref(req, target)?;
+    req.reporter.finish();
     report_done(req, ctx, target, written, moved);
     Ok(())
 }
@@ -75,7 +76,7 @@ fn move_ref(req: &PullRequest<'_>, target: &Target) -> PullResult<bool> {
 /// stats.
 fn report_done(req: &PullRequest<'_>, ctx: &Ctx, target: &Target, written: &Written, moved: bool) {
     let refspec = req.refspec();
-    let (progress, c) = (&ctx.progress, &ctx.fetcher.counters);
+    let (progress, c) = (&ctx.progress, &ctx.content.counters);
     let human = done_line(
         req,
         ctx,
@@ -99,7 +100,7 @@ fn report_done(req: &PullRequest<'_>, ctx: &Ctx, target: &Target, written: &Writ
             "bytes_downloaded": c.bytes.load(Ordering::Relaxed),
             "requests": c.requests.load(Ordering::Relaxed),
             "retries": c.retries.load(Ordering::Relaxed),
-            "protocol": ctx.fetcher.protocol.as_str(),
+            "protocol": ctx.meta.protocol.as_str(),
             "delta": written.delta,
             "governor": req.governor.stats(),
         }),
@@ -116,17 +117,15 @@ fn done_line(
     written: &Written,
     moved: bool,
 ) -> String {
-    let (progress, c) = (&ctx.progress, &ctx.fetcher.counters);
+    let (progress, c) = (&ctx.progress, &ctx.content.counters);
+    let what = match (refspec, moved, written.complete) {
+        (Some(r), true, _) => format!("{r} moved to {target}"),
+        (Some(r), false, _) => format!("{r} already at {target}"),
+        (None, _, true) => format!("commit {target} already complete"),
+        (None, _, false) => format!("commit {target} complete"),
+    };
     format!(
-        "{} {} at {target}: {} objects fetched ({}), {} already present, {} retries, {:.1}s",
-        refspec.unwrap_or("commit"),
-        if moved {
-            "moved"
-        } else if written.complete {
-            "already"
-        } else {
-            "complete"
-        },
+        "{what}: {} objects fetched ({}), {} already present, {} retries, {:.1}s",
         progress.written.load(Ordering::Relaxed),
         indicatif::HumanBytes(c.bytes.load(Ordering::Relaxed)),
         progress.present.load(Ordering::Relaxed),

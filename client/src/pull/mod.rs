@@ -88,12 +88,16 @@ pub fn pull(opts: &PullOptions, reporter: Arc<Reporter>) -> PullResult<()> {
         opts,
         store,
         remote,
-        governor,
+        governor: governor.clone(),
         reporter: reporter.clone(),
     };
     let r = rt.block_on(pull_async(req));
     // Writer threads still streaming when the deadline struck end as their
-    // bodies close; none of them can link an object that did not verify.
+    // bodies close, and those waiting on the governor's backlog as it gives
+    // up; none of them can link an object that did not verify.
+    if r.is_err() {
+        governor.abandon("the pull failed");
+    }
     rt.shutdown_timeout(SHUTDOWN_GRACE);
     reporter.finish();
     r
@@ -111,8 +115,9 @@ async fn within<T>(
 ) -> PullResult<T> {
     tokio::time::timeout(limit, work).await.map_err(|_| {
         PullError::Network(anyhow!(
-            "{what} did not finish within --timeout {}s: the server is too slow, or stalls \
-             on purpose; nothing was moved",
+            "{what} did not finish within --timeout {}s: the server is too slow or stalls \
+             on purpose, or writes are paced slower than that (--io-max-rate, a slow disk); \
+             nothing was moved",
             limit.as_secs_f64()
         ))
     })?
@@ -149,35 +154,43 @@ async fn pull_async(req: PullRequest<'_>) -> PullResult<()> {
 async fn fetch_all(
     req: &PullRequest<'_>,
 ) -> PullResult<(Arc<Ctx>, target::Target, objects::Written)> {
-    let fetcher = connect(req).await?;
+    let (meta, content) = connect(req).await?;
     let opts = req.opts;
     let view = remote::resolve_target(
-        &fetcher,
+        &meta,
         opts.ref_name.as_deref(),
         opts.commit,
         &req.remote.trust,
     )
     .await?;
     let current = req.current()?;
-    let ctx = object_context(req, fetcher)?;
+    let ctx = object_context(req, meta, content)?;
     let target = target::verify_target(req, &ctx, &view, current).await?;
     let written = objects::write_objects(req, &ctx, &view, &target).await?;
     Ok((ctx, target, written))
 }
 
-/// Connects to the remote, checks that it is an archive repo, and reports
-/// `start`.
-async fn connect(req: &PullRequest<'_>) -> PullResult<Arc<Fetcher>> {
+/// Connects to the remote (and to its `contenturl`, if it has one), checks
+/// that it is an archive repo, and reports `start`. Returns the metadata
+/// and the content fetchers, one and the same without a `contenturl`.
+async fn connect(req: &PullRequest<'_>) -> PullResult<(Arc<Fetcher>, Arc<Fetcher>)> {
     let (opts, reporter) = (req.opts, &req.reporter);
     let (url, remote, trust) = (req.remote.url.clone(), &req.remote.name, &req.remote.trust);
     let (fetcher, config) =
         Fetcher::connect(&url, opts.concurrency, opts.http1_only, reporter.clone()).await?;
     check_config(&config)?;
     let fetcher = Arc::new(fetcher);
+    let content = match &req.remote.content_url {
+        Some(c) => Arc::new(fetcher.connect_content(c, opts.http1_only).await?),
+        None => fetcher.clone(),
+    };
+    let split = req.remote.content_url.is_some();
     reporter.event(
         "start",
         json!({
             "repo": opts.repo, "url": fetcher.shown_base(), "remote": remote, "ref": opts.ref_name,
+            "content_url": split.then(|| content.shown_base()),
+            "content_protocol": split.then(|| content.protocol.as_str()),
             "protocol": fetcher.protocol.as_str(), "io_mode": opts.io_mode.as_str(),
             "io_latency_target_ms": opts.io_latency_target.as_secs_f64() * 1e3,
             "io_max_rate": opts.io_max_rate,
@@ -185,7 +198,7 @@ async fn connect(req: &PullRequest<'_>) -> PullResult<Arc<Fetcher>> {
         }),
         None,
     );
-    Ok(fetcher)
+    Ok((fetcher, content))
 }
 
 fn check_config(config: &[u8]) -> PullResult<()> {
@@ -205,7 +218,11 @@ fn check_config(config: &[u8]) -> PullResult<()> {
 /// What the object steps share. If an earlier pull was interrupted, says
 /// so: present objects written since it began are checked before they are
 /// trusted (see [`Ctx::present`]).
-fn object_context(req: &PullRequest<'_>, fetcher: Arc<Fetcher>) -> PullResult<Arc<Ctx>> {
+fn object_context(
+    req: &PullRequest<'_>,
+    meta: Arc<Fetcher>,
+    content: Arc<Fetcher>,
+) -> PullResult<Arc<Ctx>> {
     let progress = Arc::new(Progress::default());
     let suspect_since = req.store.oldest_partial_marker().local()?;
     if let Some(t) = suspect_since {
@@ -226,7 +243,8 @@ fn object_context(req: &PullRequest<'_>, fetcher: Arc<Fetcher>) -> PullResult<Ar
         req.store.min_free().local()?,
     );
     Ok(Arc::new(Ctx::new(
-        fetcher,
+        meta,
+        content,
         req.store.clone(),
         req.governor.clone(),
         progress,

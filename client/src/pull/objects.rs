@@ -53,6 +53,8 @@ pub async fn write_objects(
 async fn write_commit(req: &PullRequest<'_>, ctx: &Ctx, target: &Target) -> PullResult<()> {
     req.store.begin_partial(&target.checksum).local()?;
     if !target.stored {
+        // Counted as needed too, so that progress ends at needed = written.
+        ctx.progress.needed.fetch_add(1, Ordering::Relaxed);
         walk::write_metadata(
             ctx,
             ObjectKind::Commit,
@@ -89,11 +91,11 @@ async fn fetch_missing(
     let ticker = spawn_ticker(
         req.reporter.clone(),
         ctx.progress.clone(),
-        ctx.fetcher.clone(),
+        ctx.content.clone(),
     );
     let r = delta_then_walk(req, ctx, view, target).await;
     ticker.abort();
-    report_progress(&req.reporter, &ctx.progress, &ctx.fetcher);
+    report_progress(&req.reporter, &ctx.progress, &ctx.content);
     r
 }
 

@@ -62,6 +62,12 @@ impl Trust {
 #[derive(Debug, Clone)]
 pub struct Remote {
     pub url: String,
+    /// Where objects and deltas come from when not from `url`: a
+    /// configured remote's `contenturl` (an HTTP cache in front of the
+    /// server, say). Metadata that decides or proves the target (config,
+    /// summary and its signature, refs, `.commitmeta`) always comes from
+    /// `url`, as stock ostree fetches it.
+    pub content_url: Option<String>,
     /// `Some` for `--remote`: the ref is then written as `NAME:REF`.
     pub name: Option<String>,
     pub trust: Trust,

@@ -17,6 +17,24 @@ pub fn same_origin(from: &Url, to: &Url) -> bool {
         && from.port_or_known_default() == to.port_or_known_default()
 }
 
+/// Whether `url` can be a remote's: `http://` or `https://` and a host
+/// (stock ostree's `file://`, `mirrorlist=` and metalinks are not served
+/// over this client). The error shows the URL redacted.
+pub fn check_remote_url(url: &str) -> anyhow::Result<()> {
+    let shown = redact(url);
+    if url.starts_with("mirrorlist=") {
+        anyhow::bail!("remote URL {shown:?}: mirrorlists are not supported; give the mirror's URL");
+    }
+    if !(url.starts_with("http://") || url.starts_with("https://")) {
+        anyhow::bail!("remote URL {shown:?} must start with http:// or https://");
+    }
+    match Url::parse(url) {
+        Ok(u) if u.has_host() => Ok(()),
+        Ok(_) => anyhow::bail!("remote URL {shown:?} has no host"),
+        Err(e) => anyhow::bail!("remote URL {shown:?}: {e}"),
+    }
+}
+
 /// The redirect policy of every client: within the origin, at most
 /// [`MAX_REDIRECTS`] hops. Anything else fails the request (not retried:
 /// the server would say the same again).
@@ -94,6 +112,35 @@ mod tests {
         for (from, to, want) in cases {
             let (f, t) = (Url::parse(from).unwrap(), Url::parse(to).unwrap());
             assert_eq!(same_origin(&f, &t), want, "{from} -> {to}");
+        }
+    }
+
+    #[test]
+    fn remote_urls() {
+        // (url, accepted, words the refusal must contain)
+        let cases = [
+            ("http://h:8080/repo", true, ""),
+            ("https://u:pw@h/", true, ""),
+            ("file:///srv/repo", false, "must start with http"),
+            ("notaurl", false, "must start with http"),
+            (
+                "mirrorlist=http://h/list",
+                false,
+                "mirrorlists are not supported",
+            ),
+            ("http://", false, "http://"),
+            ("http://h:99999/", false, "invalid port"),
+        ];
+        for (url, ok, words) in cases {
+            match check_remote_url(url) {
+                Ok(()) => assert!(ok, "{url} accepted"),
+                Err(e) => {
+                    assert!(!ok, "{url} refused: {e:#}");
+                    let msg = format!("{e:#}");
+                    assert!(msg.contains(words), "{url}: {msg}");
+                    assert!(!msg.contains("pw"), "{msg}");
+                }
+            }
         }
     }
 

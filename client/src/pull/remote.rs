@@ -31,6 +31,7 @@ pub fn resolve_source(opts: &PullOptions, store: &Store) -> PullResult<Remote> {
             let on = explicit.is_some();
             Ok(Remote {
                 url: u.clone(),
+                content_url: None,
                 name: None,
                 trust: Trust {
                     keyring: explicit,
@@ -44,8 +45,13 @@ pub fn resolve_source(opts: &PullOptions, store: &Store) -> PullResult<Remote> {
             let url = store.remote_url(name).usage()?;
             let trust = remote_trust(store, name, explicit)?;
             let collection_id = store.remote_option(name, "collection-id").usage()?;
+            let content_url = store
+                .remote_option(name, "contenturl")
+                .usage()?
+                .filter(|c| !c.is_empty() && c.trim_end_matches('/') != url.trim_end_matches('/'));
             Ok(Remote {
                 url,
+                content_url,
                 name: Some(name.clone()),
                 trust,
                 collection_id: collection_id.filter(|c| !c.is_empty()),

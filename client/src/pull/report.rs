@@ -93,8 +93,10 @@ impl Reporter {
             let _ = writeln!(out, "{fields}").and_then(|_| out.flush());
         } else if let Some(line) = human {
             match &self.bar {
-                Some(b) => b.println(line),
-                None => eprintln!("{line}"),
+                // Once finished, a bar printed through would be drawn again
+                // below the line.
+                Some(b) if !b.is_finished() => b.println(line),
+                _ => eprintln!("{line}"),
             }
         }
     }

@@ -322,10 +322,14 @@ impl Store {
             .with_context(|| format!("marking commit {c} partial={partial}"))
     }
 
+    /// Where `refspec` points: `REF` is `refs/heads/REF` only, never a
+    /// remote's ref of the same name (plain `resolve_rev` falls back to
+    /// those, which would make a `--url` pull judge, or skip, its move by
+    /// another ref); `REMOTE:REF` is that remote's ref.
     pub fn resolve(&self, refspec: &str) -> Result<Option<Checksum>> {
         let r = self
             .repo
-            .resolve_rev(refspec, true)
+            .resolve_rev_ext(refspec, true, ostree::RepoResolveRevExtFlags::LOCAL_ONLY)
             .with_context(|| format!("resolving {refspec}"))?;
         r.map(|s| Checksum::from_hex(&s).map_err(anyhow::Error::from))
             .transpose()

@@ -98,7 +98,7 @@ async fn load(ctx: &Ctx, c: Checksum, current: Option<Checksum>) -> PullResult<T
     let commit = Commit::parse(&bytes)
         .with_context(|| format!("commit {c}"))
         .verification()?;
-    let meta = commitmeta(&ctx.fetcher, &c).await?;
+    let meta = commitmeta(&ctx.meta, &c).await?;
     Ok(Target {
         checksum: c,
         bytes,

@@ -31,19 +31,71 @@ impl Keyring {
         })
     }
 
-    /// Several files (a remote's `gpgkeypath`, or its imported keyring),
-    /// all of which must parse.
+    /// A remote's `gpgkeypath` entries, each a key file or a directory
+    /// of them, all of which must parse.
     pub fn load_all(paths: &[PathBuf]) -> PullResult<Self> {
         let mut certs = Vec::new();
         for p in paths {
-            certs.extend(Self::load(p)?.certs);
+            for f in key_files(p)? {
+                certs.extend(Self::load(&f)?.certs);
+            }
         }
         let source = paths
             .first()
             .cloned()
             .ok_or_else(|| PullError::Usage(anyhow!("no keyring files")))?;
+        if certs.is_empty() {
+            return Err(PullError::Usage(anyhow!(
+                "gpgkeypath {} holds no keys",
+                paths
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(";")
+            )));
+        }
         Ok(Self { certs, source })
     }
+}
+
+/// The key files of one `gpgkeypath` entry, as stock ostree reads it
+/// (`_ostree_gpg_verifier_add_keyfile_path`): a directory stands for the
+/// regular files one level below it (symlinks and subdirectories are
+/// skipped), in name order; anything else is a key file itself.
+fn key_files(path: &Path) -> PullResult<Vec<PathBuf>> {
+    let entries = match std::fs::read_dir(path) {
+        Ok(e) => e,
+        // Not a directory, or missing: the read of the file says which.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotADirectory | std::io::ErrorKind::NotFound
+            ) =>
+        {
+            return Ok(vec![path.to_owned()])
+        }
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("reading trusted keys directory {}", path.display()))
+                .usage()
+        }
+    };
+    let mut files = Vec::new();
+    for entry in entries {
+        let entry = entry
+            .with_context(|| format!("reading trusted keys directory {}", path.display()))
+            .usage()?;
+        let regular = entry
+            .file_type()
+            .with_context(|| format!("reading {}", entry.path().display()))
+            .usage()?
+            .is_file();
+        if regular {
+            files.push(entry.path());
+        }
+    }
+    files.sort();
+    Ok(files)
 }
 
 pub fn describe(v: &VerifiedSig) -> Value {
@@ -206,5 +258,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn gpgkeypath_entries_as_stock_ostree_reads_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("keys");
+        std::fs::create_dir_all(dir.join("sub")).unwrap();
+        for f in ["b.gpg", "a.asc", "sub/c.asc"] {
+            std::fs::write(dir.join(f), "k").unwrap();
+        }
+        std::os::unix::fs::symlink(dir.join("a.asc"), dir.join("link.asc")).unwrap();
+        let file = dir.join("a.asc");
+        let missing = tmp.path().join("none.asc");
+        // (entry, the files it stands for)
+        let cases = [
+            (dir.clone(), vec![dir.join("a.asc"), dir.join("b.gpg")]),
+            (file.clone(), vec![file.clone()]),
+            (missing.clone(), vec![missing.clone()]),
+        ];
+        for (entry, want) in cases {
+            assert_eq!(key_files(&entry).unwrap(), want, "{}", entry.display());
+        }
+        // An empty directory: no keys is a usage error, not a silent pass.
+        let empty = tmp.path().join("empty");
+        std::fs::create_dir(&empty).unwrap();
+        let e = Keyring::load_all(&[empty]).unwrap_err();
+        assert!(matches!(e, PullError::Usage(_)), "{e}");
+        assert!(e.to_string().contains("holds no keys"), "{e}");
     }
 }

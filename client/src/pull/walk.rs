@@ -28,7 +28,12 @@ use tokio::task::JoinSet;
 
 #[derive(Debug)]
 pub struct Ctx {
-    pub fetcher: Arc<Fetcher>,
+    /// Objects and deltas: the remote's `contenturl` if it has one, else
+    /// `meta` itself.
+    pub content: Arc<Fetcher>,
+    /// The remote's `url`: what decides or proves the target (`.commitmeta`
+    /// here; config, summary and refs before the context exists).
+    pub meta: Arc<Fetcher>,
     store: Mutex<Store>,
     pub governor: Arc<Governor>,
     pub progress: Arc<Progress>,
@@ -54,8 +59,10 @@ pub struct DeclaredSizes {
 }
 
 impl Ctx {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
-        fetcher: Arc<Fetcher>,
+        meta: Arc<Fetcher>,
+        content: Arc<Fetcher>,
         store: Store,
         governor: Arc<Governor>,
         progress: Arc<Progress>,
@@ -64,7 +71,8 @@ impl Ctx {
         space: Arc<SpaceGuard>,
     ) -> Self {
         Self {
-            fetcher,
+            content,
+            meta,
             store: Mutex::new(store),
             governor,
             progress,
@@ -150,21 +158,21 @@ pub async fn fetch_metadata(
 ) -> PullResult<Vec<u8>> {
     let path = ObjectName::new(*c, kind).path();
     let bytes = ctx
-        .fetcher
+        .content
         .get_bytes(&path, max)
         .await
         .map_err(FetchError::into_pull)?
         .ok_or_else(|| {
             PullError::Network(anyhow!(
                 "{}: not found on the remote",
-                ctx.fetcher.url(&path)
+                ctx.content.url(&path)
             ))
         })?;
     let got = Checksum::digest(&bytes);
     if &got != c {
         return Err(PullError::Verification(anyhow!(
             "{}: checksum mismatch: the bytes hash to {got}",
-            ctx.fetcher.url(&path)
+            ctx.content.url(&path)
         )));
     }
     Ok(bytes.to_vec())
@@ -276,7 +284,7 @@ async fn content_job(ctx: Arc<Ctx>, c: Checksum) -> PullResult<()> {
     let space = ctx.space.clone();
     let max_size = ctx.content_size(&c);
     let written = ctx
-        .fetcher
+        .content
         .get_streamed(&path, MAX_CONTENT_SIZE, move |body, _len| {
             store.write_content(&c, body, &space, max_size)?;
             let f = store
@@ -292,7 +300,7 @@ async fn content_job(ctx: Arc<Ctx>, c: Checksum) -> PullResult<()> {
     if written.is_none() {
         return Err(PullError::Network(anyhow!(
             "{}: not found on the remote",
-            ctx.fetcher.url(&path)
+            ctx.content.url(&path)
         )));
     }
     ctx.progress.written.fetch_add(1, Ordering::Relaxed);

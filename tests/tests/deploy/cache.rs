@@ -2,7 +2,7 @@
 //! run as shipped in real nginx in front of the real server: stock ostree
 //! with `url` on oscontent and `contenturl` on the cache gets its metadata
 //! from the origin and every object through the cache, and a second node's
-//! objects come from the cache alone.
+//! objects come from the cache alone; `oscontent pull --remote` the same.
 
 use oscontent_testkit::nginx::{Nginx, NginxRequest};
 use oscontent_testkit::*;
@@ -43,8 +43,46 @@ fn objects(reqs: &[NginxRequest]) -> Vec<&NginxRequest> {
         .collect()
 }
 
+/// Who pulls through the cache.
+#[derive(Debug, Clone, Copy)]
+enum Node {
+    /// `ostree pull REMOTE REF`.
+    Stock,
+    /// `oscontent pull --remote REMOTE --ref REF`, over HTTP/2 to the
+    /// origin and HTTP/1.1 to the cache (nginx's cleartext listener).
+    Oscontent,
+}
+
+fn pull(node: Node, repo: &Ostree) -> anyhow::Result<()> {
+    match node {
+        Node::Stock => repo.pull(&["os", TINY_REF]).map(drop),
+        Node::Oscontent => {
+            let mut cmd = std::process::Command::new(client_bin());
+            local_only(&mut cmd)
+                .arg("pull")
+                .arg("--repo")
+                .arg(&repo.repo)
+                .args(["--remote", "os", "--ref", TINY_REF, "--json"]);
+            let out = run_bounded(&mut cmd, std::time::Duration::from_secs(120))?;
+            anyhow::ensure!(
+                out.status.success(),
+                "oscontent pull: {}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Ok(())
+        }
+    }
+}
+
 #[test]
 fn contenturl_through_the_shipped_object_cache() {
+    for node in [Node::Stock, Node::Oscontent] {
+        through_the_cache(node);
+    }
+}
+
+fn through_the_cache(client: Node) {
     let tmp = tempdir();
     let repo = tmp.path().join("repo");
     let commit = tiny_commit(&repo, "1", Some(TINY_REF), 11).unwrap();
@@ -61,8 +99,8 @@ fn contenturl_through_the_shipped_object_cache() {
         let repo = Ostree::init(&tmp.path().join(format!("node{node}")), "bare-user").unwrap();
         repo.remote_add("os", &server.url, &["--no-gpg-verify", &contenturl])
             .unwrap();
-        repo.pull(&["os", TINY_REF])
-            .unwrap_or_else(|e| panic!("node {node}: pull through the cache: {e:#}"));
+        pull(client, &repo)
+            .unwrap_or_else(|e| panic!("{client:?} node {node}: pull through the cache: {e:#}"));
         assert_eq!(repo.rev_parse(&format!("os:{TINY_REF}")).unwrap(), commit);
         repo.fsck().unwrap();
         after_node.push(nginx.requests().unwrap());
@@ -73,20 +111,20 @@ fn contenturl_through_the_shipped_object_cache() {
     let second = &all[first.len()..];
     assert!(
         first.len() >= 4,
-        "a commit, its trees and content came through the cache: {first:?}"
+        "{client:?}: a commit, its trees and content came through the cache: {first:?}"
     );
     assert!(
         first.iter().all(|r| r.status == 200 && r.cache == "MISS"),
-        "the first node filled the cache: {first:?}"
+        "{client:?}: the first node filled the cache: {first:?}"
     );
     assert_eq!(
         second.len(),
         first.len(),
-        "the second node asked the same objects"
+        "{client:?}: the second node asked the same objects"
     );
     assert!(
         second.iter().all(|r| r.status == 200 && r.cache == "HIT"),
-        "the second node's objects came from the cache alone: {second:?}"
+        "{client:?}: the second node's objects came from the cache alone: {second:?}"
     );
 
     // The origin saw each object once (the cache's fetch) and all of the
@@ -101,34 +139,45 @@ fn contenturl_through_the_shipped_object_cache() {
     let origin_commitmeta = origin.iter().filter(|e| e.kind == "commitmeta").count();
     assert_eq!(
         origin_commitmeta, 2,
-        "each node asked `url` for the commit's detached metadata: {origin:?}"
+        "{client:?}: each node asked `url` for the commit's detached metadata: {origin:?}"
     );
     assert!(
         all.iter().all(|r| !r.path.ends_with(".commitmeta")),
-        "detached metadata went through the cache: {all:?}"
+        "{client:?}: detached metadata went through the cache: {all:?}"
     );
     let cached: BTreeSet<&str> = first.iter().map(|r| r.path.as_str()).collect();
     assert_eq!(
         origin_objects.iter().copied().collect::<BTreeSet<_>>(),
         cached,
-        "the origin served exactly the objects the cache missed"
+        "{client:?}: the origin served exactly the objects the cache missed"
     );
     assert_eq!(
         origin_objects.len(),
         cached.len(),
-        "no object reached the origin twice"
+        "{client:?}: no object reached the origin twice"
     );
     let origin_config = origin.iter().filter(|e| e.kind == "config").count();
     assert_eq!(
         origin_config, 2,
-        "each node read config from `url`: {origin:?}"
+        "{client:?}: each node read config from `url`: {origin:?}"
     );
+    // oscontent's HTTP/2 prior-knowledge probe: nginx's cleartext
+    // listener speaks HTTP/1.1 only, and logs the preface as a bad request
+    // with no path. One per node, and nothing else.
+    let probe = |r: &&NginxRequest| r.status == 400 && r.path == "-";
+    let probes = after_node[1].iter().filter(probe).count();
+    let want_probes = match client {
+        Node::Stock => 0,
+        Node::Oscontent => 2,
+    };
+    assert_eq!(probes, want_probes, "{client:?}: {:?}", after_node[1]);
     let stray: Vec<&NginxRequest> = after_node[1]
         .iter()
+        .filter(|r| !probe(r))
         .filter(|r| !r.path.starts_with("/objects/") && !r.path.starts_with("/deltas/"))
         .collect();
     assert!(
         stray.is_empty(),
-        "metadata went through the cache: {stray:?}"
+        "{client:?}: metadata went through the cache: {stray:?}"
     );
 }

@@ -9,6 +9,7 @@
 // the failure report (clippy.toml allows it inside them).
 #![allow(clippy::unwrap_used)]
 
+mod cli;
 mod crash;
 mod deltas;
 mod diskfill;
