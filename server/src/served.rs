@@ -316,11 +316,14 @@ impl Generation {
             .transpose()
             .with_context(|| format!("reading commit {c}"))?
             .with_context(|| format!("commit {c} is not in the repo"))?;
-        anyhow::ensure!(
-            Checksum::digest(&bytes) == *c,
-            "commit object {c} is corrupt: its bytes hash to {}",
-            Checksum::digest(&bytes)
-        );
+        let got = Checksum::digest(&bytes);
+        if got != *c {
+            return Err(crate::verify::Corrupt {
+                what: format!("commit object {c}"),
+                detail: format!("its bytes hash to {got}"),
+            }
+            .into());
+        }
         Ok(bytes)
     }
 
@@ -418,11 +421,13 @@ impl Generation {
             .with_context(|| format!("reading commit {c}"))?
             .with_context(|| format!("commit {c} is not in the repo"))?;
         let commit = Commit::parse(&bytes).with_context(|| format!("parsing commit {c}"))?;
-        anyhow::ensure!(
-            commit.checksum == *c,
-            "commit object {c} is corrupt: its bytes hash to {}",
-            commit.checksum
-        );
+        if commit.checksum != *c {
+            return Err(crate::verify::Corrupt {
+                what: format!("commit object {c}"),
+                detail: format!("its bytes hash to {}", commit.checksum),
+            }
+            .into());
+        }
         self.commits
             .lock()
             .expect("poisoned")

@@ -8,7 +8,7 @@ use crate::served::Generation;
 use crate::signing::{self, SignatureOptions};
 use crate::source::native::root::{self, NativeRoots};
 use crate::state::StateDir;
-use crate::verify::VerdictCache;
+use crate::verify::{ObjectGate, Root, VerdictCache, VerifyOptions};
 use anyhow::{Context, Result};
 use std::sync::{Arc, Mutex};
 
@@ -53,5 +53,43 @@ impl Publisher for LocalPublisher {
 
     fn what(&self) -> &str {
         "the source"
+    }
+
+    /// The generation serves the source's own files in place, so a
+    /// corrupt file in the source may be one it serves: its objects are
+    /// checked again (only changed files are hashed), and any that no
+    /// longer verifies discredits it. A native root's converted copy is
+    /// the server's own, written as it verified, and is trusted as such.
+    async fn discredits(&self, e: &anyhow::Error, current: Arc<Generation>) -> bool {
+        if !crate::verify::is_corruption(e) {
+            return false;
+        }
+        let ObjectGate::Only(set) = &current.gate else {
+            return false;
+        };
+        let set = set.clone();
+        let converted = self.state_dir.path().join(root::ROOTS_DIR);
+        let roots: Vec<Root> = current
+            .sources
+            .iter()
+            .map(|p| Root {
+                path: p.clone(),
+                preverified: p.starts_with(&converted),
+            })
+            .collect();
+        let opts = VerifyOptions {
+            jobs: 0,
+            cache: Some(self.verdicts.clone()),
+        };
+        let r = tokio::task::spawn_blocking(move || crate::verify::recheck(&roots, &set, &opts))
+            .await
+            .unwrap_or_else(|e| Err(anyhow::anyhow!("recheck task: {e}")));
+        match r {
+            Ok(()) => false,
+            Err(e) => {
+                tracing::error!("what is served no longer verifies: {e:#}");
+                true
+            }
+        }
     }
 }

@@ -56,6 +56,17 @@ pub trait Publisher: Send {
     fn check(&mut self, force: bool) -> impl Future<Output = Result<Checked>> + Send;
     /// What is checked, for logs: "the images", "the source".
     fn what(&self) -> &str;
+    /// Whether a failed check shows that `current`, the generation being
+    /// served, can no longer be trusted: it reads files the check found
+    /// corrupt, or others that changed as well. A publisher that serves
+    /// its own verified copy never has to say so.
+    fn discredits(
+        &self,
+        _e: &anyhow::Error,
+        _current: Arc<Generation>,
+    ) -> impl Future<Output = bool> + Send {
+        async { false }
+    }
 }
 
 /// When to check, besides SIGHUP.
@@ -97,6 +108,9 @@ pub struct Refresher<P> {
     watch: SignatureWatch,
     /// The last check was refused for signatures only.
     pending: bool,
+    /// The served generation was withdrawn ([`Publisher::discredits`]):
+    /// wait for a trigger rather than check again at once.
+    withdrawn: bool,
     backoff: Duration,
     /// Set after a failure: check again after this even without a trigger.
     retry_in: Option<Duration>,
@@ -112,6 +126,7 @@ impl<P: Publisher> Refresher<P> {
             signatures: None,
             watch: SignatureWatch::default(),
             pending: false,
+            withdrawn: false,
             backoff: INITIAL_BACKOFF,
             retry_in: None,
         }
@@ -150,7 +165,11 @@ impl<P: Publisher> Refresher<P> {
     pub async fn run(mut self) {
         for attempt in 1u64.. {
             let mut force = false;
-            if self.sink.has_generation() || self.retry_in.is_some() || self.pending {
+            if self.sink.has_generation()
+                || self.retry_in.is_some()
+                || self.pending
+                || self.withdrawn
+            {
                 force = self.wait().await == Trigger::Signatures;
             }
             self.check(force, attempt).await;
@@ -184,6 +203,24 @@ impl<P: Publisher> Refresher<P> {
             }
             Err(e) => {
                 self.sink.count(Outcome::Failed);
+                let discredited = match self.sink.current() {
+                    Some(current) => self.publisher.discredits(&e, current).await,
+                    None => false,
+                };
+                if discredited {
+                    self.sink.withdraw();
+                    self.withdrawn = true;
+                    tracing::error!(
+                        "{e:#} (the generation served reads the same files: withdrawn, not \
+                         ready until {} verifies again)",
+                        self.publisher.what()
+                    );
+                    if let Some(max) = self.schedule.max_backoff {
+                        self.retry_in = Some(self.backoff);
+                        self.backoff = (self.backoff * 2).min(max);
+                    }
+                    return;
+                }
                 self.failed(&e, attempt);
             }
         }
@@ -193,6 +230,7 @@ impl<P: Publisher> Refresher<P> {
     async fn publish(&mut self, generation: Generation) {
         self.watch.published();
         self.pending = false;
+        self.withdrawn = false;
         self.sink.publish(generation).await;
     }
 

@@ -112,6 +112,15 @@ impl Sink {
         true
     }
 
+    /// Stops serving: from now on `/readyz` fails and repo paths answer
+    /// 503 until the next publication. For a generation whose files were
+    /// found changed under it (see [`super::refresher::Publisher::discredits`]):
+    /// serving it on would serve what no longer verifies.
+    pub fn withdraw(&self) {
+        self.current.store(None);
+        self.metrics.ready.set(0);
+    }
+
     /// Every generation publishers publish from now on (not the derived
     /// ones).
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Option<Arc<Generation>>> {

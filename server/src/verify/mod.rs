@@ -28,7 +28,23 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-pub use walk::{verify_closure, verify_deltas, verify_with_history};
+pub use walk::{recheck, verify_closure, verify_deltas, verify_with_history};
+
+/// Bytes on disk that are not what their name says (an object, a commit,
+/// a delta part), found by a check of the source. Callers branch on it: a
+/// publisher whose served generation reads the same files can no longer
+/// trust that generation either (see `serve::refresher`).
+#[derive(Debug, thiserror::Error)]
+#[error("{what} is corrupt: {detail}")]
+pub struct Corrupt {
+    pub what: String,
+    pub detail: String,
+}
+
+/// Whether `e` is, or was caused by, [`Corrupt`] bytes.
+pub fn is_corruption(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.is::<Corrupt>())
+}
 
 /// Commits besides the published ones (their ancestors, and the other
 /// commits a `--repo` holds, newest first) that a publication verifies and

@@ -1,6 +1,6 @@
 //! The verifying walk over a generation's sources.
 
-use super::{default_jobs, FileId, Root, VerdictCache, VerifiedSet, VerifyOptions};
+use super::{default_jobs, Corrupt, FileId, Root, VerdictCache, VerifiedSet, VerifyOptions};
 use crate::fsutil;
 use crate::mirror::store::max_object_size;
 use crate::mirror::sync::{parallel, MAX_OBJECTS, MAX_TREE_DEPTH};
@@ -74,24 +74,30 @@ impl Walk<'_> {
         }
         let where_ = || format!("{}/{}", root.path.display(), o.path());
         let max = max_object_size(o.kind);
-        anyhow::ensure!(
-            meta.len() <= max,
-            "{} is {} bytes, over the {max} byte limit for a {}",
-            where_(),
-            meta.len(),
-            o.kind.extension()
-        );
+        if meta.len() > max {
+            return Err(Corrupt {
+                what: format!("{} {}", o.kind.extension(), o.checksum),
+                detail: format!(
+                    "{} is {} bytes, over the {max} byte limit for a {}",
+                    where_(),
+                    meta.len(),
+                    o.kind.extension()
+                ),
+            }
+            .into());
+        }
         let bytes = match o.kind {
             ObjectKind::File => {
                 if !trusted {
                     let got = archive_checksum(std::io::BufReader::new(file))
                         .with_context(|| format!("content object {} ({})", o.checksum, where_()))?;
-                    anyhow::ensure!(
-                        got == o.checksum,
-                        "content object {} is corrupt: {} has the content checksum {got}",
-                        o.checksum,
-                        where_()
-                    );
+                    if got != o.checksum {
+                        return Err(Corrupt {
+                            what: format!("content object {}", o.checksum),
+                            detail: format!("{} has the content checksum {got}", where_()),
+                        }
+                        .into());
+                    }
                 }
                 Found::Content
             }
@@ -103,13 +109,13 @@ impl Walk<'_> {
                     .with_context(|| format!("reading {}", where_()))?;
                 if !trusted {
                     let got = Checksum::digest(&bytes);
-                    anyhow::ensure!(
-                        got == o.checksum,
-                        "{} {} is corrupt: {} hashes to {got}",
-                        o.kind.extension(),
-                        o.checksum,
-                        where_()
-                    );
+                    if got != o.checksum {
+                        return Err(Corrupt {
+                            what: format!("{} {}", o.kind.extension(), o.checksum),
+                            detail: format!("{} hashes to {got}", where_()),
+                        }
+                        .into());
+                    }
                     if o.kind == ObjectKind::DirMeta {
                         check_dirmeta(&bytes).with_context(where_)?;
                     }
@@ -284,6 +290,31 @@ impl Walk<'_> {
 /// for the delta its directory names, and each part must have the SHA-256
 /// the superblock lists. Deltas to other commits are left out
 /// (not served); a corrupt delta to a published commit fails, naming it.
+/// Checks again every object of `set` as `roots` serve it now, without
+/// recording anything: for a generation that serves a source in place,
+/// once a check of that source found something corrupt (which stops at the
+/// first such object, perhaps one the generation does not serve). Files
+/// unchanged since `opts.cache` verified them are not hashed again, and an
+/// object gone from the roots answers 404, so it is not a failure here.
+/// Deltas are not checked again.
+pub fn recheck(roots: &[Root], set: &VerifiedSet, opts: &VerifyOptions) -> Result<()> {
+    let walk = Walk {
+        roots,
+        cache: opts.cache.as_deref(),
+        verdicts: Mutex::new(HashMap::new()),
+        hashed: AtomicUsize::new(0),
+        lenient: AtomicBool::new(true),
+    };
+    let jobs = if opts.jobs == 0 {
+        default_jobs()
+    } else {
+        opts.jobs
+    };
+    parallel(set.objects().copied().collect(), jobs, |o| {
+        walk.check(&o).map(drop)
+    })
+}
+
 pub fn verify_deltas(root: &Path, targets: &[Checksum], set: &mut VerifiedSet) -> Result<()> {
     for (name, rel) in Generation::list_deltas(root)? {
         if !targets.contains(&name.to) {
@@ -313,12 +344,13 @@ fn verify_delta(root: &Path, name: &DeltaName, superblock: &str) -> Result<()> {
             .with_context(|| format!("opening {}/{rel}", root.display()))?
             .with_context(|| format!("part {i} ({}/{rel}) is missing", root.display()))?;
         let got = sha256_of(f).with_context(|| format!("reading {}/{rel}", root.display()))?;
-        anyhow::ensure!(
-            got == part.checksum,
-            "part {i} ({}/{rel}) is corrupt: it hashes to {got}, its superblock says {}",
-            root.display(),
-            part.checksum
-        );
+        if got != part.checksum {
+            return Err(Corrupt {
+                what: format!("part {i} ({}/{rel})", root.display()),
+                detail: format!("it hashes to {got}, its superblock says {}", part.checksum),
+            }
+            .into());
+        }
     }
     Ok(())
 }

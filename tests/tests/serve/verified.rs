@@ -1,7 +1,9 @@
 //! Nothing is served before it is verified (issue 14, item 2), against the
 //! binary: a `--repo` whose new release carries a tampered object (under a
 //! genuine commit) is refused at SIGHUP, naming the object, while the
-//! verified generation serves on; at start it is refused outright.
+//! verified generation serves on; one of the objects that generation
+//! serves, replaced, withdraws it until the source verifies again; at
+//! start a tampered repo is refused outright.
 
 use oscontent_testkit::*;
 use std::path::{Path, PathBuf};
@@ -76,6 +78,61 @@ fn a_tampered_object_is_refused_and_the_verified_generation_serves_on() {
         let p = object_url_path(c, ext);
         assert_eq!(server.get(&p).unwrap().status, 404, "{p}");
     }
+    pull_and_fsck(&server, fixture_ref(), &v1.commit);
+}
+
+/// A content object v1 serves, replaced in the live repo with another
+/// object's bytes, as [`tampered_update`] does. Returns its checksum, its
+/// path and its genuine bytes.
+fn tamper_a_served_object(copy: &Path) -> (String, PathBuf, Vec<u8>) {
+    let objects: Vec<String> = list_objects(copy)
+        .unwrap()
+        .get(CONTENT)
+        .iter()
+        .cloned()
+        .collect();
+    let (victim, donor) = (&objects[0], &objects[1]);
+    let path = object_path(copy, victim, "filez");
+    let genuine = std::fs::read(&path).unwrap();
+    let bytes = std::fs::read(object_path(copy, donor, "filez")).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, bytes).unwrap();
+    (victim.clone(), path, genuine)
+}
+
+#[test]
+fn a_served_object_found_tampered_withdraws_the_generation_until_it_verifies() {
+    let v1 = v1();
+    let tmp = tempdir();
+    let copy = live_repo(tmp.path());
+    let mut server = Server::repo(&copy).start().unwrap();
+    let (victim, path, genuine) = tamper_a_served_object(&copy);
+    let url_path = object_url_path(&victim, "filez");
+    server.sighup().unwrap();
+    let errors = server
+        .wait_stderr_lines("withdrawn", 1, Duration::from_secs(60))
+        .unwrap();
+    assert!(
+        errors
+            .iter()
+            .any(|l| l.contains(&format!("content object {victim} is corrupt"))),
+        "the error names the object: {errors:?}"
+    );
+    // Serving on would serve the bytes that did not verify.
+    assert_eq!(server.get("/readyz").unwrap().status, 503);
+    assert_eq!(server.get(&url_path).unwrap().status, 503);
+    let refs = format!("/refs/heads/{}", fixture_ref());
+    assert_eq!(server.get(&refs).unwrap().status, 503);
+
+    // Put right, it is published again at the next SIGHUP.
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, genuine).unwrap();
+    server.sighup().unwrap();
+    let ready = poll(Duration::from_secs(60), || {
+        anyhow::Ok(Some(server.get("/readyz")?.status).filter(|s| *s == 200))
+    })
+    .unwrap();
+    assert_eq!(ready, Some(200), "ready again once the source verifies");
     pull_and_fsck(&server, fixture_ref(), &v1.commit);
 }
 
