@@ -545,6 +545,15 @@ fn status_only(status: StatusCode, v: &Prepared, cache: HeaderValue) -> Response
     r
 }
 
+/// A 304. Its Content-Length, if any, must be the 200's (RFC 9110 §8.6);
+/// left unset, the empty body's 0 would go out with a HEAD's.
+fn not_modified(v: &Prepared, cache: HeaderValue, len: u64) -> Response {
+    let mut r = status_only(StatusCode::NOT_MODIFIED, v, cache);
+    r.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    r
+}
+
 fn respond_bytes(
     h: &HeaderMap,
     bytes: bytes::Bytes,
@@ -552,12 +561,12 @@ fn respond_bytes(
     cache: HeaderValue,
     head: bool,
 ) -> Response {
+    let len = bytes.len() as u64;
     match conditional::evaluate(h, &v.validators) {
-        Precondition::NotModified => return status_only(StatusCode::NOT_MODIFIED, v, cache),
+        Precondition::NotModified => return not_modified(v, cache, len),
         Precondition::Failed => return AppError::from_precondition(),
         Precondition::Proceed => {}
     }
-    let len = bytes.len() as u64;
     let (status, body, range) = match conditional::range(h, len, &v.validators) {
         RangeOutcome::Full => (StatusCode::OK, bytes, None),
         RangeOutcome::Partial { start, end } => (
@@ -632,7 +641,7 @@ fn respond_file(
     head: bool,
 ) -> Response {
     match conditional::evaluate(h, &v.validators) {
-        Precondition::NotModified => return status_only(StatusCode::NOT_MODIFIED, v, cache),
+        Precondition::NotModified => return not_modified(v, cache, len),
         Precondition::Failed => return AppError::from_precondition(),
         Precondition::Proceed => {}
     }

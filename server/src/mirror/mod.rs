@@ -266,8 +266,12 @@ fn mirror_bundle(
     image::clean(&dest.work)?;
     let (snap, staged) = match src {
         MirrorSource::Image(image) => {
+            let fetch = FetchOptions {
+                pace: limit.map(|l| l as Arc<dyn crate::source::verify::Pace>),
+                ..opts.fetch.clone()
+            };
             let (snap, info) =
-                image::sync_image(image, &opts.fetch, &opts.signatures, &dest, &sync_opts)?;
+                image::sync_image(image, &fetch, &opts.signatures, &dest, &sync_opts)?;
             (snap, Some(info))
         }
         MirrorSource::Upstream(url) => {

@@ -119,7 +119,9 @@ pub fn copy_image(
         check_tag(t)?;
     }
     let layout = Layout::open(dir)?;
+    // Paced by `limit` in `copy_blob`, not here.
     let stop = Stop {
+        pace: None,
         cancel: Arc::new(AtomicBool::new(false)),
         deadline: fetch
             .total_timeout

@@ -83,6 +83,12 @@ pub struct RateLimit {
     state: std::sync::Mutex<(std::time::Instant, f64)>,
 }
 
+impl crate::source::verify::Pace for RateLimit {
+    fn take(&self, bytes: u64) {
+        RateLimit::take(self, bytes);
+    }
+}
+
 impl RateLimit {
     pub fn new(bytes_per_sec: u64) -> Self {
         Self {

@@ -197,6 +197,7 @@ pub fn fetch_blocking(
     let name = image.to_string();
     let started = std::time::Instant::now();
     let stop = verify::Stop {
+        pace: opts.pace.clone(),
         cancel: cancel.clone(),
         deadline: opts.total_timeout.map(|t| (started + t, t)),
     };

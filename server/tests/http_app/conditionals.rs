@@ -82,6 +82,10 @@ async fn metadata_answers_conditionals() {
         assert!(head.body.is_empty(), "HEAD {path} sent a body");
         let head304 = server.send("HEAD", path, &[("If-None-Match", &etag)]).await;
         assert_eq!(head304.status, 304, "conditional HEAD {path}");
+        // A 304's Content-Length is the 200's or none (RFC 9110 §8.6).
+        assert_eq!(head304.header("content-length"), Some(len.as_str()));
+        let get304 = server.get_with(path, &[("If-None-Match", &etag)]).await;
+        assert_eq!(get304.header("content-length"), Some(len.as_str()));
     }
 }
 
@@ -117,6 +121,11 @@ async fn objects_are_immutable_with_strong_etags() {
         assert_eq!(head.header("content-length"), Some(len.as_str()));
         assert_eq!(head.header("cache-control"), Some(IMMUTABLE));
         assert!(head.body.is_empty(), "HEAD {path} sent a body");
+        let head304 = server
+            .send("HEAD", &path, &[("If-None-Match", &etag)])
+            .await;
+        assert_eq!(head304.status, 304, "{path}");
+        assert_eq!(head304.header("content-length"), Some(len.as_str()));
     }
 }
 

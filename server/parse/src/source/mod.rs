@@ -128,6 +128,9 @@ pub struct FetchOptions {
     /// `ostree.final-diffid`): stage its base commit (the derived layers are
     /// not fetched) instead of refusing the image.
     pub serve_base_commit: bool,
+    /// The rate blobs are read at (`mirror --max-rate`); `None`: as fast
+    /// as they come.
+    pub pace: Option<std::sync::Arc<dyn verify::Pace>>,
 }
 
 impl Default for FetchOptions {
@@ -143,6 +146,7 @@ impl Default for FetchOptions {
             read_timeout: DEFAULT_READ_TIMEOUT,
             total_timeout: Some(DEFAULT_TOTAL_TIMEOUT),
             serve_base_commit: false,
+            pace: None,
         }
     }
 }

@@ -12,12 +12,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A byte rate a fetch keeps to (a mirror's `--max-rate` over a thin
+/// link): told of every read, it sleeps as long as the rate requires.
+pub trait Pace: Send + Sync + std::fmt::Debug {
+    fn take(&self, bytes: u64);
+}
+
 /// When to stop reading: the caller went away, or the whole fetch has
-/// taken too long.
+/// taken too long; and how fast to read.
 #[derive(Debug, Clone)]
 pub struct Stop {
     pub cancel: Arc<AtomicBool>,
     pub deadline: Option<(Instant, Duration)>,
+    pub pace: Option<Arc<dyn Pace>>,
 }
 
 impl Stop {
@@ -157,6 +164,9 @@ impl<R: Read> Read for VerifyingReader<R> {
                 return Err(self.fail(e));
             }
         };
+        if let Some(p) = self.stop.as_ref().and_then(|st| st.pace.as_ref()) {
+            p.take(n as u64);
+        }
         if n == 0 {
             if self.count.get() < self.expected_size {
                 let e = SourceError::Truncated {
@@ -271,6 +281,35 @@ mod tests {
 
     fn reader<'a>(data: &'a [u8], digest: &str, size: u64) -> VerifyingReader<&'a [u8]> {
         VerifyingReader::new(data, subject(), "mem".into(), digest, size, None)
+    }
+
+    /// Counts what it is told of.
+    #[derive(Debug, Default)]
+    struct Tally(std::sync::atomic::AtomicU64);
+
+    impl Pace for Tally {
+        fn take(&self, bytes: u64) {
+            self.0.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn every_byte_read_is_paced() {
+        let data = vec![7u8; 100_000];
+        let d = sha256_digest(&data);
+        let tally = Arc::new(Tally::default());
+        let stop = Stop {
+            cancel: Arc::new(AtomicBool::new(false)),
+            deadline: None,
+            pace: Some(tally.clone()),
+        };
+        let mut r =
+            VerifyingReader::new(&data[..], subject(), "mem".into(), &d, 100_000, Some(stop));
+        // Small reads, then what the consumer left, drained by finish().
+        let mut some = [0u8; 3000];
+        r.read_exact(&mut some).unwrap();
+        r.finish().unwrap();
+        assert_eq!(tally.0.load(Ordering::Relaxed), 100_000);
     }
 
     #[test]
