@@ -345,8 +345,19 @@ pub struct VerifiedSig {
 pub enum VerifyError {
     #[error("no signatures")]
     NoSignatures,
-    #[error("signed only by keys not in the trusted keyring: {}", if issuers.is_empty() { "(none named)".to_owned() } else { issuers.join(", ") })]
-    UnknownKey { issuers: Vec<String> },
+    /// `issuers` are what the signatures name: usually a signing subkey's
+    /// fingerprint, not the certificate's that keygen and GnuPG show
+    /// first; `trusted` says which certificates, and which of their keys,
+    /// the keyring holds, so that the two can be compared.
+    #[error(
+        "signed only by keys not in the trusted keyring: {} (signing keys; the keyring trusts {})",
+        if issuers.is_empty() { "(none named)".to_owned() } else { issuers.join(", ") },
+        if trusted.is_empty() { "no keys".to_owned() } else { trusted.join("; ") }
+    )]
+    UnknownKey {
+        issuers: Vec<String>,
+        trusted: Vec<String>,
+    },
     #[error("bad signature by {fingerprint}: {reason}")]
     BadSignature { fingerprint: String, reason: String },
     #[error("signature by {fingerprint} is expired: {reason}")]
@@ -377,17 +388,18 @@ impl VerifyError {
         match a {
             // Keep every stranger's name: the operator needs to know which
             // key to trust (or to investigate).
-            Some(VerifyError::UnknownKey { mut issuers })
-                if matches!(b, VerifyError::UnknownKey { .. }) =>
-            {
-                if let VerifyError::UnknownKey { issuers: more } = b {
+            Some(VerifyError::UnknownKey {
+                mut issuers,
+                trusted,
+            }) if matches!(b, VerifyError::UnknownKey { .. }) => {
+                if let VerifyError::UnknownKey { issuers: more, .. } = b {
                     for i in more {
                         if !issuers.contains(&i) {
                             issuers.push(i);
                         }
                     }
                 }
-                VerifyError::UnknownKey { issuers }
+                VerifyError::UnknownKey { issuers, trusted }
             }
             Some(a) if a.rank() >= b.rank() => a,
             _ => b,
@@ -521,9 +533,24 @@ fn verify_one(
     if !tried {
         return Err(VerifyError::UnknownKey {
             issuers: issuer_names(&issuers),
+            trusted: keyring.iter().map(describe_cert).collect(),
         });
     }
     Err(worst.expect("at least one candidate was tried"))
+}
+
+/// A trusted certificate for messages: its fingerprint and its subkeys'.
+fn describe_cert(cert: &Cert) -> String {
+    let subkeys: Vec<String> = cert
+        .keys()
+        .subkeys()
+        .map(|k| k.key().fingerprint().to_string())
+        .collect();
+    if subkeys.is_empty() {
+        cert.fingerprint().to_string()
+    } else {
+        format!("{} (subkeys {})", cert.fingerprint(), subkeys.join(", "))
+    }
 }
 
 /// Fingerprints where the signature names them, else key IDs.

@@ -267,12 +267,25 @@ fn openpgp_verify_reports_position_and_strangers() {
         "UnknownKey"
     );
     // Strangers are named by fingerprint so an operator can act.
+    // The message also names what the keyring trusts, subkeys included:
+    // a signature names a signing subkey, keygen and GnuPG the primary.
     match verify_detached(&ring, DATA, &[by_bob], now()) {
-        Err(VerifyError::UnknownKey { issuers }) => {
+        Err(e @ VerifyError::UnknownKey { .. }) => {
+            let msg = e.to_string();
+            let VerifyError::UnknownKey { issuers, trusted } = e else {
+                unreachable!()
+            };
             assert_eq!(
                 issuers,
                 vec![signing_subkey(bob()).fingerprint().to_string()]
-            )
+            );
+            assert_eq!(trusted.len(), ring.len());
+            for cert in &ring {
+                assert!(msg.contains(&cert.fingerprint().to_string()), "{msg}");
+                for k in cert.keys().subkeys() {
+                    assert!(msg.contains(&k.key().fingerprint().to_string()), "{msg}");
+                }
+            }
         }
         other => panic!("{other:?}"),
     }
