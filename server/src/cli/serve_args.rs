@@ -36,8 +36,10 @@ pub struct SignatureArgs {
     /// As --sign-key, from an environment variable holding the armored key.
     #[arg(long, value_name = "VAR")]
     pub sign_key_env: Option<String>,
-    /// How often to look for a changed bundle in --signatures (and a changed
-    /// summary in --repo mode) and re-publish.
+    /// With signatures (--signatures, --trusted-keys or --sign-key): how often
+    /// to look for a changed bundle, or a changed summary in --repo mode, and
+    /// re-publish. Without them, a source is checked again at SIGHUP (and
+    /// every --refresh-interval for images).
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     pub signatures_poll: u64,
 }
@@ -78,7 +80,8 @@ pub struct SourceArgs {
     /// `oc image extract` leaves it); its repo is `srv/repo`.
     #[arg(long, value_name = "DIR", group = "source")]
     pub oscontainer: Option<PathBuf>,
-    /// A plain archive repo, served as it stands on disk at each request.
+    /// A plain archive repo (refs, summary and deltas its own), verified and
+    /// published as it stands at start and at each SIGHUP.
     #[arg(long, value_name = "DIR", group = "source")]
     pub repo: Option<PathBuf>,
     /// An oscontainer image to stream, verify and serve:
@@ -226,9 +229,10 @@ pub struct ConnectionArgs {
     /// Connections served at once from one client address.
     #[arg(long, default_value_t = 64, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections_per_ip: u32,
-    /// Connections accepted past --max-connections that answer only
-    /// /healthz, /readyz and /metrics, one request each (two per client
-    /// address, 1 s to send it), so probes still pass while the cap is full.
+    /// Connections accepted past --max-connections, or past a client's
+    /// --max-connections-per-ip, that answer only /healthz, /readyz and
+    /// /metrics, one request each (two per client address, 1 s to send it),
+    /// so probes still pass while a cap is full.
     #[arg(long, default_value_t = 32, value_name = "N")]
     pub probe_reserve: u32,
     /// Close a connection that sends nothing for this long after it opens.

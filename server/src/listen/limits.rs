@@ -97,17 +97,23 @@ struct Counts {
     reserve_by_ip: HashMap<IpAddr, usize>,
 }
 
-/// The admission decision for one more connection from `ip`.
+/// The admission decision for one more connection from `ip`. Past either
+/// cap, the probe reserve: a kubelet probes from its node's address, which
+/// the node's own processes (its update among them) share, so a full
+/// per-address share must not fail the probes any more than a full server.
 fn decide(l: &Limits, c: &Counts, ip: IpAddr) -> Admission {
     let by_ip = |m: &HashMap<IpAddr, usize>| m.get(&ip).copied().unwrap_or(0);
-    if c.normal < l.max_connections {
-        if by_ip(&c.normal_by_ip) < l.max_per_ip {
-            return Admission::Normal;
-        }
-        return Admission::Refused(Refusal::PerIp);
+    let total_full = c.normal >= l.max_connections;
+    if !total_full && by_ip(&c.normal_by_ip) < l.max_per_ip {
+        return Admission::Normal;
     }
+    let over = if total_full {
+        Refusal::Total
+    } else {
+        Refusal::PerIp
+    };
     if c.reserve >= l.probe_reserve {
-        return Admission::Refused(Refusal::Total);
+        return Admission::Refused(over);
     }
     if by_ip(&c.reserve_by_ip) >= l.probe_reserve_per_ip {
         return Admission::Refused(Refusal::PerIp);
@@ -257,7 +263,9 @@ mod tests {
             // limits(max, per ip, reserve, reserve per ip), counts(normal, of them a's, reserve, of them a's), for a
             ("empty", limits(4, 2, 2, 1), counts(0, 0, 0, 0), Normal),
             ("under both caps", limits(4, 2, 2, 1), counts(3, 1, 0, 0), Normal),
-            ("a at its share", limits(4, 2, 2, 1), counts(2, 2, 0, 0), Refused(Refusal::PerIp)),
+            ("a at its share: probes only", limits(4, 2, 2, 1), counts(2, 2, 0, 0), ProbeOnly),
+            ("a at its share, holds its reserve share", limits(4, 2, 2, 1), counts(2, 2, 1, 1), Refused(Refusal::PerIp)),
+            ("a at its share, reserve full", limits(4, 2, 2, 1), counts(2, 2, 2, 0), Refused(Refusal::PerIp)),
             ("full: probes only", limits(4, 2, 2, 1), counts(4, 0, 0, 0), ProbeOnly),
             ("full, a holds its reserve share", limits(4, 2, 2, 1), counts(4, 0, 1, 1), Refused(Refusal::PerIp)),
             ("full, reserve full", limits(4, 2, 2, 1), counts(4, 0, 2, 0), Refused(Refusal::Total)),
@@ -274,10 +282,12 @@ mod tests {
         let a: IpAddr = [10, 0, 0, 1].into();
         let b: IpAddr = [10, 0, 0, 2].into();
         let s1 = t.admit(a).unwrap();
-        assert_eq!(t.admit(a).unwrap_err(), Refusal::PerIp);
-        let s2 = t.admit(b).unwrap();
+        // a's share is full: its next one is the reserve's.
         let probe = t.admit(a).unwrap();
         assert_eq!(probe.admission, Admission::ProbeOnly);
+        assert_eq!(t.admit(a).unwrap_err(), Refusal::PerIp);
+        let s2 = t.admit(b).unwrap();
+        assert_eq!(s2.admission, Admission::Normal);
         assert_eq!(t.admit(b).unwrap_err(), Refusal::Total);
         assert_eq!(t.open(), (2, 1));
         drop((s1, s2, probe));
