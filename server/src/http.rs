@@ -189,6 +189,17 @@ pub fn classify(path: &str) -> &'static str {
     }
 }
 
+/// RFC 9112 §3.2: an HTTP/1.1 request carries exactly one Host, or is
+/// answered 400 (as nginx does). HTTP/1.0 need not; HTTP/2's authority is a
+/// pseudo-header, and a Host beside it is optional.
+fn host_ok(version: axum::http::Version, headers: &HeaderMap) -> bool {
+    let hosts = headers.get_all(header::HOST).iter().count();
+    match version {
+        axum::http::Version::HTTP_11 => hosts == 1,
+        _ => hosts <= 1,
+    }
+}
+
 /// Metrics and the access log for every request. Counting takes no lock
 /// (`Metrics::observe_request`); the log line is serialized from borrowed
 /// fields and handed to the writer thread, and only when there is a log.
@@ -207,7 +218,11 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
                 .map(|c| c.0.ip()),
         )
     });
-    let resp = next.run(req).await;
+    let resp = if host_ok(req.version(), req.headers()) {
+        next.run(req).await
+    } else {
+        AppError::BadRequest.into_response()
+    };
     let elapsed = start.elapsed();
     let status = resp.status().as_u16();
     let bytes = if head {
@@ -292,6 +307,9 @@ mod log_date {
 /// Errors on repo paths: a status and an empty body, never internals.
 #[derive(Debug)]
 pub enum AppError {
+    /// A request HTTP forbids answering (an HTTP/1.1 request without
+    /// exactly one Host).
+    BadRequest,
     NotFound,
     MethodNotAllowed,
     Unavailable,
@@ -307,6 +325,7 @@ impl From<anyhow::Error> for AppError {
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let (status, extra) = match self {
+            AppError::BadRequest => (StatusCode::BAD_REQUEST, None),
             AppError::NotFound => (StatusCode::NOT_FOUND, None),
             AppError::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,

@@ -8,12 +8,12 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
     let cli = oscontent_server::cli::Cli::parse();
-    oscontent_server::cli::init_tracing(cli.log_format);
+    let format = cli.log_format;
+    oscontent_server::cli::init_tracing(format);
     match oscontent_server::cli::run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("error: {e:#}");
+            oscontent_server::cli::report_fatal(format, &e);
             std::process::ExitCode::FAILURE
         }
     }

@@ -60,6 +60,15 @@ pub fn init_tracing(format: LogFormat) {
     }
 }
 
+/// The error that ends the process, said once: a log line for a log
+/// collector (`--log-format json`), else `error: ...` for a person.
+pub fn report_fatal(format: LogFormat, e: &anyhow::Error) {
+    match format {
+        LogFormat::Json => tracing::error!("{e:#}"),
+        LogFormat::Text => eprintln!("error: {e:#}"),
+    }
+}
+
 pub fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Keygen(args) => sign::keygen(args),

@@ -1,5 +1,5 @@
 //! Every kind of archive path answers; everything else is an empty 404;
-//! only GET and HEAD are allowed (as tests/tests/serve/http.rs and
+//! only GET and HEAD are allowed; an HTTP/1.1 request needs one Host (as tests/tests/serve/http.rs and
 //! traversal.rs check end to end).
 
 use crate::support::*;
@@ -198,4 +198,31 @@ async fn only_get_and_head_are_allowed_on_repo_paths() {
     // Nothing was written: the summary still names v1.
     let s = oscontent_format::parse_summary(&server.get("/summary").await.body).unwrap();
     assert_eq!(s.refs[0].commit.to_hex(), fx.v1.commit);
+}
+
+#[tokio::test]
+async fn an_http11_request_needs_exactly_one_host() {
+    use http::Version;
+    let (_fx, server) = serving_v1().await;
+    let one = [("host", "a")];
+    let two = [("host", "a"), ("host", "b")];
+    // (version, headers, status): RFC 9112 §3.2 for HTTP/1.1; HTTP/1.0 may
+    // leave it out; HTTP/2 carries :authority instead.
+    let cases: [(Version, &[(&str, &str)], u16); 6] = [
+        (Version::HTTP_11, &one, 200),
+        (Version::HTTP_11, &[], 400),
+        (Version::HTTP_11, &two, 400),
+        (Version::HTTP_10, &[], 200),
+        (Version::HTTP_10, &two, 400),
+        (Version::HTTP_2, &[], 200),
+    ];
+    for (version, headers, want) in cases {
+        for path in ["/config", "/healthz"] {
+            let r = server.send_as(version, "GET", path, headers).await;
+            assert_eq!(r.status.as_u16(), want, "{version:?} {headers:?} {path}");
+            if want == 400 {
+                assert!(r.body.is_empty(), "{path}: {:?}", r.body);
+            }
+        }
+    }
 }

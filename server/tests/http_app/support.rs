@@ -256,8 +256,26 @@ impl Server {
         self.current().overlay.clone()
     }
 
+    /// An HTTP/1.1 request, with a Host as a client sends one unless
+    /// `headers` has its own (see [`Self::send_as`]).
     pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
-        let mut req = Request::builder().method(method).uri(path);
+        let mut with_host = headers.to_vec();
+        if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+            with_host.push(("host", "oscontent.test"));
+        }
+        self.send_as(http::Version::HTTP_11, method, path, &with_host)
+            .await
+    }
+
+    /// A request of `version` with exactly these headers.
+    pub async fn send_as(
+        &self,
+        version: http::Version,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let mut req = Request::builder().version(version).method(method).uri(path);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
