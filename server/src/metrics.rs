@@ -120,6 +120,12 @@ impl Metrics {
             "Source checks (first fetch, --refresh-interval, SIGHUP) by outcome: published, unchanged or failed",
             &["result"],
         );
+        // Every bounded label value is shown at 0 from the start, so that an
+        // alert (`increase(...) > 0`, `absent(...)`) sees a series before the
+        // first event.
+        for result in ["published", "unchanged", "failed"] {
+            source_checks.with_label_values(&[result]);
+        }
         let connections = Connections::new(&r);
         let access_log_dropped = r.counter(
             "oscontent_access_log_dropped_total",
@@ -130,6 +136,9 @@ impl Metrics {
             "Metadata files refused for exceeding their size cap, by path kind",
             &["kind"],
         );
+        for kind in ["config", "summary", "summary_sig", "ref", "commitmeta", "delta_index"] {
+            oversized_metadata.with_label_values(&[kind]);
+        }
         let rollbacks = r.counter_vec(
             "oscontent_rollbacks_total",
             "Refs a refresh moved to an older commit (timestamp or version), by result: refused (the previous generation stays served) or allowed (--allow-rollback)",
@@ -255,7 +264,7 @@ pub struct Connections {
 
 impl Connections {
     fn new(r: &Register) -> Self {
-        Self {
+        let c = Self {
             open: r.gauge_vec(
                 "oscontent_http_connections_open",
                 "Connections open now: normal, or probe_reserve (over the cap, probes only)",
@@ -275,7 +284,17 @@ impl Connections {
                 "Connections the server closed: nothing sent (first_byte) or nothing moved (idle)",
                 &["reason"],
             ),
+        };
+        for kind in ["normal", "probe_reserve"] {
+            c.open.with_label_values(&[kind]);
         }
+        for reason in ["total", "per_ip", "accept_error"] {
+            c.refused.with_label_values(&[reason]);
+        }
+        for reason in ["first_byte", "idle"] {
+            c.expired.with_label_values(&[reason]);
+        }
+        c
     }
 }
 
@@ -340,8 +359,23 @@ mod tests {
         );
         let text = m.render().0;
         assert!(
-            !text.contains("kind=\"summary\""),
-            "no series before a request"
+            !text.contains("oscontent_http_requests_total{kind=\"summary\""),
+            "no request series before a request"
         );
+    }
+
+    #[test]
+    fn bounded_outcomes_are_shown_at_zero_before_the_first() {
+        let text = Metrics::new().render().0;
+        for series in [
+            r#"oscontent_source_checks_total{result="unchanged"} 0"#,
+            r#"oscontent_http_connections_refused_total{reason="per_ip"} 0"#,
+            r#"oscontent_http_connections_expired_total{reason="first_byte"} 0"#,
+            r#"oscontent_http_connections_open{kind="probe_reserve"} 0"#,
+            r#"oscontent_oversized_metadata_total{kind="summary"} 0"#,
+            r#"oscontent_rollbacks_total{result="refused"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == series), "{series} missing:\n{text}");
+        }
     }
 }
