@@ -136,7 +136,14 @@ impl Metrics {
             "Metadata files refused for exceeding their size cap, by path kind",
             &["kind"],
         );
-        for kind in ["config", "summary", "summary_sig", "ref", "commitmeta", "delta_index"] {
+        for kind in [
+            "config",
+            "summary",
+            "summary_sig",
+            "ref",
+            "commitmeta",
+            "delta_index",
+        ] {
             oversized_metadata.with_label_values(&[kind]);
         }
         let rollbacks = r.counter_vec(
@@ -375,7 +382,10 @@ mod tests {
             r#"oscontent_oversized_metadata_total{kind="summary"} 0"#,
             r#"oscontent_rollbacks_total{result="refused"} 0"#,
         ] {
-            assert!(text.lines().any(|l| l == series), "{series} missing:\n{text}");
+            assert!(
+                text.lines().any(|l| l == series),
+                "{series} missing:\n{text}"
+            );
         }
     }
 }

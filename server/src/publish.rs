@@ -57,11 +57,18 @@ const MAX_CONFIG: u64 = format::config::MAX_CONFIG_SIZE as u64;
 pub enum Source {
     /// Root of an unpacked oscontainer image; the repo is `srv/repo`.
     Oscontainer(PathBuf),
-    /// A plain archive repo, served as it stands at each request.
+    /// A plain archive repo, served as each publication snapshotted it.
     Repo(PathBuf),
 }
 
 impl Source {
+    /// What the operator named: the oscontainer root, or the repo.
+    pub fn given(&self) -> &Path {
+        match self {
+            Source::Oscontainer(d) | Source::Repo(d) => d,
+        }
+    }
+
     pub fn repo_path(&self) -> PathBuf {
         match self {
             Source::Oscontainer(d) => d.join(OSCONTAINER_REPO),
@@ -117,6 +124,14 @@ fn check_archive_repo(repo: &Path) -> Result<Option<RepoConfig>> {
 /// say so, and what works, rather than that `srv/repo` is missing.
 fn refuse_native_root(root: &Path, repo: &Path) -> Result<()> {
     let native = root.join(NATIVE_ROOT_REPO);
+    if root.is_dir() && !repo.exists() && !native.exists() {
+        bail!(
+            "{} is not an oscontainer root: it has neither {OSCONTAINER_REPO} (a legacy \
+             oscontainer's archive repo) nor {NATIVE_ROOT_REPO} (an ostree-native image's); for a \
+             plain archive repo use --repo",
+            root.display()
+        );
+    }
     if !repo.exists() && native.is_dir() {
         bail!(
             "{} is an ostree-native image root ({NATIVE_ROOT_REPO}, a bare-split-xattrs repo); --oscontainer serves legacy roots (srv/repo) only: serve the image itself with --image (docker://, oci: or oci-archive:), which converts it while streaming",

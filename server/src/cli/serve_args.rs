@@ -157,8 +157,9 @@ pub struct ServeArgs {
         default_value = "/var/lib/oscontent"
     )]
     pub state_dir: PathBuf,
-    /// Address to listen on (HTTP/1.1 and HTTP/2 prior knowledge).
-    #[arg(long, default_value = "0.0.0.0:8080", env = "OSCONTENT_LISTEN")]
+    /// Address to listen on (HTTP/1.1 and HTTP/2 prior knowledge): IP:PORT,
+    /// or HOST:PORT resolved once at start (its first address).
+    #[arg(long, default_value = "0.0.0.0:8080", env = "OSCONTENT_LISTEN", value_parser = parse_listen)]
     pub listen: SocketAddr,
     /// Commit to publish; default: the only commit in the repo.
     #[arg(long, value_name = "CHECKSUM")]
@@ -306,6 +307,20 @@ impl RegistryArgs {
     }
 }
 
+/// `--listen`: a socket address, or a host name and port.
+fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    use std::net::ToSocketAddrs;
+    let mut addrs = s
+        .to_socket_addrs()
+        .map_err(|e| format!("{s:?}: want IP:PORT or HOST:PORT ({e})"))?;
+    addrs
+        .next()
+        .ok_or_else(|| format!("{s:?} resolves to no address"))
+}
+
 /// `N`, `NK`, `NM` or `NG` (powers of 1024) as bytes.
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
@@ -371,5 +386,30 @@ mod delta_flag_tests {
             });
             assert_eq!(got, *want, "{extra:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses() {
+        // (input, what it binds; None: refused). `localhost` comes from
+        // /etc/hosts: no DNS.
+        let cases: [(&str, Option<&str>); 6] = [
+            ("0.0.0.0:8080", Some("0.0.0.0:8080")),
+            ("[::1]:80", Some("[::1]:80")),
+            ("127.0.0.1:0", Some("127.0.0.1:0")),
+            ("localhost", None),
+            ("127.0.0.1", None),
+            ("127.0.0.1:99999", None),
+        ];
+        for (input, want) in cases {
+            let got = parse_listen(input).ok().map(|a| a.to_string());
+            assert_eq!(got.as_deref(), want, "{input}");
+        }
+        let local = parse_listen("localhost:8080").unwrap();
+        assert!(local.ip().is_loopback() && local.port() == 8080, "{local}");
     }
 }

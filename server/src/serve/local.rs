@@ -35,7 +35,7 @@ impl LocalPublisher {
         tokio::task::spawn_blocking(move || root::publish_local(&r, &sd, &s, &native, Some(v)))
             .await
             .context("publish task")?
-            .with_context(|| format!("publishing {}", self.req.source.repo_path().display()))
+            .with_context(|| format!("publishing {}", self.req.source.given().display()))
     }
 }
 

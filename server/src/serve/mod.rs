@@ -63,6 +63,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
         access_log,
     )?;
     let limits = listener_limits(&args)?;
+    // Bound before anything is published, so that an address in use fails
+    // at once rather than after a whole source was verified; nothing is
+    // accepted (or announced) before publication is under way.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
     let publisher = start_publishing(&args, &sink, &signals).await?;
     // Rounds start at each publication; serving never waits for them.
     let deltas = crate::deltas::DeltaOptions {
@@ -71,13 +77,19 @@ async fn serve(args: ServeArgs) -> Result<()> {
         timeout: Duration::from_secs(args.delta_timeout.max(1)),
     };
     tokio::spawn(crate::deltas::run(deltas, sink.clone()));
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr().context("reading the bound address")?;
-    // One line on stdout, for scripts and tests that bind port 0.
-    println!("listening on http://{addr}");
-    std::io::stdout().flush().ok();
+    // One line on stdout, for scripts and tests that bind port 0; on stderr
+    // when stdout is the access log, which stays JSON lines only.
+    if args
+        .access_log
+        .as_deref()
+        .is_some_and(|p| p.as_os_str() == "-")
+    {
+        eprintln!("listening on http://{addr}");
+    } else {
+        println!("listening on http://{addr}");
+        std::io::stdout().flush().ok();
+    }
     tracing::info!(%addr, "serving");
     let timeout = Duration::from_secs(args.shutdown_timeout);
     serve_until_stopped(listener, state, limits, signals, publisher, timeout).await

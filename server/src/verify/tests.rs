@@ -155,16 +155,17 @@ fn missing_and_corrupt_objects_are_named() {
     let (a, b) = (&filez[0], &filez[1]);
     let saved = std::fs::read(a).unwrap();
     std::fs::write(a, std::fs::read(b).unwrap()).unwrap();
-    let err = format!(
-        "{:#}",
-        verify_closure(&roots, &[commit], &VerifyOptions::default()).unwrap_err()
-    );
+    let e = verify_closure(&roots, &[commit], &VerifyOptions::default()).unwrap_err();
+    // Typed: a publisher serving the source in place branches on it.
+    assert!(super::is_corruption(&e), "{e:#}");
+    let err = format!("{e:#}");
     let named = name_of(a).checksum.to_hex();
     assert!(
         err.contains(&format!("content object {named} is corrupt")),
         "{err}"
     );
     std::fs::write(a, saved).unwrap();
+    let saved_b = std::fs::read(b).unwrap();
     std::fs::remove_file(b).unwrap();
     let err = format!(
         "{:#}",
@@ -172,6 +173,19 @@ fn missing_and_corrupt_objects_are_named() {
     );
     let named = name_of(b).checksum.to_hex();
     assert!(err.contains(&format!("filez {named} is missing")), "{err}");
+    assert!(!super::is_corruption(
+        &verify_closure(&roots, &[commit], &VerifyOptions::default()).unwrap_err()
+    ));
+    // Present, but through a symlink: said so, not "missing".
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::write(&elsewhere, &saved_b).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, b).unwrap();
+    let err = format!(
+        "{:#}",
+        verify_closure(&roots, &[commit], &VerifyOptions::default()).unwrap_err()
+    );
+    assert!(err.contains("is a symlink"), "{err}");
+    assert!(!err.contains("is missing"), "{err}");
 }
 
 #[test]

@@ -54,6 +54,14 @@ impl Walk<'_> {
         if self.lenient.load(Ordering::Relaxed) {
             return Ok(None);
         }
+        if let Some(why) = self.roots.iter().find_map(|r| not_plain(&r.path, &rel)) {
+            bail!(
+                "{} {} is not served from the source: {why}; objects are read only as \
+                 plain files reached without symlinks",
+                o.kind.extension(),
+                o.checksum
+            )
+        }
         bail!(
             "{} {} is missing from the source: the commit is incomplete",
             o.kind.extension(),
@@ -129,6 +137,26 @@ impl Walk<'_> {
             .insert(*o, (root.path.clone(), id));
         Ok(bytes)
     }
+}
+
+/// Why `root/rel`, which exists in some form, is not a file
+/// [`fsutil::open_file`] opens: the first symlink on the way, or what the
+/// last component is instead of a plain file. `None` if nothing is there.
+fn not_plain(root: &Path, rel: &str) -> Option<String> {
+    let mut p = root.to_path_buf();
+    let parts: Vec<&str> = rel.split('/').collect();
+    for (i, part) in parts.iter().enumerate() {
+        p.push(part);
+        let meta = p.symlink_metadata().ok()?;
+        let ty = meta.file_type();
+        if ty.is_symlink() {
+            return Some(format!("{} is a symlink", p.display()));
+        }
+        if i + 1 == parts.len() && !ty.is_file() {
+            return Some(format!("{} is not a plain file", p.display()));
+        }
+    }
+    None
 }
 
 /// Verifies the closure of `commits` (each commit, and every dirtree,
