@@ -23,6 +23,7 @@ Exit codes:
   3  verification failed: object checksum, signature, summary signature, ref binding
   4  downgrade refused (older timestamp or lower version; see --allow-downgrade)
   5  local repo error (open, read, write, disk full)
+  130 interrupted (SIGINT or SIGTERM)
 On any failure the ref does not move.";
 
 const VERIFY_EXIT_CODES: &str = "\

@@ -19,6 +19,9 @@ pub mod exit {
     pub const DOWNGRADE: u8 = 4;
     /// The local repo could not be opened, read or written.
     pub const LOCAL_REPO: u8 = 5;
+    /// SIGINT or SIGTERM stopped the pull (128 + SIGINT, as shells report
+    /// it).
+    pub const INTERRUPTED: u8 = 130;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +36,8 @@ pub enum PullError {
     Downgrade(anyhow::Error),
     #[error("{0:#}")]
     LocalRepo(anyhow::Error),
+    #[error("{0:#}")]
+    Interrupted(anyhow::Error),
 }
 
 impl PullError {
@@ -43,6 +48,7 @@ impl PullError {
             PullError::Verification(_) => exit::VERIFICATION,
             PullError::Downgrade(_) => exit::DOWNGRADE,
             PullError::LocalRepo(_) => exit::LOCAL_REPO,
+            PullError::Interrupted(_) => exit::INTERRUPTED,
         }
     }
 
@@ -54,6 +60,7 @@ impl PullError {
             PullError::Verification(_) => "verification",
             PullError::Downgrade(_) => "downgrade",
             PullError::LocalRepo(_) => "local-repo",
+            PullError::Interrupted(_) => "interrupted",
         }
     }
 }

@@ -91,7 +91,17 @@ pub fn pull(opts: &PullOptions, reporter: Arc<Reporter>) -> PullResult<()> {
         governor: governor.clone(),
         reporter: reporter.clone(),
     };
-    let r = rt.block_on(pull_async(req));
+    // A signal ends the pull between two steps of it (a ref is moved by
+    // one synchronous call, never cut in half), reported like any failure.
+    let r = rt.block_on(async {
+        tokio::select! {
+            r = pull_async(req) => r,
+            why = interrupted() => Err(PullError::Interrupted(anyhow!(
+                "{why}: the pull was stopped; the ref did not move, and the next pull \
+                 resumes"
+            ))),
+        }
+    });
     // Writer threads still streaming when the deadline struck end as their
     // bodies close, and those waiting on the governor's backlog as it gives
     // up; none of them can link an object that did not verify.
@@ -101,6 +111,23 @@ pub fn pull(opts: &PullOptions, reporter: Arc<Reporter>) -> PullResult<()> {
     rt.shutdown_timeout(SHUTDOWN_GRACE);
     reporter.finish();
     r
+}
+
+/// Resolves at the first SIGINT or SIGTERM, naming it; never if the
+/// handlers cannot be installed (the signal then kills, as by default,
+/// which a pull survives too).
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => tokio::select! {
+            _ = int.recv() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        },
+        _ => std::future::pending().await,
+    }
 }
 
 /// How long a pull that failed waits for its writer threads to stop.

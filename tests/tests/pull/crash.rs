@@ -251,3 +251,69 @@ fn torn_objects_left_by_a_power_cut_are_fetched_again() {
     assert!(evs.iter().all(|e| e["event"] != "resume"), "{evs:?}");
     assert_eq!(event(&evs, "done")["objects_rechecked"].as_u64(), Some(0));
 }
+
+/// SIGINT and SIGTERM mid-pull: the client stops between two steps, says
+/// so in an `error` event (kind `interrupted`) and exits 130, the ref
+/// unmoved and the repo fsck-clean; the next run completes.
+#[test]
+fn sigint_and_sigterm_stop_the_pull_and_say_so() {
+    use rustix::process::Signal;
+    let (v1, v2) = (v1(), v2());
+    let tmp = tempdir();
+    let server = Server::release(v2);
+    let repo = repo_at_v1(&tmp.path().join("repo")).unwrap();
+    for sig in [Signal::INT, Signal::TERM] {
+        // Paced slowly, so that the signal lands mid-pull.
+        let mut child = client(pull_args(
+            &repo.repo,
+            &server.url,
+            fixture_ref(),
+            &["--io-max-rate", "1M"],
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawning the client");
+        let out = child.stdout.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + KILL_WAIT;
+        while !seen
+            .iter()
+            .any(|l: &String| l.contains("\"event\":\"progress\""))
+        {
+            assert!(Instant::now() < deadline, "{sig:?}: no progress: {seen:?}");
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "{sig:?}: ended: {seen:?}"
+            );
+            seen.extend(lines.try_iter());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let pid = rustix::process::Pid::from_child(&child);
+        rustix::process::kill_process(pid, sig).unwrap();
+        let status = child.wait().unwrap();
+        seen.extend(lines.iter());
+        assert_eq!(status.code(), Some(130), "{sig:?}: {status}: {seen:?}");
+        let last: serde_json::Value = serde_json::from_str(seen.last().unwrap()).unwrap();
+        assert_eq!(last["event"], "error", "{sig:?}: {last}");
+        assert_eq!(last["kind"], "interrupted", "{sig:?}: {last}");
+        assert_eq!(
+            ref_target(&repo, fixture_ref()).as_deref(),
+            Some(v1.commit.as_str()),
+            "{sig:?}"
+        );
+        repo.fsck().unwrap_or_else(|e| panic!("{sig:?}: {e:#}"));
+    }
+    let out = run_client(&pull_args(&repo.repo, &server.url, fixture_ref(), &[]));
+    expect_ok(&out, "the run after the signals");
+    assert_eq!(repo.rev_parse(fixture_ref()).unwrap(), v2.commit);
+}
