@@ -62,12 +62,14 @@ pub enum FetchError {
     Status { path: String, status: u16 },
     #[error("{path}: {bytes} bytes exceeds the {max} byte limit for this object")]
     TooLarge { path: String, bytes: u64, max: u64 },
-    #[error("{path}: {source:#}")]
-    Network { path: String, source: anyhow::Error },
+    // `error`, not `source`: thiserror would make it the error's source,
+    // and `{:#}` of the chain would then say it twice.
+    #[error("{path}: {error:#}")]
+    Network { path: String, error: anyhow::Error },
     /// The server answered with something we refuse to follow (a redirect
     /// to another origin): asking again would get the same answer.
-    #[error("{path}: {source:#}")]
-    Refused { path: String, source: anyhow::Error },
+    #[error("{path}: {error:#}")]
+    Refused { path: String, error: anyhow::Error },
     /// The consumer refused the bytes (bad checksum, bad format).
     #[error("{0:#}")]
     Corrupt(anyhow::Error),
@@ -298,12 +300,12 @@ impl Fetcher {
                 if e.is_redirect() {
                     FetchError::Refused {
                         path,
-                        source: e.without_url().into(),
+                        error: e.without_url().into(),
                     }
                 } else {
                     FetchError::Network {
                         path,
-                        source: e.without_url().into(),
+                        error: e.without_url().into(),
                     }
                 }
             })?;
@@ -341,7 +343,7 @@ impl Fetcher {
             while let Some(chunk) = body.next().await {
                 let chunk = chunk.map_err(|e| FetchError::Network {
                     path: path.to_owned(),
-                    source: e.into(),
+                    error: e.into(),
                 })?;
                 self.counters
                     .bytes
@@ -384,7 +386,7 @@ impl Fetcher {
                 Self::check_len(path, &resp, max)?;
                 let len = resp.content_length().ok_or_else(|| FetchError::Network {
                     path: path.to_owned(),
-                    source: anyhow!("response has no Content-Length"),
+                    error: anyhow!("response has no Content-Length"),
                 })?;
                 let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
                 let broken = Arc::new(AtomicBool::new(false));
@@ -429,7 +431,7 @@ impl Fetcher {
                     Err(_) if net_err.is_some() || broken.load(Ordering::SeqCst) => {
                         Err(FetchError::Network {
                             path: path.to_owned(),
-                            source: net_err.map_or_else(
+                            error: net_err.map_or_else(
                                 || anyhow!("response body ended early"),
                                 anyhow::Error::from,
                             ),

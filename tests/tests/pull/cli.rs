@@ -180,3 +180,43 @@ fn a_url_pull_moves_the_local_ref_whatever_a_remote_ref_says() {
     assert_eq!(moved["to"], new.as_str(), "{moved}");
     assert_eq!(ref_target(&node, &format!("os:{TINY_REF}")), Some(old));
 }
+
+/// An https:// remote (here nginx terminating TLS in front of the server,
+/// with a throwaway CA the client trusts through `SSL_CERT_FILE`, as
+/// through the system store on a node): pulled over TLS; and one whose
+/// certificate the client does not trust is refused.
+#[test]
+fn an_https_remote_is_pulled_over_tls() {
+    use oscontent_testkit::nginx::Nginx;
+    use oscontent_testkit::registry::Pki;
+    let tmp = tempdir();
+    let served = tmp.path().join("served");
+    let commit = tiny_commit(&served, "1", Some(TINY_REF), 21).unwrap();
+    let server = Server::repo(&served).start().unwrap();
+    let pki = Pki::generate(&tmp.path().join("pki")).unwrap();
+    let conf = format!(
+        "server {{\n listen 127.0.0.1:PORT ssl;\n ssl_certificate {};\n ssl_certificate_key {};\n \
+         location / {{ proxy_pass http://{}; }}\n}}\n",
+        pki.cert.display(),
+        pki.key.display(),
+        server.addr
+    );
+    let nginx = Nginx::start(&tmp.path().join("nginx"), &conf).unwrap();
+    let url = format!("https://127.0.0.1:{}", nginx.addr.port());
+    let node = Ostree::init(&tmp.path().join("node"), "bare-user").unwrap();
+    let args = pull_args(&node.repo, &url, TINY_REF, &[]);
+
+    let untrusted = run_bounded(
+        client(&args).env("SSL_CERT_FILE", tmp.path().join("none.crt")),
+        CLIENT_TIMEOUT,
+    )
+    .unwrap();
+    expect_code(&untrusted, 2, "an untrusted certificate");
+    assert_eq!(ref_target(&node, TINY_REF), None);
+
+    let out = run_bounded(client(&args).env("SSL_CERT_FILE", &pki.ca), CLIENT_TIMEOUT).unwrap();
+    let evs = expect_ok(&out, "pull over TLS");
+    assert_eq!(event(&evs, "start")["protocol"], "HTTP/1.1");
+    assert_eq!(ref_target(&node, TINY_REF), Some(commit));
+    node.fsck().unwrap();
+}
