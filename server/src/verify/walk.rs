@@ -40,7 +40,25 @@ enum Found {
     Content,
 }
 
-impl Walk<'_> {
+impl<'a> Walk<'a> {
+    /// A walk over `roots` with `opts`' verdicts, and the threads to run it
+    /// on; `lenient`: an object absent from every root is skipped.
+    fn new(roots: &'a [Root], opts: &'a VerifyOptions, lenient: bool) -> (Self, usize) {
+        let walk = Walk {
+            roots,
+            cache: opts.cache.as_deref(),
+            verdicts: Mutex::new(HashMap::new()),
+            hashed: AtomicUsize::new(0),
+            lenient: AtomicBool::new(lenient),
+        };
+        let jobs = if opts.jobs == 0 {
+            default_jobs()
+        } else {
+            opts.jobs
+        };
+        (walk, jobs)
+    }
+
     /// The file the generation would serve for `o`: the first root's.
     fn open(&self, o: &ObjectName) -> Result<Option<(&Root, std::fs::File, std::fs::Metadata)>> {
         let rel = o.path();
@@ -184,18 +202,7 @@ pub fn verify_with_history(
     history: usize,
     opts: &VerifyOptions,
 ) -> Result<VerifiedSet> {
-    let walk = Walk {
-        roots,
-        cache: opts.cache.as_deref(),
-        verdicts: Mutex::new(HashMap::new()),
-        hashed: AtomicUsize::new(0),
-        lenient: AtomicBool::new(false),
-    };
-    let jobs = if opts.jobs == 0 {
-        default_jobs()
-    } else {
-        opts.jobs
-    };
+    let (walk, jobs) = Walk::new(roots, opts, false);
     let mut set = VerifiedSet::default();
     let mut parents = walk.closure(tips, jobs, &mut set)?;
     parents.extend(others.iter().filter(|c| !tips.contains(c)));
@@ -326,18 +333,7 @@ impl Walk<'_> {
 /// object gone from the roots answers 404, so it is not a failure here.
 /// Deltas are not checked again.
 pub fn recheck(roots: &[Root], set: &VerifiedSet, opts: &VerifyOptions) -> Result<()> {
-    let walk = Walk {
-        roots,
-        cache: opts.cache.as_deref(),
-        verdicts: Mutex::new(HashMap::new()),
-        hashed: AtomicUsize::new(0),
-        lenient: AtomicBool::new(true),
-    };
-    let jobs = if opts.jobs == 0 {
-        default_jobs()
-    } else {
-        opts.jobs
-    };
+    let (walk, jobs) = Walk::new(roots, opts, true);
     parallel(set.objects().copied().collect(), jobs, |o| {
         walk.check(&o).map(drop)
     })

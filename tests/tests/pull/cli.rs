@@ -6,95 +6,38 @@
 use super::support::*;
 use oscontent_testkit::*;
 
+/// Nothing listens here: a connection fails with 2.
+const URL: &str = "http://127.0.0.1:9";
+
 #[test]
 fn usage_errors_exit_1_and_say_what_was_wrong() {
     let tmp = tempdir();
     let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
     let r = repo.repo.display().to_string();
-    // Nothing listens here: only a usage error can end these runs before
-    // a connection is tried, and a connection would fail with 2.
-    let url = "http://127.0.0.1:9";
-    // (args, what the message must contain)
-    let cases: Vec<(Vec<&str>, &str)> = vec![
-        (
-            vec!["pull", "--repo", &r, "--url", url, "--ref", "a", "--bogus"],
-            "--bogus",
-        ),
-        (
-            vec!["pull", "--repo", &r, "--url", url, "--commit", "zz"],
-            "--commit",
-        ),
-        (
-            vec![
-                "pull",
-                "--repo",
-                &r,
-                "--url",
-                url,
-                "--ref",
-                "a",
-                "--io-mode",
-                "fast",
-            ],
-            "fast",
-        ),
-        (
-            vec![
-                "pull",
-                "--repo",
-                &r,
-                "--url",
-                url,
-                "--ref",
-                "a",
-                "--timeout",
-                "0",
-            ],
-            "--timeout",
-        ),
-        (
-            vec![
-                "pull", "--repo", &r, "--url", url, "--remote", "os", "--ref", "a",
-            ],
-            "--remote",
-        ),
-        (vec!["pull", "--repo", &r, "--ref", "a"], "--url"),
-        (
-            vec!["pull", "--repo", &r, "--url", "notaurl", "--ref", "a"],
-            "must start with http",
-        ),
-        (
-            vec![
-                "pull",
-                "--repo",
-                &r,
-                "--url",
-                "mirrorlist=http://h/l",
-                "--ref",
-                "a",
-            ],
-            "mirrorlists are not supported",
-        ),
-        (
-            vec![
-                "pull",
-                "--repo",
-                &r,
-                "--url",
-                url,
-                "--ref",
-                "a",
-                "--concurrency",
-                "0",
-            ],
-            "--concurrency",
-        ),
-        (
-            vec!["ls-remote", "--url", "notaurl"],
-            "must start with http",
-        ),
-        (vec!["verify", "--url", url], "--ref"),
+    // `pull --repo R` and then these (nothing listens at URL: only a usage
+    // error can end these runs before a connection is tried).
+    #[rustfmt::skip]
+    let pulls: [(&[&str], &str); 9] = [
+        (&["--url", URL, "--ref", "a", "--bogus"], "--bogus"),
+        (&["--url", URL, "--commit", "zz"], "--commit"),
+        (&["--url", URL, "--ref", "a", "--io-mode", "fast"], "fast"),
+        (&["--url", URL, "--ref", "a", "--timeout", "0"], "--timeout"),
+        (&["--url", URL, "--remote", "os", "--ref", "a"], "--remote"),
+        (&["--ref", "a"], "--url"),
+        (&["--url", "notaurl", "--ref", "a"], "must start with http"),
+        (&["--url", "mirrorlist=http://h/l", "--ref", "a"], "mirrorlists are not supported"),
+        (&["--url", URL, "--ref", "a", "--concurrency", "0"], "--concurrency"),
     ];
+    // (args, what the message must contain)
+    let mut cases: Vec<(Vec<&str>, &str)> = pulls
+        .iter()
+        .map(|(rest, says)| ([&["pull", "--repo", r.as_str()][..], rest].concat(), *says))
+        .collect();
+    cases.push((
+        vec!["ls-remote", "--url", "notaurl"],
+        "must start with http",
+    ));
+    cases.push((vec!["verify", "--url", URL], "--ref"));
     for (args, says) in cases {
         for json in [false, true] {
             let mut args = args.clone();
@@ -122,7 +65,7 @@ fn usage_errors_exit_1_and_say_what_was_wrong() {
         expect_code(&run_client(&args), 0, &args.join(" "));
     }
     // And a failed connection is the network's: 2, for ls-remote too.
-    let out = run_client(&["ls-remote", "--url", url, "--json"]);
+    let out = run_client(&["ls-remote", "--url", URL, "--json"]);
     expect_code(&out, 2, "ls-remote, nothing listening");
     assert_eq!(event(&events(&out), "error")["kind"], "network");
 }

@@ -33,18 +33,14 @@ fn present(repo: &Ostree) -> BTreeSet<(String, String)> {
         .collect()
 }
 
-fn spawn(repo: &Ostree, url: &str) -> (Child, mpsc::Receiver<String>) {
-    let mut child = client(pull_args(
-        &repo.repo,
-        url,
-        fixture_ref(),
-        &["--concurrency", "2"],
-    ))
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null())
-    .spawn()
-    .expect("spawning the client");
+/// `pull --json EXTRA...` running, and its stdout lines as they come.
+fn spawn(repo: &Ostree, url: &str, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut child = client(pull_args(&repo.repo, url, fixture_ref(), extra))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawning the client");
     let (tx, rx) = mpsc::channel();
     let out = child.stdout.take().expect("piped");
     std::thread::spawn(move || {
@@ -86,7 +82,7 @@ fn sigkill_at_20_points_then_resume() {
         let before = present(&repo);
         let log0 = server.access_log().unwrap().len();
         let fwd0 = faults.forwarded();
-        let (mut child, lines) = spawn(&repo, &proxy.url);
+        let (mut child, lines) = spawn(&repo, &proxy.url, &["--concurrency", "2"]);
         let deadline = Instant::now() + KILL_WAIT;
         let mut finished = false;
         loop {
@@ -176,7 +172,7 @@ fn torn_objects_left_by_a_power_cut_are_fetched_again() {
     let repo = repo_at_v1(&tmp.path().join("repo")).unwrap();
     let old = present(&repo);
 
-    let (mut child, _lines) = spawn(&repo, &proxy.url);
+    let (mut child, _lines) = spawn(&repo, &proxy.url, &["--concurrency", "2"]);
     let deadline = Instant::now() + KILL_WAIT;
     let new_content = |repo: &Ostree| {
         present(repo)
@@ -264,26 +260,7 @@ fn sigint_and_sigterm_stop_the_pull_and_say_so() {
     let repo = repo_at_v1(&tmp.path().join("repo")).unwrap();
     for sig in [Signal::INT, Signal::TERM] {
         // Paced slowly, so that the signal lands mid-pull.
-        let mut child = client(pull_args(
-            &repo.repo,
-            &server.url,
-            fixture_ref(),
-            &["--io-max-rate", "1M"],
-        ))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawning the client");
-        let out = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
+        let (mut child, lines) = spawn(&repo, &server.url, &["--io-max-rate", "1M"]);
         let mut seen = Vec::new();
         let deadline = Instant::now() + KILL_WAIT;
         while !seen

@@ -52,16 +52,12 @@ fn tampered_update(copy: &Path) -> String {
     victim.clone()
 }
 
-#[test]
-fn a_tampered_object_is_refused_and_the_verified_generation_serves_on() {
-    let v1 = v1();
-    let tmp = tempdir();
-    let copy = live_repo(tmp.path());
-    let mut server = Server::repo(&copy).start().unwrap();
-    let victim = tampered_update(&copy);
+/// SIGHUPs the server and waits for the error line with `needle`, which
+/// must name `victim` as corrupt.
+fn refused_at_sighup(server: &mut Server, needle: &str, victim: &str) {
     server.sighup().unwrap();
     let errors = server
-        .wait_stderr_lines(" ERROR ", 1, Duration::from_secs(60))
+        .wait_stderr_lines(needle, 1, Duration::from_secs(60))
         .unwrap();
     assert!(
         errors
@@ -69,6 +65,16 @@ fn a_tampered_object_is_refused_and_the_verified_generation_serves_on() {
             .any(|l| l.contains(&format!("content object {victim} is corrupt"))),
         "the error names the object: {errors:?}"
     );
+}
+
+#[test]
+fn a_tampered_object_is_refused_and_the_verified_generation_serves_on() {
+    let v1 = v1();
+    let tmp = tempdir();
+    let copy = live_repo(tmp.path());
+    let mut server = Server::repo(&copy).start().unwrap();
+    let victim = tampered_update(&copy);
+    refused_at_sighup(&mut server, " ERROR ", &victim);
     assert_eq!(server.get("/readyz").unwrap().status, 200);
     let r = server
         .get(&format!("/refs/heads/{}", fixture_ref()))
@@ -108,16 +114,7 @@ fn a_served_object_found_tampered_withdraws_the_generation_until_it_verifies() {
     let mut server = Server::repo(&copy).start().unwrap();
     let (victim, path, genuine) = tamper_a_served_object(&copy);
     let url_path = object_url_path(&victim, "filez");
-    server.sighup().unwrap();
-    let errors = server
-        .wait_stderr_lines("withdrawn", 1, Duration::from_secs(60))
-        .unwrap();
-    assert!(
-        errors
-            .iter()
-            .any(|l| l.contains(&format!("content object {victim} is corrupt"))),
-        "the error names the object: {errors:?}"
-    );
+    refused_at_sighup(&mut server, "withdrawn", &victim);
     // Serving on would serve the bytes that did not verify.
     assert_eq!(server.get("/readyz").unwrap().status, 503);
     assert_eq!(server.get(&url_path).unwrap().status, 503);
