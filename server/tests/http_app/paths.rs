@@ -208,7 +208,8 @@ async fn an_http11_request_needs_exactly_one_host() {
     let two = [("host", "a"), ("host", "b")];
     // (version, headers, status): RFC 9112 §3.2 for HTTP/1.1; HTTP/1.0 may
     // leave it out; HTTP/2 carries :authority instead.
-    let cases: [(Version, &[(&str, &str)], u16); 6] = [
+    type Headers<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(Version, Headers, u16); 6] = [
         (Version::HTTP_11, &one, 200),
         (Version::HTTP_11, &[], 400),
         (Version::HTTP_11, &two, 400),
