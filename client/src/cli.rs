@@ -109,7 +109,7 @@ pub struct PullArgs {
     /// ceiling but the feedback loop's.
     #[arg(long, value_name = "BYTES_PER_S", value_parser = parse_rate)]
     pub io_max_rate: Option<u64>,
-    /// Requests (objects) in flight at once.
+    /// Requests (objects) in flight at once (1 to 64).
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
     /// Give up when fetching has not finished within this time (e.g. 90s,

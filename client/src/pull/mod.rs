@@ -150,6 +150,11 @@ async fn within<T>(
     })?
 }
 
+/// The most requests in flight: over HTTP/1.1 each is a connection, and
+/// oscontent-server accepts 64 from one address by default
+/// (`--max-connections-per-ip`); past that a pull only collects resets.
+pub const MAX_CONCURRENCY: usize = 64;
+
 /// What the command line cannot check by itself.
 fn check_usage(opts: &PullOptions) -> PullResult<()> {
     if opts.ref_name.is_none() && opts.commit.is_none() {
@@ -158,9 +163,11 @@ fn check_usage(opts: &PullOptions) -> PullResult<()> {
     if let Some(r) = &opts.ref_name {
         validate_ref(r).usage()?;
     }
-    if opts.concurrency == 0 {
+    if !(1..=MAX_CONCURRENCY).contains(&opts.concurrency) {
         return Err(PullError::Usage(anyhow!(
-            "--concurrency must be at least 1"
+            "--concurrency must be 1 to {MAX_CONCURRENCY} (a server's default cap on one \
+             address's connections), not {}",
+            opts.concurrency
         )));
     }
     Ok(())

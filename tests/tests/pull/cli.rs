@@ -17,7 +17,7 @@ fn usage_errors_exit_1_and_say_what_was_wrong() {
     // `pull --repo R` and then these (nothing listens at URL: only a usage
     // error can end these runs before a connection is tried).
     #[rustfmt::skip]
-    let pulls: [(&[&str], &str); 9] = [
+    let pulls: [(&[&str], &str); 10] = [
         (&["--url", URL, "--ref", "a", "--bogus"], "--bogus"),
         (&["--url", URL, "--commit", "zz"], "--commit"),
         (&["--url", URL, "--ref", "a", "--io-mode", "fast"], "fast"),
@@ -27,6 +27,7 @@ fn usage_errors_exit_1_and_say_what_was_wrong() {
         (&["--url", "notaurl", "--ref", "a"], "must start with http"),
         (&["--url", "mirrorlist=http://h/l", "--ref", "a"], "mirrorlists are not supported"),
         (&["--url", URL, "--ref", "a", "--concurrency", "0"], "--concurrency"),
+        (&["--url", URL, "--ref", "a", "--concurrency", "65"], "--concurrency must be 1 to 64"),
     ];
     // (args, what the message must contain)
     let mut cases: Vec<(Vec<&str>, &str)> = pulls
