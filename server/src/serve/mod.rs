@@ -78,18 +78,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
     };
     tokio::spawn(crate::deltas::run(deltas, sink.clone()));
     let addr = listener.local_addr().context("reading the bound address")?;
-    // One line on stdout, for scripts and tests that bind port 0; on stderr
-    // when stdout is the access log, which stays JSON lines only.
-    if args
-        .access_log
-        .as_deref()
-        .is_some_and(|p| p.as_os_str() == "-")
-    {
-        eprintln!("listening on http://{addr}");
-    } else {
-        println!("listening on http://{addr}");
-        std::io::stdout().flush().ok();
-    }
+    // One line on stdout, for scripts and tests that bind port 0 (with
+    // `--access-log -` too: the deploy's tests read it there).
+    println!("listening on http://{addr}");
+    std::io::stdout().flush().ok();
     tracing::info!(%addr, "serving");
     let timeout = Duration::from_secs(args.shutdown_timeout);
     serve_until_stopped(listener, state, limits, signals, publisher, timeout).await
