@@ -157,6 +157,26 @@ struct State {
 }
 
 impl State {
+    /// Nothing queued or uncommitted yet.
+    fn new(config: AimdConfig, commit_gap: Duration) -> Self {
+        Self {
+            queue: VecDeque::new(),
+            backlog: 0,
+            unforced: 0,
+            flushed_unforced: 0,
+            unforced_bytes: 0,
+            last_commit: None,
+            commit_gap,
+            flushed_file: None,
+            in_flight: false,
+            closed: false,
+            error: None,
+            aimd: Aimd::new(config),
+            next_slot: None,
+            stats: FlusherStats::default(),
+        }
+    }
+
     fn backlog_limit(&self) -> u64 {
         ((self.aimd.rate * BACKLOG_SECS) as u64).clamp(MIN_BACKLOG, MAX_BACKLOG)
     }
@@ -246,22 +266,7 @@ impl Flusher {
 
     fn start_with_gap(config: AimdConfig, commit_gap: Duration) -> io::Result<Self> {
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                queue: VecDeque::new(),
-                backlog: 0,
-                unforced: 0,
-                flushed_unforced: 0,
-                unforced_bytes: 0,
-                last_commit: None,
-                commit_gap,
-                flushed_file: None,
-                in_flight: false,
-                closed: false,
-                error: None,
-                aimd: Aimd::new(config),
-                next_slot: None,
-                stats: FlusherStats::default(),
-            }),
+            state: Mutex::new(State::new(config, commit_gap)),
             work: Condvar::new(),
             room: Condvar::new(),
         });

@@ -10,22 +10,7 @@ fn state(batch: u64, object_cost: u64, items: &[u64], dir: &std::path::Path) -> 
     let mut cfg = AimdConfig::new(Duration::from_millis(10));
     cfg.initial_batch = batch;
     cfg.object_cost = object_cost;
-    let mut st = State {
-        queue: VecDeque::new(),
-        backlog: 0,
-        unforced: 0,
-        flushed_unforced: 0,
-        unforced_bytes: 0,
-        last_commit: None,
-        commit_gap: COMMIT_GAP,
-        flushed_file: None,
-        in_flight: false,
-        closed: false,
-        error: None,
-        aimd: Aimd::new(cfg),
-        next_slot: None,
-        stats: FlusherStats::default(),
-    };
+    let mut st = State::new(cfg, COMMIT_GAP);
     for (n, &len) in items.iter().enumerate() {
         st.queue.push_back(Item {
             file: file_of(dir, &n.to_string(), len as usize),
