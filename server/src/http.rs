@@ -12,6 +12,7 @@ use crate::serve::sink::Sink;
 use crate::served::body;
 use crate::served::metadata::{self, digest_etag, MetadataError};
 use crate::served::objects::Loaded;
+use crate::served::streams::{StreamBudget, StreamPermit};
 use crate::served::{Generation, Layer, Resolved};
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
@@ -23,7 +24,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode};
 use oscontent_format::{ObjectName, RepoPath};
 use std::io::Write;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -42,6 +43,10 @@ pub struct HttpConfig {
     pub metadata_max_age: Duration,
     /// Bytes of immutable objects kept in memory (0: none).
     pub cache_size: usize,
+    /// Files streamed at once, all clients together (`served::streams`).
+    pub max_streamed_files: usize,
+    /// The listener's idle timeout, which bounds a wait for such a place.
+    pub idle_timeout: Duration,
 }
 
 impl Default for HttpConfig {
@@ -49,6 +54,8 @@ impl Default for HttpConfig {
         Self {
             metadata_max_age: Duration::from_secs(30),
             cache_size: DEFAULT_CACHE_SIZE,
+            max_streamed_files: crate::listen::limits::Limits::default().max_streamed_files,
+            idle_timeout: crate::listen::limits::Limits::default().idle_timeout,
         }
     }
 }
@@ -65,6 +72,8 @@ pub struct Inner {
     /// Immutable objects, by generation and name; the sink's, which
     /// publication warms before a generation becomes visible.
     pub cache: Arc<ObjectCache>,
+    /// Places for files being streamed.
+    pub streams: Arc<StreamBudget>,
     /// `Cache-Control` of what is not immutable, made once.
     short_lived: HeaderValue,
     access_log: Option<AccessLog>,
@@ -110,10 +119,12 @@ impl AppState {
         ))
         .context("the metadata max-age as a header")?;
         let cache = sink.attach_cache(ObjectCache::new(config.cache_size));
+        let streams = StreamBudget::new(config.max_streamed_files, config.idle_timeout);
         Ok(Self(Arc::new(Inner {
             metrics,
             sink,
             cache,
+            streams,
             short_lived,
             config,
             access_log,
@@ -166,6 +177,10 @@ async fn readyz(State(st): State<AppState>) -> Response {
 }
 
 async fn metrics(State(st): State<AppState>) -> Response {
+    st.metrics
+        .connections
+        .streamed_files
+        .set(i64::try_from(st.streams.in_use()).unwrap_or(i64::MAX));
     let (text, ctype) = st.metrics.render();
     ([(header::CONTENT_TYPE, ctype)], text).into_response()
 }
@@ -189,15 +204,28 @@ pub fn classify(path: &str) -> &'static str {
     }
 }
 
+/// Requests refused before routing, by what their head says.
 /// RFC 9112 §3.2: an HTTP/1.1 request carries exactly one Host, or is
 /// answered 400 (as nginx does). HTTP/1.0 need not; HTTP/2's authority is a
-/// pseudo-header, and a Host beside it is optional.
-fn host_ok(version: axum::http::Version, headers: &HeaderMap) -> bool {
+/// pseudo-header, and a Host beside it is optional. RFC 9110 §10.1.1: an
+/// expectation other than `100-continue` (which hyper answers) cannot be
+/// met, and says so with 417 rather than being ignored.
+fn refused_head(version: axum::http::Version, headers: &HeaderMap) -> Option<AppError> {
     let hosts = headers.get_all(header::HOST).iter().count();
-    match version {
+    let host_ok = match version {
         axum::http::Version::HTTP_11 => hosts == 1,
         _ => hosts <= 1,
+    };
+    if !host_ok {
+        return Some(AppError::BadRequest);
     }
+    let unmet = headers
+        .get_all(header::EXPECT)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .any(|e| !e.is_empty() && !e.eq_ignore_ascii_case(b"100-continue"));
+    unmet.then_some(AppError::ExpectationFailed)
 }
 
 /// Metrics and the access log for every request. Counting takes no lock
@@ -218,10 +246,9 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
                 .map(|c| c.0.ip()),
         )
     });
-    let resp = if host_ok(req.version(), req.headers()) {
-        next.run(req).await
-    } else {
-        AppError::BadRequest.into_response()
+    let resp = match refused_head(req.version(), req.headers()) {
+        None => next.run(req).await,
+        Some(e) => e.into_response(),
     };
     let elapsed = start.elapsed();
     let status = resp.status().as_u16();
@@ -310,9 +337,13 @@ pub enum AppError {
     /// A request HTTP forbids answering (an HTTP/1.1 request without
     /// exactly one Host).
     BadRequest,
+    /// An `Expect` other than `100-continue`.
+    ExpectationFailed,
     NotFound,
     MethodNotAllowed,
     Unavailable,
+    /// No place among the files streamed at once came in time.
+    Busy(crate::served::streams::Exhausted),
     Internal(anyhow::Error),
 }
 
@@ -326,6 +357,7 @@ impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let (status, extra) = match self {
             AppError::BadRequest => (StatusCode::BAD_REQUEST, None),
+            AppError::ExpectationFailed => (StatusCode::EXPECTATION_FAILED, None),
             AppError::NotFound => (StatusCode::NOT_FOUND, None),
             AppError::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -335,6 +367,15 @@ impl IntoResponse for AppError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 Some((header::RETRY_AFTER, "5")),
             ),
+            // Debug, not warn: under the abuse it answers, one line per
+            // request would be the next flood.
+            AppError::Busy(e) => {
+                tracing::debug!("refused a streamed file: {e}");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Some((header::RETRY_AFTER, "1")),
+                )
+            }
             AppError::Internal(e) => {
                 tracing::error!("internal error: {e:#}");
                 (StatusCode::INTERNAL_SERVER_ERROR, None)
@@ -368,80 +409,136 @@ fn policy(p: &RepoPath) -> CachePolicy {
 /// Serves one repo path. GET and HEAD only. Takes the request whole: the
 /// `HeaderMap` extractor would copy the headers.
 async fn repo(State(st): State<AppState>, req: Request) -> Response {
-    match serve_repo(&st, req.method(), req.headers(), req.uri().path()).await {
+    // In-process tests call the router without a connection.
+    let client = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip());
+    let asked = Asked {
+        method: req.method(),
+        headers: req.headers(),
+        client,
+    };
+    match serve_repo(&st, &asked, req.uri().path()).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
 }
 
-async fn serve_repo(
-    st: &AppState,
-    method: &Method,
-    headers: &HeaderMap,
-    path: &str,
-) -> Result<Response, AppError> {
+/// What a repo request asks for, and who asks.
+struct Asked<'a> {
+    method: &'a Method,
+    headers: &'a HeaderMap,
+    client: IpAddr,
+}
+
+impl Asked<'_> {
+    fn head(&self) -> bool {
+        self.method == Method::HEAD
+    }
+}
+
+async fn serve_repo(st: &AppState, asked: &Asked<'_>, path: &str) -> Result<Response, AppError> {
     let Some(rp) = path.strip_prefix('/').and_then(RepoPath::parse) else {
         return Err(AppError::NotFound);
     };
-    if method != Method::GET && method != Method::HEAD {
+    if asked.method != Method::GET && asked.method != Method::HEAD {
         return Err(AppError::MethodNotAllowed);
     }
     let Some(generation) = st.sink.current() else {
         return Err(AppError::Unavailable);
     };
-    let head = method == Method::HEAD;
     if let RepoPath::Object(name) = rp {
         if policy(&rp) == CachePolicy::Immutable {
-            return serve_object(st, &generation, headers, name, head).await;
+            return serve_object(st, &generation, asked, name).await;
         }
     }
     let cache = st.short_lived.clone();
     let cap = metadata::cap(&rp);
-    // One trip to the blocking pool resolves the path and reads (or opens)
-    // what it names.
-    let g = generation.clone();
-    let found = tokio::task::spawn_blocking(move || find(&g, &rp, cap))
-        .await
-        .map_err(|e| anyhow::anyhow!("resolver task: {e}"))?;
-    match found {
-        Ok(Found::Missing) => Err(AppError::NotFound),
-        Ok(Found::Bytes(bytes, v)) => Ok(respond_bytes(
-            headers,
-            bytes,
-            &Prepared::new(v),
-            cache,
-            head,
-        )),
-        Ok(Found::File(file, meta, layer)) => {
-            let v = Validators {
-                etag: format!(
-                    "\"{:x}-{:x}-{:x}.{:x}-{}\"",
-                    meta.ino(),
-                    meta.len(),
-                    meta.mtime(),
-                    meta.mtime_nsec(),
-                    u8::from(layer == Layer::Overlay)
-                ),
-                last_modified: meta.modified().ok(),
-            };
-            Ok(respond_file(
-                headers,
-                file,
-                meta.len(),
+    let mut permit = None;
+    loop {
+        // One trip to the blocking pool resolves the path and reads (or
+        // opens) what it names.
+        let g = generation.clone();
+        let rp = rp.clone();
+        let found = tokio::task::spawn_blocking(move || find(&g, &rp, cap))
+            .await
+            .map_err(|e| anyhow::anyhow!("resolver task: {e}"))?;
+        return match found {
+            Ok(Found::Missing) => Err(AppError::NotFound),
+            Ok(Found::Bytes(bytes, v)) => Ok(respond_bytes(
+                asked.headers,
+                bytes,
                 &Prepared::new(v),
                 cache,
-                head,
-            ))
+                asked.head(),
+            )),
+            Ok(Found::File(file, meta, layer)) => {
+                let Some(permit) = streaming_permit(st, asked, file, &mut permit).await? else {
+                    continue;
+                };
+                let v = Validators {
+                    etag: format!(
+                        "\"{:x}-{:x}-{:x}.{:x}-{}\"",
+                        meta.ino(),
+                        meta.len(),
+                        meta.mtime(),
+                        meta.mtime_nsec(),
+                        u8::from(layer == Layer::Overlay)
+                    ),
+                    last_modified: meta.modified().ok(),
+                };
+                let (file, permit) = permit;
+                Ok(respond_file(
+                    asked,
+                    file,
+                    meta.len(),
+                    &Prepared::new(v),
+                    cache,
+                    permit,
+                ))
+            }
+            Err(Refused::Metadata(e @ MetadataError::TooLarge { .. })) => {
+                st.metrics
+                    .oversized_metadata
+                    .with_label_values(&[classify(path)])
+                    .inc();
+                Err(anyhow::Error::from(e).into())
+            }
+            Err(Refused::Metadata(e)) => Err(anyhow::Error::from(e).into()),
+            Err(Refused::Other(e)) => Err(e.context(format!("serving {path}")).into()),
+        };
+    }
+}
+
+/// A file about to be streamed keeps its descriptor only with a place in
+/// [`StreamBudget`] (a HEAD needs none). `Some((file, permit))` when it
+/// may go on; `None` when the file was closed to wait for a place, which
+/// `held` now has: open it again (it may have changed meanwhile).
+async fn streaming_permit(
+    st: &AppState,
+    asked: &Asked<'_>,
+    file: std::fs::File,
+    held: &mut Option<StreamPermit>,
+) -> Result<Option<(std::fs::File, Option<StreamPermit>)>, AppError> {
+    if asked.head() {
+        return Ok(Some((file, None)));
+    }
+    if let Some(p) = held.take().or_else(|| st.streams.try_take(asked.client)) {
+        return Ok(Some((file, Some(p))));
+    }
+    drop(file);
+    let waits = &st.metrics.connections.stream_waits;
+    match st.streams.take(asked.client).await {
+        Ok(p) => {
+            waits.with_label_values(&["served"]).inc();
+            *held = Some(p);
+            Ok(None)
         }
-        Err(Refused::Metadata(e @ MetadataError::TooLarge { .. })) => {
-            st.metrics
-                .oversized_metadata
-                .with_label_values(&[classify(path)])
-                .inc();
-            Err(anyhow::Error::from(e).into())
+        Err(e) => {
+            waits.with_label_values(&["refused"]).inc();
+            Err(AppError::Busy(e))
         }
-        Err(Refused::Metadata(e)) => Err(anyhow::Error::from(e).into()),
-        Err(Refused::Other(e)) => Err(e.context(format!("serving {path}")).into()),
     }
 }
 
@@ -501,51 +598,57 @@ fn find(g: &Generation, rp: &RepoPath, cap: Option<u64>) -> Result<Found, Refuse
 async fn serve_object(
     st: &AppState,
     generation: &Arc<Generation>,
-    headers: &HeaderMap,
+    asked: &Asked<'_>,
     name: ObjectName,
-    head: bool,
 ) -> Result<Response, AppError> {
     let immutable = HeaderValue::from_static(IMMUTABLE);
     let key = generation.cache_key;
     if let Some(hit) = st.cache.get(key, &name) {
         return Ok(respond_bytes(
-            headers,
+            asked.headers,
             hit.bytes.clone(),
             &hit.prepared,
             immutable,
-            head,
+            asked.head(),
         ));
     }
     let whole_upto = st.cache.max_entry().max(body::CHUNK) as u64;
-    let loaded = match generation.load_object(&name, whole_upto, true) {
-        Ok(Loaded::WouldBlock) => {
-            let g = generation.clone();
-            tokio::task::spawn_blocking(move || g.load_object(&name, whole_upto, false))
-                .await
-                .map_err(|e| anyhow::anyhow!("object task: {e}"))?
+    let mut permit = None;
+    loop {
+        let loaded = match generation.load_object(&name, whole_upto, true) {
+            Ok(Loaded::WouldBlock) => {
+                let g = generation.clone();
+                tokio::task::spawn_blocking(move || g.load_object(&name, whole_upto, false))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("object task: {e}"))?
+            }
+            other => other,
         }
-        other => other,
-    }
-    .map_err(|e| anyhow::anyhow!("reading {}: {e}", name.path()))?;
-    match loaded {
-        Loaded::Missing => Err(AppError::NotFound),
-        Loaded::Whole(bytes, meta) => {
-            let v = Prepared::for_object(&name, bytes.len() as u64, &meta);
-            let obj = CachedObject::new(bytes, v);
-            st.cache.insert(key, name, obj.clone());
-            Ok(respond_bytes(
-                headers,
-                obj.bytes.clone(),
-                &obj.prepared,
-                immutable,
-                head,
-            ))
-        }
-        Loaded::Open(file, meta) => {
-            let v = Prepared::for_object(&name, meta.len(), &meta);
-            Ok(respond_file(headers, file, meta.len(), &v, immutable, head))
-        }
-        Loaded::WouldBlock => Err(anyhow::anyhow!("a blocking load would block").into()),
+        .map_err(|e| anyhow::anyhow!("reading {}: {e}", name.path()))?;
+        return match loaded {
+            Loaded::Missing => Err(AppError::NotFound),
+            Loaded::Whole(bytes, meta) => {
+                let v = Prepared::for_object(&name, bytes.len() as u64, &meta);
+                let obj = CachedObject::new(bytes, v);
+                st.cache.insert(key, name, obj.clone());
+                Ok(respond_bytes(
+                    asked.headers,
+                    obj.bytes.clone(),
+                    &obj.prepared,
+                    immutable,
+                    asked.head(),
+                ))
+            }
+            Loaded::Open(file, meta) => {
+                let Some((file, permit)) = streaming_permit(st, asked, file, &mut permit).await?
+                else {
+                    continue;
+                };
+                let v = Prepared::for_object(&name, meta.len(), &meta);
+                Ok(respond_file(asked, file, meta.len(), &v, immutable, permit))
+            }
+            Loaded::WouldBlock => Err(anyhow::anyhow!("a blocking load would block").into()),
+        };
     }
 }
 
@@ -652,13 +755,14 @@ fn finish_headers(
 }
 
 fn respond_file(
-    h: &HeaderMap,
+    asked: &Asked<'_>,
     file: std::fs::File,
     len: u64,
     v: &Prepared,
     cache: HeaderValue,
-    head: bool,
+    permit: Option<StreamPermit>,
 ) -> Response {
+    let h = asked.headers;
     match conditional::evaluate(h, &v.validators) {
         Precondition::NotModified => return not_modified(v, cache, len),
         Precondition::Failed => return AppError::from_precondition(),
@@ -674,10 +778,10 @@ fn respond_file(
         ),
         RangeOutcome::Unsatisfiable => return unsatisfiable(len),
     };
-    let body = if head {
+    let body = if asked.head() {
         Body::empty()
     } else {
-        body::file_body(file, start, count)
+        body::file_body(file, start, count, permit)
     };
     let mut r = Response::new(body);
     *r.status_mut() = status;

@@ -265,8 +265,14 @@ pub struct Connections {
     /// Closed at accept: `total` or `per_ip` cap reached, or an
     /// `accept_error` (descriptors exhausted).
     pub refused: IntCounterVec,
-    /// Closed by the server for inactivity: `first_byte`, `idle`.
+    /// Closed by the server for inactivity: `first_byte`, `idle`,
+    /// `keepalive` (HTTP/2 PING unanswered), `header_read` (HTTP/1.1).
     pub expired: IntCounterVec,
+    /// Files being streamed now (`served::streams`), set at each scrape.
+    pub streamed_files: IntGauge,
+    /// Requests that waited for a streamed file's permit, by `outcome`:
+    /// `served`, or `refused` (503 after the wait).
+    pub stream_waits: IntCounterVec,
 }
 
 impl Connections {
@@ -288,18 +294,30 @@ impl Connections {
             ),
             expired: r.counter_vec(
                 "oscontent_http_connections_expired_total",
-                "Connections the server closed: nothing sent (first_byte) or nothing moved (idle)",
+                "Connections the server closed: nothing sent (first_byte), no response moved (idle), a keepalive PING unanswered (keepalive), a request head not whole in time (header_read)",
                 &["reason"],
             ),
+            streamed_files: r.gauge(
+                "oscontent_http_streamed_files",
+                "Files being streamed now, each holding a descriptor and a chunk (at most --max-streamed-files)",
+            ),
+            stream_waits: r.counter_vec(
+                "oscontent_http_stream_waits_total",
+                "Requests that waited for a place among the files streamed at once, by outcome: served, or refused (503)",
+                &["outcome"],
+            ),
         };
+        for outcome in ["served", "refused"] {
+            c.stream_waits.with_label_values(&[outcome]);
+        }
         for kind in ["normal", "probe_reserve"] {
             c.open.with_label_values(&[kind]);
         }
         for reason in ["total", "per_ip", "accept_error"] {
             c.refused.with_label_values(&[reason]);
         }
-        for reason in ["first_byte", "idle"] {
-            c.expired.with_label_values(&[reason]);
+        for why in crate::listen::watch::Expiry::ALL {
+            c.expired.with_label_values(&[why.label()]);
         }
         c
     }

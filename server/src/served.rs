@@ -12,6 +12,7 @@
 pub mod body;
 pub mod metadata;
 pub mod objects;
+pub mod streams;
 
 use crate::fsutil;
 use crate::verify::ObjectGate;

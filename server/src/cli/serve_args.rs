@@ -243,8 +243,9 @@ pub struct ConnectionArgs {
     /// bounds how long a keep-alive connection waits for its next request.
     #[arg(long, default_value_t = 20, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     pub header_read_timeout: u64,
-    /// Close a connection on which nothing moved either way for this long
-    /// (idle HTTP/2 connections, clients that stopped reading).
+    /// Close a connection on which no response moved for this long (idle
+    /// HTTP/2 connections, clients that stopped reading or opened no
+    /// window; frames a client sends do not count).
     #[arg(long, default_value_t = 60, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout: u64,
     /// HTTP/2 keepalive PING interval; a peer that does not answer within
@@ -258,6 +259,14 @@ pub struct ConnectionArgs {
     /// read.
     #[arg(long, default_value_t = 32 * 1024, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1024..))]
     pub h2_send_buffer: u32,
+    /// Files streamed at once, all clients together (objects bigger than
+    /// the cache takes, delta parts): each holds a descriptor and a 64 KiB
+    /// chunk for as long as its client takes to read it. A client address
+    /// gets an eighth; past that, or the total, a request waits up to 10 s
+    /// for a place, then gets 503 with Retry-After. Lowered at start to fit
+    /// the open-file limit.
+    #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streamed_files: u32,
 }
 
 impl ConnectionArgs {
@@ -274,6 +283,7 @@ impl ConnectionArgs {
             h2_keepalive: Duration::from_secs(self.h2_keepalive),
             h2_max_streams: self.h2_max_streams,
             h2_send_buffer: self.h2_send_buffer as usize,
+            max_streamed_files: self.max_streamed_files as usize,
         }
     }
 }

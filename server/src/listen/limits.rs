@@ -27,8 +27,8 @@ pub struct Limits {
     /// also how long an HTTP/1.1 keep-alive connection may wait for its next
     /// request, since hyper times the wait for a head from its start.
     pub header_read_timeout: Duration,
-    /// A connection on which no payload moved either way for this long is
-    /// closed: idle HTTP/2 connections, and readers that stopped reading.
+    /// A connection on which no response moved for this long is closed:
+    /// idle HTTP/2 connections, and readers that stopped reading.
     pub idle_timeout: Duration,
     /// HTTP/2 PING interval; a peer that does not answer within the same
     /// time is dropped.
@@ -39,6 +39,10 @@ pub struct Limits {
     /// not read (its default, ~400 KiB, times 200 streams pinned ~90 MB per
     /// connection).
     pub h2_send_buffer: usize,
+    /// Files streamed at once (objects and delta parts too big to be served
+    /// from memory), all clients together; each holds a descriptor and a
+    /// chunk in flight (`served::streams`).
+    pub max_streamed_files: usize,
 }
 
 impl Default for Limits {
@@ -54,6 +58,7 @@ impl Default for Limits {
             h2_keepalive: Duration::from_secs(30),
             h2_max_streams: 16,
             h2_send_buffer: 32 * 1024,
+            max_streamed_files: 1024,
         }
     }
 }
@@ -195,8 +200,8 @@ impl Drop for Slot {
     }
 }
 
-/// File descriptors a listener needs beyond its connections: the served
-/// files being streamed, the state dir, logs, the blocking pool's opens.
+/// File descriptors a listener needs beyond its connections and streamed
+/// files: the state dir, logs, the blocking pool's opens, publication.
 pub const FD_HEADROOM: u64 = 512;
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit (the default soft
@@ -214,21 +219,28 @@ pub fn raise_nofile() -> std::io::Result<u64> {
     Ok(getrlimit(Resource::Nofile).current.unwrap_or(1 << 20))
 }
 
-/// The connection caps that fit `nofile` open files: a configured cap that
-/// cannot be met is lowered (and said so) rather than failing at accept.
+/// The caps that fit `nofile` open files, each connection and each
+/// streamed file holding one: a configured cap that cannot be met is
+/// lowered (and said so) rather than failing at accept or at open.
+/// Streamed files get at most a quarter of what there is.
 pub fn fit_to_nofile(mut l: Limits, nofile: u64) -> Limits {
     let usable = usize::try_from(nofile.saturating_sub(FD_HEADROOM)).unwrap_or(usize::MAX);
-    if l.max_connections + l.probe_reserve > usable {
-        let reserve = l.probe_reserve.min(usable / 8);
-        let max = usable.saturating_sub(reserve).max(1);
+    if l.max_connections + l.probe_reserve + l.max_streamed_files > usable {
+        let files = l.max_streamed_files.min(usable / 4).max(1);
+        let left = usable.saturating_sub(files);
+        let reserve = l.probe_reserve.min(left / 8);
+        let max = l.max_connections.min(left.saturating_sub(reserve)).max(1);
         tracing::warn!(
             nofile,
-            requested = l.max_connections,
+            requested_connections = l.max_connections,
             max_connections = max,
-            "lowering --max-connections to fit the open-file limit"
+            requested_streamed_files = l.max_streamed_files,
+            max_streamed_files = files,
+            "lowering --max-connections and --max-streamed-files to fit the open-file limit"
         );
         l.max_connections = max;
         l.probe_reserve = reserve;
+        l.max_streamed_files = files;
     }
     l
 }
@@ -298,9 +310,31 @@ mod tests {
 
     #[test]
     fn caps_are_lowered_to_fit_the_open_file_limit() {
-        let l = fit_to_nofile(limits(4096, 128, 32, 2), 1024);
-        assert_eq!((l.max_connections, l.probe_reserve), (480, 32));
-        let l = fit_to_nofile(limits(100, 10, 8, 2), 1 << 20);
-        assert_eq!((l.max_connections, l.probe_reserve), (100, 8));
+        #[rustfmt::skip]
+        let cases = [
+            // (max connections, reserve, streamed files), nofile, what fits
+            ((4096, 32, 1024), 1024, (352, 32, 128)),
+            // The F2 finding's 20,000: 4,096 connections, 16 streams each,
+            // had run out of descriptors at 1,250 connections.
+            ((4096, 32, 1024), 20_000, (4096, 32, 1024)),
+            ((4096, 32, 1024), 5_000, (3432, 32, 1024)),
+            ((100, 8, 16), 1 << 20, (100, 8, 16)),
+            ((4096, 32, 1024), 512, (1, 0, 1)),
+        ];
+        for ((max, reserve, files), nofile, want) in cases {
+            let l = fit_to_nofile(
+                Limits {
+                    max_streamed_files: files,
+                    ..limits(max, 8, reserve, 2)
+                },
+                nofile,
+            );
+            let got = (l.max_connections, l.probe_reserve, l.max_streamed_files);
+            assert_eq!(got, want, "nofile {nofile}");
+            assert!(
+                nofile <= FD_HEADROOM || got.0 + got.1 + got.2 <= (nofile - FD_HEADROOM) as usize,
+                "nofile {nofile}: {got:?} do not fit"
+            );
+        }
     }
 }

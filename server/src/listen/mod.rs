@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tower::ServiceExt;
-use watch::{Activity, Watched};
+use watch::{Activity, Expiry, Watched};
 
 /// The longest HTTP/1.1 request head (request line and headers) read;
 /// ostree's and our client's are a few hundred bytes.
@@ -112,13 +112,16 @@ pub async fn serve(
             let _slot = slot;
             let _open = OpenGauge::new(&metrics, probe_only);
             // The connection first: what the peer sent is read (and
-            // counts as activity) before the watchdog judges it idle.
+            // answered) before the watchdog judges it idle.
             tokio::select! {
                 biased;
                 r = conn => if let Err(e) = r {
                     tracing::debug!(%peer, "connection: {e}");
+                    if let Some(why) = Expiry::of_connection_error(&*e, &act) {
+                        metrics.connections.expired.with_label_values(&[why.label()]).inc();
+                    }
                 },
-                why = watch::watchdog(act, first_byte, idle) => {
+                why = watch::watchdog(act.clone(), first_byte, idle) => {
                     // Dropping the connection closes the socket.
                     tracing::debug!(%peer, reason = why.label(), "closing an inactive connection");
                     metrics.connections.expired.with_label_values(&[why.label()]).inc();

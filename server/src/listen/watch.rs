@@ -1,7 +1,14 @@
 //! Whether a connection is still doing something: an I/O wrapper that
-//! notes when payload moves, and the watchdog that closes a connection
-//! which sent nothing after it was accepted, or on which nothing moved for
-//! the idle timeout.
+//! notes when response payload moves, and the watchdog that closes a
+//! connection which sent nothing after it was accepted, or on which no
+//! response moved for the idle timeout.
+//!
+//! Only what the server sends counts, and of HTTP/2 only the payload of
+//! HEADERS, CONTINUATION and DATA frames: a client can make the server
+//! read (SETTINGS, PINGs, WINDOW_UPDATEs, requests it never reads the
+//! answers of) and make it write control frames (PING and SETTINGS acks)
+//! at will, and a connection kept alive that way by a client that stopped
+//! reading pinned its streams' buffers and files for good.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,10 +18,9 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-/// Reads and writes smaller than this do not count as activity: a lone
-/// HTTP/2 PING or its ACK (17 bytes), a SETTINGS ACK or a WINDOW_UPDATE,
-/// or a DATA frame of a byte or two, which is how a peer that stopped
-/// reading (or drips) would otherwise look alive forever.
+/// Writes carrying less response payload than this do not count as
+/// activity: a DATA frame of a byte or two is how a peer that drips its
+/// flow-control window would otherwise look alive forever.
 pub const MIN_ACTIVITY: usize = 18;
 
 /// Why the watchdog closed a connection (the metric's label).
@@ -22,8 +28,13 @@ pub const MIN_ACTIVITY: usize = 18;
 pub enum Expiry {
     /// Nothing received within the first-byte timeout.
     FirstByte,
-    /// No payload moved within the idle timeout.
+    /// No response payload moved within the idle timeout.
     Idle,
+    /// HTTP/2: the peer did not answer the keepalive PING in time.
+    Keepalive,
+    /// HTTP/1.1: a request head did not arrive whole in time (slowloris,
+    /// or a keep-alive connection with no next request).
+    HeaderRead,
 }
 
 impl Expiry {
@@ -31,6 +42,29 @@ impl Expiry {
         match self {
             Expiry::FirstByte => "first_byte",
             Expiry::Idle => "idle",
+            Expiry::Keepalive => "keepalive",
+            Expiry::HeaderRead => "header_read",
+        }
+    }
+
+    pub const ALL: [Expiry; 4] = [
+        Expiry::FirstByte,
+        Expiry::Idle,
+        Expiry::Keepalive,
+        Expiry::HeaderRead,
+    ];
+
+    /// What hyper's own timers ended a connection for, if that is what
+    /// `e` says (its keepalive on HTTP/2, its head read on HTTP/1.1).
+    pub fn of_connection_error(
+        e: &(dyn std::error::Error + Send + Sync + 'static),
+        act: &Activity,
+    ) -> Option<Expiry> {
+        let timed_out = e.downcast_ref::<hyper::Error>()?.is_timeout();
+        match (timed_out, act.http2.load(Ordering::Relaxed)) {
+            (false, _) => None,
+            (true, true) => Some(Expiry::Keepalive),
+            (true, false) => Some(Expiry::HeaderRead),
         }
     }
 }
@@ -39,9 +73,11 @@ impl Expiry {
 #[derive(Debug)]
 pub struct Activity {
     start: Instant,
-    /// Milliseconds after `start` of the last read or write that counted.
+    /// Milliseconds after `start` of the last write that counted.
     last_ms: AtomicU64,
     got_bytes: AtomicBool,
+    /// The server answers in HTTP/2 frames.
+    http2: AtomicBool,
 }
 
 impl Activity {
@@ -50,14 +86,20 @@ impl Activity {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
             got_bytes: AtomicBool::new(false),
+            http2: AtomicBool::new(false),
         })
     }
 
-    fn note(&self, n: usize, read: bool) {
-        if read && n > 0 {
+    /// `n` bytes read from the peer: it spoke, which is all reads say.
+    fn got(&self, n: usize) {
+        if n > 0 && !self.got_bytes.load(Ordering::Relaxed) {
             self.got_bytes.store(true, Ordering::Relaxed);
         }
-        if n >= MIN_ACTIVITY {
+    }
+
+    /// A write that carried `payload` bytes of responses.
+    fn moved(&self, payload: usize) {
+        if payload >= MIN_ACTIVITY {
             let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
             self.last_ms.store(ms, Ordering::Relaxed);
         }
@@ -126,16 +168,98 @@ pub async fn watchdog(act: Arc<Activity>, first_byte: Duration, idle: Duration) 
     }
 }
 
+/// What the server writes on a connection, told apart by its first byte:
+/// hyper's HTTP/1 answers begin `HTTP/`, its HTTP/2 connections with a
+/// SETTINGS frame (whose length's high byte is 0).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+enum Outbound {
+    #[default]
+    Unknown,
+    /// Everything written is response.
+    Http1,
+    Http2(Frames),
+}
+
+/// Where a stream of HTTP/2 frames is: inside a 9-byte frame header, or
+/// `left` bytes into a frame's payload.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct Frames {
+    header: [u8; 9],
+    have: usize,
+    left: usize,
+    counts: bool,
+}
+
+impl Frames {
+    /// Of `buf`, the next bytes written, how many are the payload of a
+    /// HEADERS (1), CONTINUATION (9) or DATA (0) frame.
+    fn payload(&mut self, mut buf: &[u8]) -> usize {
+        let mut n = 0;
+        while !buf.is_empty() {
+            if self.left > 0 {
+                let take = self.left.min(buf.len());
+                if self.counts {
+                    n += take;
+                }
+                self.left -= take;
+                buf = &buf[take..];
+                continue;
+            }
+            let take = (9 - self.have).min(buf.len());
+            self.header[self.have..self.have + take].copy_from_slice(&buf[..take]);
+            self.have += take;
+            buf = &buf[take..];
+            if self.have == 9 {
+                let h = &self.header;
+                self.left = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
+                self.counts = matches!(h[3], 0 | 1 | 9);
+                self.have = 0;
+            }
+        }
+        n
+    }
+}
+
+impl Outbound {
+    /// Of `written`, how many bytes are response payload.
+    fn payload(&mut self, written: &[u8]) -> usize {
+        if *self == Outbound::Unknown {
+            match written.first() {
+                None => return 0,
+                Some(b'H') => *self = Outbound::Http1,
+                Some(_) => *self = Outbound::Http2(Frames::default()),
+            }
+        }
+        match self {
+            Outbound::Http2(f) => f.payload(written),
+            _ => written.len(),
+        }
+    }
+}
+
 /// A stream that reports what moves through it to an [`Activity`].
 #[derive(Debug)]
 pub struct Watched<T> {
     inner: T,
     act: Arc<Activity>,
+    outbound: Outbound,
 }
 
 impl<T> Watched<T> {
     pub fn new(inner: T, act: Arc<Activity>) -> Self {
-        Self { inner, act }
+        Self {
+            inner,
+            act,
+            outbound: Outbound::Unknown,
+        }
+    }
+}
+
+impl<T> Watched<T> {
+    fn note_protocol(&self) {
+        if matches!(self.outbound, Outbound::Http2(_)) && !self.act.http2.load(Ordering::Relaxed) {
+            self.act.http2.store(true, Ordering::Relaxed);
+        }
     }
 }
 
@@ -148,7 +272,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = r {
-            self.act.note(buf.filled().len() - before, true);
+            self.act.got(buf.filled().len() - before);
         }
         r
     }
@@ -162,7 +286,10 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = r {
-            self.act.note(n, false);
+            let me = &mut *self;
+            let payload = me.outbound.payload(&buf[..n]);
+            me.act.moved(payload);
+            me.note_protocol();
         }
         r
     }
@@ -173,8 +300,19 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = r {
-            self.act.note(n, false);
+        if let Poll::Ready(Ok(mut n)) = r {
+            let me = &mut *self;
+            let mut payload = 0;
+            for b in bufs {
+                let take = n.min(b.len());
+                payload += me.outbound.payload(&b[..take]);
+                n -= take;
+                if n == 0 {
+                    break;
+                }
+            }
+            me.act.moved(payload);
+            me.note_protocol();
         }
         r
     }
@@ -227,41 +365,81 @@ mod tests {
         );
 
         let act = Activity::new();
-        act.note(1, true);
+        act.got(1);
         tokio::time::advance(Duration::from_secs(3)).await;
-        act.note(MIN_ACTIVITY, false);
+        act.moved(MIN_ACTIVITY);
         let e = watchdog(act, Duration::from_secs(2), Duration::from_secs(5)).await;
         assert_eq!((e, t0.elapsed()), (Expiry::Idle, Duration::from_secs(10)));
     }
 
     /// A process stalled past a deadline (the clock jumps, as it does for
-    /// a stopped or starved process): the connection's bytes that arrive
-    /// within the grace count, and only a second expiry closes it.
+    /// a stopped or starved process): an answer the connection writes
+    /// within the grace counts, and only a second expiry closes it.
     #[tokio::test(start_paused = true)]
     async fn a_deadline_missed_by_our_own_stall_gets_a_grace() {
         let idle = Duration::from_secs(4);
         // Woken at 9 s instead of 4 s: judged again after the grace, at
-        // 10 s; bytes read at 9.5 s move the deadline to 13.5 s.
+        // 10 s; an answer written at 9.5 s moves the deadline to 13.5 s.
         for (what, note_in_grace, want_ms) in [
-            ("the peer spoke during the stall", true, 13_500),
+            ("the peer asked during the stall", true, 13_500),
             ("the peer was silent", false, 10_000),
         ] {
             let act = Activity::new();
-            act.note(MIN_ACTIVITY, true);
+            act.got(1);
+            act.moved(MIN_ACTIVITY);
             let t0 = Instant::now();
             let dog = tokio::spawn(watchdog(act.clone(), idle, idle));
             tokio::task::yield_now().await;
             // Stalled 5 s past the deadline: nothing ran meanwhile.
             tokio::time::advance(Duration::from_secs(9)).await;
             if note_in_grace {
-                // What the connection reads once it runs again.
+                // What the connection answers once it runs again.
                 tokio::time::advance(Duration::from_millis(500)).await;
-                act.note(MIN_ACTIVITY, true);
+                act.moved(MIN_ACTIVITY);
                 tokio::time::advance(Duration::from_millis(500)).await;
             }
             let e = dog.await.expect("watchdog task");
             assert_eq!(e, Expiry::Idle, "{what}");
             assert_eq!(t0.elapsed().as_millis(), want_ms, "{what}");
+        }
+    }
+
+    fn frame(kind: u8, payload: usize) -> Vec<u8> {
+        let len = u32::try_from(payload).unwrap().to_be_bytes();
+        let mut f = vec![len[1], len[2], len[3], kind, 0, 0, 0, 0, 1];
+        f.resize(9 + payload, 0xaa);
+        f
+    }
+
+    #[test]
+    fn only_response_payload_counts() {
+        const DATA: u8 = 0;
+        const HEADERS: u8 = 1;
+        const SETTINGS: u8 = 4;
+        const PING: u8 = 6;
+        const WINDOW_UPDATE: u8 = 8;
+        const CONTINUATION: u8 = 9;
+        let settings = frame(SETTINGS, 18);
+        let control: Vec<u8> =
+            [frame(PING, 8), frame(SETTINGS, 0), frame(WINDOW_UPDATE, 4)].concat();
+        let answer: Vec<u8> =
+            [frame(HEADERS, 40), frame(CONTINUATION, 5), frame(DATA, 100)].concat();
+        #[rustfmt::skip]
+        let cases = [
+            // (what, successive writes, payload each write carried)
+            ("h1: every byte", vec![b"HTTP/1.1 200 OK\r\n".to_vec(), b"abc".to_vec()], vec![17, 3]),
+            ("h2: server SETTINGS, then control frames", vec![settings.clone(), control.clone()], vec![0, 0]),
+            ("h2: an answer", vec![settings.clone(), answer.clone()], vec![0, 145]),
+            // Frames cut anywhere by short writes, the header included.
+            ("h2: split inside a header", vec![settings.clone(), answer[..4].to_vec(), answer[4..60].to_vec(), answer[60..].to_vec()], vec![0, 0, 42, 103]),
+            ("h2: control then one DATA byte", vec![settings.clone(), [control.clone(), frame(DATA, 1)].concat()], vec![0, 1]),
+            ("nothing written", vec![vec![]], vec![0]),
+        ];
+        for (what, writes, want) in cases {
+            let (writes, want): (Vec<Vec<u8>>, Vec<usize>) = (writes, want);
+            let mut o = Outbound::default();
+            let got: Vec<usize> = writes.iter().map(|w| o.payload(w)).collect();
+            assert_eq!(got, want, "{what}");
         }
     }
 }

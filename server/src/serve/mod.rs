@@ -54,15 +54,17 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .map(open_access_log)
         .transpose()?;
     let sink = Arc::new(Sink::default());
+    let limits = listener_limits(&args)?;
     let state = AppState::new(
         HttpConfig {
             metadata_max_age: Duration::from_secs(args.metadata_max_age),
             cache_size: args.cache_size,
+            max_streamed_files: limits.max_streamed_files,
+            idle_timeout: limits.idle_timeout,
         },
         sink.clone(),
         access_log,
     )?;
-    let limits = listener_limits(&args)?;
     // Bound before anything is published, so that an address in use fails
     // at once rather than after a whole source was verified; nothing is
     // accepted (or announced) before publication is under way.
@@ -99,6 +101,7 @@ fn listener_limits(args: &ServeArgs) -> Result<crate::listen::limits::Limits> {
         max_connections = l.max_connections,
         per_ip = l.max_per_ip,
         probe_reserve = l.probe_reserve,
+        streamed_files = l.max_streamed_files,
         "connection limits"
     );
     Ok(l)

@@ -1,8 +1,10 @@
 //! A file streamed as a response body in large reads: each chunk is read
 //! on the runtime's thread when it is in the page cache (`preadv2` with
 //! `RWF_NOWAIT`), and from the blocking pool only when it is not. Memory
-//! per response is one chunk, whatever the file's size.
+//! per response is one chunk, whatever the file's size. The body holds its
+//! [`StreamPermit`] until it is done or dropped.
 
+use super::streams::StreamPermit;
 use crate::fsutil;
 use axum::body::Body;
 use bytes::Bytes;
@@ -19,9 +21,9 @@ pub const CHUNK: usize = 64 * 1024;
 /// ends the body early with an error (the client sees a short response),
 /// and one that grows is cut at `count`: Content-Length is what was
 /// promised.
-pub fn file_body(file: File, start: u64, count: u64) -> Body {
-    let state = (Arc::new(file), start, count);
-    let stream = futures_util::stream::unfold(state, |(file, offset, left)| async move {
+pub fn file_body(file: File, start: u64, count: u64, permit: Option<StreamPermit>) -> Body {
+    let state = (Arc::new(file), start, count, permit);
+    let stream = futures_util::stream::unfold(state, |(file, offset, left, permit)| async move {
         if left == 0 {
             return None;
         }
@@ -29,13 +31,13 @@ pub fn file_body(file: File, start: u64, count: u64) -> Body {
         match read_chunk(&file, offset, want).await {
             Ok(b) if b.is_empty() => {
                 let e = io::Error::new(io::ErrorKind::UnexpectedEof, "the file shrank");
-                Some((Err(e), (file, offset, 0)))
+                Some((Err(e), (file, offset, 0, permit)))
             }
             Ok(b) => {
                 let n = b.len() as u64;
-                Some((Ok(b), (file, offset + n, left - n)))
+                Some((Ok(b), (file, offset + n, left - n, permit)))
             }
-            Err(e) => Some((Err(e), (file, offset, 0))),
+            Err(e) => Some((Err(e), (file, offset, 0, permit))),
         }
     });
     Body::from_stream(stream)
@@ -74,7 +76,7 @@ mod tests {
         ];
         for (start, count) in cases {
             let f = File::open(&p).unwrap();
-            let got = axum::body::to_bytes(file_body(f, start, count), usize::MAX)
+            let got = axum::body::to_bytes(file_body(f, start, count, None), usize::MAX)
                 .await
                 .unwrap();
             let (s, c) = (start as usize, count as usize);
@@ -82,7 +84,33 @@ mod tests {
         }
         // Asked for more than the file holds: an error, not a short 200.
         let f = File::open(&p).unwrap();
-        let r = axum::body::to_bytes(file_body(f, 0, data.len() as u64 + 1), usize::MAX).await;
+        let r =
+            axum::body::to_bytes(file_body(f, 0, data.len() as u64 + 1, None), usize::MAX).await;
         assert!(r.is_err());
+    }
+
+    #[tokio::test]
+    async fn the_permit_goes_when_the_body_is_done_or_dropped() {
+        use crate::served::streams::StreamBudget;
+        use futures_util::StreamExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("f");
+        std::fs::write(&p, vec![7u8; CHUNK * 3]).unwrap();
+        let budget = StreamBudget::new(4, std::time::Duration::from_secs(1));
+        let ip = std::net::IpAddr::from([10, 0, 0, 1]);
+        let body = |b: &std::sync::Arc<StreamBudget>| {
+            let permit = b.try_take(ip).unwrap();
+            file_body(File::open(&p).unwrap(), 0, (CHUNK * 3) as u64, Some(permit))
+        };
+        let whole = body(&budget);
+        assert_eq!(budget.in_use(), 1);
+        axum::body::to_bytes(whole, usize::MAX).await.unwrap();
+        assert_eq!(budget.in_use(), 0, "read to its end");
+        // A client gone after one chunk: hyper drops the body.
+        let mut partial = body(&budget).into_data_stream();
+        partial.next().await.unwrap().unwrap();
+        assert_eq!(budget.in_use(), 1);
+        drop(partial);
+        assert_eq!(budget.in_use(), 0, "dropped half read");
     }
 }

@@ -227,3 +227,25 @@ async fn an_http11_request_needs_exactly_one_host() {
         }
     }
 }
+
+#[tokio::test]
+async fn an_expectation_other_than_100_continue_is_417() {
+    let (_fx, server) = serving_v1().await;
+    // (Expect values, status): RFC 9110 §10.1.1.
+    let cases: [(&[&str], u16); 6] = [
+        (&[], 200),
+        (&["100-continue"], 200),
+        (&["100-Continue"], 200),
+        (&["999-bogus"], 417),
+        (&["100-continue, 999-bogus"], 417),
+        (&["100-continue", "x"], 417),
+    ];
+    for (values, want) in cases {
+        let mut headers = vec![("host", "a")];
+        headers.extend(values.iter().map(|v| ("expect", *v)));
+        for path in ["/config", "/healthz"] {
+            let r = server.send("GET", path, &headers).await;
+            assert_eq!(r.status.as_u16(), want, "{values:?} {path}");
+        }
+    }
+}

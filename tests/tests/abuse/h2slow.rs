@@ -130,6 +130,10 @@ fn an_http2_reader_that_stops_reading_pins_little_and_is_dropped() {
         "oscontent_http_connections_expired_total",
         &[("reason", "idle")],
     );
+    let keepalive_before = lab.metric(
+        "oscontent_http_connections_expired_total",
+        &[("reason", "keepalive")],
+    );
     let rss_before = lab.rss();
     const OPEN: &str = "oscontent_http_connections_open";
     let open_before = lab.metric(OPEN, &[("kind", "normal")]);
@@ -180,10 +184,16 @@ fn an_http2_reader_that_stops_reading_pins_little_and_is_dropped() {
         "oscontent_http_connections_expired_total",
         &[("reason", "idle")],
     ) - idle_before;
+    let keepalive = lab.metric(
+        "oscontent_http_connections_expired_total",
+        &[("reason", "keepalive")],
+    ) - keepalive_before;
     println!(
-        "h2 slow reader: {open} connections open {:.1} s after they froze ({open_before} before; idle timeout {IDLE} s, keepalive 2 s); {idle} closed as idle",
+        "h2 slow reader: {open} connections open {:.1} s after they froze ({open_before} before; idle timeout {IDLE} s, keepalive 2 s); {idle} closed as idle, {keepalive} for an unanswered keepalive",
         frozen_at.elapsed().as_secs_f64()
     );
+    // Every one is counted, by whichever timer ended it.
+    assert_eq!(idle + keepalive, READERS as f64, "closed and counted");
     assert!(
         open <= open_before,
         "slow readers the server kept: {open} open"

@@ -19,6 +19,7 @@
 
 mod garbage;
 mod h2slow;
+mod h2stall;
 mod starved;
 mod support;
 
@@ -126,10 +127,11 @@ fn slowloris_is_cut_off_by_the_header_read_timeout() {
     let addr = lab.server.addr;
     let rss = RssSampler::start(&lab);
     let normal = lab.normal_traffic();
+    let header_read_before = lab.metric(EXPIRED, &[("reason", "header_read")]);
     let t0 = Instant::now();
     // 300 connections from 6 clients, each sending a request line and then
-    // a header line every 250 ms: enough bytes each time to count as
-    // activity, so only the header-read timeout stops them.
+    // a header line every 250 ms: the header-read timeout (shorter than
+    // the idle one) stops them.
     let mut socks: Vec<TcpStream> = (0..300)
         .map(|i| {
             let mut s = connect_from(abuser_ip(i / 50), addr).unwrap();
@@ -161,6 +163,9 @@ fn slowloris_is_cut_off_by_the_header_read_timeout() {
         "{} slowloris connections kept",
         socks.len()
     );
+    let header_read = lab.metric(EXPIRED, &[("reason", "header_read")]) - header_read_before;
+    println!("slowloris: {header_read} counted as expired (header_read)");
+    assert!(header_read >= 300.0, "{header_read} counted, of 300");
     normal.finish().check("slowloris");
     rss.finish("slowloris");
     lab.assert_recovered("slowloris");

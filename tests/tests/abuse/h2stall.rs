@@ -1,0 +1,275 @@
+//! HTTP/2 clients that open their streams with a zero flow-control window,
+//! so that not one DATA byte can be sent, and never open it: each stream
+//! for a file too big for the object cache would hold a descriptor and a
+//! chunk for as long as the connection lives. The budget of files streamed
+//! at once bounds the first; the idle timeout, counted on response payload
+//! only, bounds the second, however busy the client keeps the connection
+//! with frames of its own.
+
+use crate::support::*;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+const STREAMED: &str = "oscontent_http_streamed_files";
+const WAITS: &str = "oscontent_http_stream_waits_total";
+
+/// One connection of the h2 crate with a zero initial window, `streams`
+/// requests for `path`, and the status each got (or `None`: no answer).
+async fn zero_window_client(
+    from: IpAddr,
+    server: SocketAddr,
+    path: String,
+    streams: usize,
+) -> (Vec<Option<u16>>, Vec<h2::RecvStream>) {
+    let std = tokio::task::spawn_blocking(move || {
+        let s = connect_from(from, server).unwrap();
+        s.set_nonblocking(true).unwrap();
+        s
+    })
+    .await
+    .unwrap();
+    let io = tokio::net::TcpStream::from_std(std).unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(io)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut client = client.ready().await.unwrap();
+    let mut pending = Vec::new();
+    for _ in 0..streams {
+        let req = http::Request::get(format!("http://{server}{path}"))
+            .body(())
+            .unwrap();
+        client = client.ready().await.unwrap();
+        pending.push(client.send_request(req, true).unwrap().0);
+    }
+    let mut statuses = Vec::new();
+    let mut bodies = Vec::new();
+    for resp in pending {
+        // A request past the budget waits up to 10 s for a place.
+        match tokio::time::timeout(Duration::from_secs(20), resp).await {
+            Ok(Ok(r)) => {
+                statuses.push(Some(r.status().as_u16()));
+                bodies.push(r.into_body());
+            }
+            _ => statuses.push(None),
+        }
+    }
+    (statuses, bodies)
+}
+
+#[test]
+fn zero_window_streams_hold_no_more_files_than_the_budget() {
+    let _one = one_at_a_time();
+    const FILES: usize = 32;
+    // An address's share is an eighth: 4 files. Six abusers hold 24, and
+    // the normal traffic keeps a share of its own.
+    const ABUSERS: usize = 6;
+    const CONNS: usize = 4;
+    // An idle timeout long enough to see every wait end in an answer
+    // (a request waits up to half of it, 10 s at most).
+    let mut lab = Lab::start(&[
+        &format!("--max-streamed-files={FILES}"),
+        "--idle-timeout=30",
+    ]);
+    let rss = RssSampler::start(&lab);
+    let fds_before = lab.open_fds();
+    let normal = lab.normal_traffic();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr = lab.server.addr;
+    let t0 = Instant::now();
+    let clients = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..ABUSERS * CONNS {
+            let path = lab.big_object.clone();
+            tasks.push(tokio::spawn(zero_window_client(
+                abuser_ip(i / CONNS),
+                addr,
+                path,
+                16,
+            )));
+        }
+        let mut v = Vec::new();
+        for t in tasks {
+            v.push(t.await.unwrap());
+        }
+        v
+    });
+    let fds_held = lab.open_fds();
+    let streamed = lab.metric(STREAMED, &[]);
+    let refused = lab.metric(WAITS, &[("outcome", "refused")]);
+    let count = |s: Option<u16>| {
+        clients
+            .iter()
+            .flat_map(|c| &c.0)
+            .filter(|x| **x == s)
+            .count()
+    };
+    let (ok, busy, none) = (count(Some(200)), count(Some(503)), count(None));
+    let conns = ABUSERS * CONNS;
+    println!(
+        "h2 zero window: {conns} connections x 16 streams of a {} byte object from {ABUSERS} addresses, answered in {:.1} s: {ok} x 200, {busy} x 503, {none} unanswered; {streamed} files streamed (budget {FILES}); {refused} refused after waiting; fds {fds_before} before, {fds_held} held",
+        lab.big_len,
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(none, 0, "every stream is answered");
+    assert_eq!(ok, ABUSERS * FILES / 8, "each address streams its share");
+    assert_eq!(ok + busy, conns * 16);
+    assert_eq!(streamed, ok as f64);
+    assert_eq!(refused, busy as f64);
+    // Without the budget every stream held its file: 17 fds a connection.
+    assert!(
+        fds_held <= fds_before + conns + FILES + 8,
+        "{fds_held} fds held by {conns} connections (budget {FILES} files)"
+    );
+    drop(clients);
+    rt.shutdown_timeout(Duration::from_secs(1));
+    normal.finish().check("h2 zero window");
+    rss.finish("h2 zero window");
+    lab.assert_recovered("h2 zero window");
+    assert_eq!(lab.metric(STREAMED, &[]), 0.0, "places released");
+}
+
+/// An HTTP/2 frame.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// SETTINGS with two parameters: 21 bytes on the wire, which a watchdog
+/// counting reads of 18 bytes or more took for a live client.
+fn settings_pair() -> Vec<u8> {
+    // HEADER_TABLE_SIZE 4096, INITIAL_WINDOW_SIZE 0.
+    let p = [0, 1, 0, 0, 0x10, 0, 0, 4, 0, 0, 0, 0];
+    frame(4, 0, 0, &p)
+}
+
+/// A GET as HPACK literals (no Huffman, no table).
+fn get(stream: u32, authority: &str, path: &str) -> Vec<u8> {
+    let mut h = vec![0x82, 0x86]; // :method GET, :scheme http
+    for (index, value) in [(4u8, path), (1, authority)] {
+        let len = u8::try_from(value.len()).unwrap();
+        assert!(len < 127, "one-byte HPACK length");
+        h.extend_from_slice(&[index, len]);
+        h.extend_from_slice(value.as_bytes());
+    }
+    frame(1, 0x5, stream, &h) // END_STREAM | END_HEADERS
+}
+
+/// The attacker of the F3 finding: a zero window, 16 requests it will never
+/// let a byte of be sent, PINGs answered, and a 21-byte SETTINGS every
+/// second. Returns when the server closed it (with how long after its
+/// last response head), or at `limit`.
+fn busy_non_reader(
+    from: IpAddr,
+    server: SocketAddr,
+    path: &str,
+    limit: Duration,
+) -> Option<Duration> {
+    let mut s: TcpStream = connect_from(from, server).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(settings_pair());
+    for i in 0..16u32 {
+        hello.extend(get(1 + 2 * i, &server.to_string(), path));
+    }
+    s.write_all(&hello).unwrap();
+    let start = Instant::now();
+    let mut last_head = start;
+    let mut last_settings = start;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while start.elapsed() < limit {
+        match s.read(&mut chunk) {
+            Ok(0) => return Some(last_head.elapsed()),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return Some(last_head.elapsed()),
+        }
+        while buf.len() >= 9 {
+            let len = usize::from(buf[0]) << 16 | usize::from(buf[1]) << 8 | usize::from(buf[2]);
+            if buf.len() < 9 + len {
+                break;
+            }
+            let (kind, flags) = (buf[3], buf[4]);
+            let payload = buf[9..9 + len].to_vec();
+            buf.drain(..9 + len);
+            let reply = match (kind, flags & 1) {
+                (1, _) => {
+                    last_head = Instant::now();
+                    None
+                }
+                (4, 0) => Some(frame(4, 1, 0, &[])),
+                (6, 0) => Some(frame(6, 1, 0, &payload)),
+                (7, _) => return Some(last_head.elapsed()), // GOAWAY
+                _ => None,
+            };
+            if let Some(r) = reply {
+                if s.write_all(&r).is_err() {
+                    return Some(last_head.elapsed());
+                }
+            }
+        }
+        if last_settings.elapsed() >= Duration::from_secs(1) {
+            last_settings = Instant::now();
+            if s.write_all(&settings_pair()).is_err() {
+                return Some(last_head.elapsed());
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn a_client_that_only_sends_frames_of_its_own_is_idle() {
+    let _one = one_at_a_time();
+    let mut lab = Lab::start(&[]);
+    let idle_before = lab.metric(
+        "oscontent_http_connections_expired_total",
+        &[("reason", "idle")],
+    );
+    const CLIENTS: usize = 10;
+    // Well past the idle timeout: before the fix these lived on for good.
+    let limit = Duration::from_secs(IDLE * 4) + SLACK;
+    let addr = lab.server.addr;
+    let threads: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let path = lab.big_object.clone();
+            std::thread::spawn(move || busy_non_reader(abuser_ip(i), addr, &path, limit))
+        })
+        .collect();
+    let closed: Vec<Option<Duration>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let idle = lab.metric(
+        "oscontent_http_connections_expired_total",
+        &[("reason", "idle")],
+    ) - idle_before;
+    let after: Vec<String> = closed
+        .iter()
+        .map(|c| c.map_or("open".to_owned(), |d| format!("{:.1}", d.as_secs_f64())))
+        .collect();
+    println!(
+        "h2 busy non-reader: {CLIENTS} clients sending SETTINGS every second; closed this long (s) after their last response head: {}; {idle} expired as idle (idle timeout {IDLE} s)",
+        after.join(" ")
+    );
+    for (i, c) in closed.iter().enumerate() {
+        let c = c.unwrap_or_else(|| panic!("client {i} still open after {limit:?}"));
+        assert!(
+            c <= Duration::from_secs(IDLE) + SLACK,
+            "client {i} closed only {c:?} after its last answer"
+        );
+    }
+    assert_eq!(idle, CLIENTS as f64, "each closed as idle");
+    lab.assert_recovered("h2 busy non-reader");
+}
