@@ -1,0 +1,389 @@
+//! The HTTP surface: exactly ostree's archive layout, plus `/healthz`,
+//! `/readyz` and `/metrics`. Everything else is 404. Error responses on repo
+//! paths have empty bodies: ostree's fetcher can take an error body for
+//! object content when it falls through a mirrorlist.
+
+mod repo;
+mod respond;
+
+use crate::cache::ObjectCache;
+use crate::listen::access_log::AccessLog;
+use crate::metrics::Metrics;
+use crate::serve::sink::Sink;
+use crate::served::streams::StreamBudget;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Method, StatusCode};
+use oscontent_format::RepoPath;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Objects are content-addressed: their bytes never change.
+pub const IMMUTABLE: &str = "public, max-age=31536000, immutable";
+/// The object cache's default size (`--cache-size`): with the metadata
+/// caches and connections, well inside the deployment's 512 MiB limit.
+pub const DEFAULT_CACHE_SIZE: usize = 128 << 20;
+
+/// HTTP settings.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// max-age for summary, summary.sig, refs, config, commitmeta, deltas.
+    pub metadata_max_age: Duration,
+    /// Bytes of immutable objects kept in memory (0: none).
+    pub cache_size: usize,
+    /// Files streamed at once, all clients together (`served::streams`).
+    pub max_streamed_files: usize,
+    /// The listener's idle timeout, which bounds a wait for such a place.
+    pub idle_timeout: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            metadata_max_age: Duration::from_secs(30),
+            cache_size: DEFAULT_CACHE_SIZE,
+            max_streamed_files: crate::listen::limits::Limits::default().max_streamed_files,
+            idle_timeout: crate::listen::limits::Limits::default().idle_timeout,
+        }
+    }
+}
+
+/// Shared state behind every request.
+#[derive(Debug, Clone)]
+pub struct AppState(Arc<Inner>);
+
+pub struct Inner {
+    /// What the publishers published; read at each request.
+    pub sink: Arc<Sink>,
+    pub metrics: Arc<Metrics>,
+    pub config: HttpConfig,
+    /// Immutable objects, by generation and name; the sink's, which
+    /// publication warms before a generation becomes visible.
+    pub cache: Arc<ObjectCache>,
+    /// Places for files being streamed.
+    pub streams: Arc<StreamBudget>,
+    /// `Cache-Control` of what is not immutable, made once.
+    short_lived: HeaderValue,
+    access_log: Option<AccessLog>,
+    draining: AtomicBool,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("sink", &self.sink)
+            .field("config", &self.config)
+            .field("access_log", &self.access_log.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+impl AppState {
+    /// Serves what is published into `sink`, with its metrics; access log
+    /// lines go to `access_log` from a writer thread of their own. The
+    /// object cache is attached to `sink`, so that publication can warm it
+    /// (a sink keeps the first one attached).
+    pub fn new(
+        config: HttpConfig,
+        sink: Arc<Sink>,
+        access_log: Option<Box<dyn Write + Send>>,
+    ) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let metrics = sink.metrics().clone();
+        let access_log = access_log
+            .map(|w| AccessLog::start(w, metrics.access_log_dropped.clone()))
+            .transpose()
+            .context("starting the access log writer")?;
+        let short_lived = HeaderValue::from_str(&format!(
+            "public, max-age={}",
+            config.metadata_max_age.as_secs()
+        ))
+        .context("the metadata max-age as a header")?;
+        let cache = sink.attach_cache(ObjectCache::new(config.cache_size));
+        let streams = StreamBudget::new(config.max_streamed_files, config.idle_timeout);
+        Ok(Self(Arc::new(Inner {
+            metrics,
+            sink,
+            cache,
+            streams,
+            short_lived,
+            config,
+            access_log,
+            draining: AtomicBool::new(false),
+        })))
+    }
+
+    /// Waits (bounded) until the access log lines of the requests answered
+    /// so far are written; false if the writer is stuck or gone.
+    pub fn sync_access_log(&self) -> bool {
+        self.access_log.as_ref().is_none_or(AccessLog::sync)
+    }
+
+    /// From now on `/readyz` fails, so load balancers stop sending traffic
+    /// while in-flight requests complete.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        self.metrics.ready.set(0);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.sink.has_generation() && !self.draining.load(Ordering::SeqCst)
+    }
+}
+
+/// The router. Health endpoints answer with text; repo paths as ostree
+/// expects.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(repo::repo)
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+async fn readyz(State(st): State<AppState>) -> Response {
+    if st.is_ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else if st.draining.load(Ordering::SeqCst) {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no verified content published yet\n",
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(st): State<AppState>) -> Response {
+    st.metrics
+        .connections
+        .streamed_files
+        .set(i64::try_from(st.streams.in_use()).unwrap_or(i64::MAX));
+    let (text, ctype) = st.metrics.render();
+    ([(header::CONTENT_TYPE, ctype)], text).into_response()
+}
+
+/// Path kind, the metrics label. Bounded set, so label cardinality is too.
+pub fn classify(path: &str) -> &'static str {
+    match path {
+        "/healthz" | "/readyz" => return "health",
+        "/metrics" => return "metrics",
+        _ => {}
+    }
+    match path.strip_prefix('/').and_then(RepoPath::parse) {
+        Some(RepoPath::Config) => "config",
+        Some(RepoPath::Summary) => "summary",
+        Some(RepoPath::SummarySig) => "summary_sig",
+        Some(RepoPath::Ref { .. }) => "ref",
+        Some(RepoPath::Object(o)) => o.kind.extension(),
+        Some(RepoPath::Delta { .. }) => "delta",
+        Some(RepoPath::DeltaIndex { .. }) => "delta_index",
+        None => "other",
+    }
+}
+
+/// Requests refused before routing, by what their head says.
+/// RFC 9112 §3.2: an HTTP/1.1 request carries exactly one Host, or is
+/// answered 400 (as nginx does). HTTP/1.0 need not; HTTP/2's authority is a
+/// pseudo-header, and a Host beside it is optional. RFC 9110 §10.1.1: an
+/// expectation other than `100-continue` (which hyper answers) cannot be
+/// met, and says so with 417 rather than being ignored.
+fn refused_head(version: axum::http::Version, headers: &HeaderMap) -> Option<AppError> {
+    let hosts = headers.get_all(header::HOST).iter().count();
+    let host_ok = match version {
+        axum::http::Version::HTTP_11 => hosts == 1,
+        _ => hosts <= 1,
+    };
+    if !host_ok {
+        return Some(AppError::BadRequest);
+    }
+    let unmet = headers
+        .get_all(header::EXPECT)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .any(|e| !e.is_empty() && !e.eq_ignore_ascii_case(b"100-continue"));
+    unmet.then_some(AppError::ExpectationFailed)
+}
+
+/// Metrics and the access log for every request. Counting takes no lock
+/// (`Metrics::observe_request`); the log line is serialized from borrowed
+/// fields and handed to the writer thread, and only when there is a log.
+async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let kind = classify(req.uri().path());
+    let head = req.method() == Method::HEAD;
+    let logged = st.access_log.as_ref().map(|_| {
+        (
+            req.method().clone(),
+            // A reference count on the request's bytes, not a copy.
+            req.uri().clone(),
+            req.version(),
+            req.extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0.ip()),
+        )
+    });
+    let resp = match refused_head(req.version(), req.headers()) {
+        None => next.run(req).await,
+        Some(e) => e.into_response(),
+    };
+    let elapsed = start.elapsed();
+    let status = resp.status().as_u16();
+    let bytes = if head {
+        0
+    } else {
+        resp.headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    st.metrics
+        .observe_request(kind, status, bytes, elapsed.as_secs_f64());
+    if let (Some(log), Some((method, uri, version, client))) = (&st.access_log, logged) {
+        log_date::with_now(|ts| {
+            log.log(&LogLine {
+                bytes,
+                client,
+                duration_ms: elapsed.as_secs_f64() * 1e3,
+                kind,
+                method: method.as_str(),
+                path: uri.path(),
+                status,
+                ts,
+                version: version_name(version),
+            });
+        });
+    }
+    resp
+}
+
+/// One access log line (fields in the order the log has always had them:
+/// alphabetical).
+#[derive(serde::Serialize)]
+struct LogLine<'a> {
+    bytes: u64,
+    client: Option<std::net::IpAddr>,
+    duration_ms: f64,
+    kind: &'static str,
+    method: &'a str,
+    path: &'a str,
+    status: u16,
+    ts: &'a str,
+    version: &'static str,
+}
+
+/// The protocol as the log has always named it (`http::Version`'s Debug).
+fn version_name(v: http::Version) -> &'static str {
+    match v {
+        http::Version::HTTP_09 => "HTTP/0.9",
+        http::Version::HTTP_10 => "HTTP/1.0",
+        http::Version::HTTP_11 => "HTTP/1.1",
+        http::Version::HTTP_2 => "HTTP/2.0",
+        http::Version::HTTP_3 => "HTTP/3.0",
+        _ => "HTTP/?",
+    }
+}
+
+/// The log's timestamp (an HTTP date, one-second resolution), formatted
+/// once a second per thread rather than once a request.
+mod log_date {
+    use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    thread_local! {
+        static NOW: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+    }
+
+    pub fn with_now(f: impl FnOnce(&str)) {
+        let now = SystemTime::now();
+        let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        NOW.with_borrow_mut(|(at, text)| {
+            if *at != secs {
+                *at = secs;
+                *text = httpdate::fmt_http_date(now);
+            }
+            f(text);
+        });
+    }
+}
+
+/// Errors on repo paths: a status and an empty body, never internals.
+#[derive(Debug)]
+pub enum AppError {
+    /// A request HTTP forbids answering (an HTTP/1.1 request without
+    /// exactly one Host).
+    BadRequest,
+    /// An `Expect` other than `100-continue`.
+    ExpectationFailed,
+    NotFound,
+    MethodNotAllowed,
+    Unavailable,
+    /// No place among the files streamed at once came in time.
+    Busy(crate::served::streams::Exhausted),
+    Internal(anyhow::Error),
+}
+
+impl From<anyhow::Error> for AppError {
+    fn from(e: anyhow::Error) -> Self {
+        AppError::Internal(e)
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let (status, extra) = match self {
+            AppError::BadRequest => (StatusCode::BAD_REQUEST, None),
+            AppError::ExpectationFailed => (StatusCode::EXPECTATION_FAILED, None),
+            AppError::NotFound => (StatusCode::NOT_FOUND, None),
+            AppError::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                Some((header::ALLOW, "GET, HEAD")),
+            ),
+            AppError::Unavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Some((header::RETRY_AFTER, "5")),
+            ),
+            // Debug, not warn: under the abuse it answers, one line per
+            // request would be the next flood.
+            AppError::Busy(e) => {
+                tracing::debug!("refused a streamed file: {e}");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Some((header::RETRY_AFTER, "1")),
+                )
+            }
+            AppError::Internal(e) => {
+                tracing::error!("internal error: {e:#}");
+                (StatusCode::INTERNAL_SERVER_ERROR, None)
+            }
+        };
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = status;
+        r.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+        if let Some((k, v)) = extra {
+            r.headers_mut().insert(k, HeaderValue::from_static(v));
+        }
+        r
+    }
+}
