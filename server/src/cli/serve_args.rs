@@ -243,9 +243,10 @@ pub struct ConnectionArgs {
     /// bounds how long a keep-alive connection waits for its next request.
     #[arg(long, default_value_t = 20, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     pub header_read_timeout: u64,
-    /// Close a connection on which no response moved for this long (idle
-    /// HTTP/2 connections, clients that stopped reading or opened no
-    /// window; frames a client sends do not count).
+    /// Close a connection on which no request arrived and no response
+    /// moved for this long (idle HTTP/2 connections, clients that stopped
+    /// reading or opened no window; other frames a client sends do not
+    /// count).
     #[arg(long, default_value_t = 60, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout: u64,
     /// HTTP/2 keepalive PING interval; a peer that does not answer within

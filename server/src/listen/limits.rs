@@ -27,8 +27,9 @@ pub struct Limits {
     /// also how long an HTTP/1.1 keep-alive connection may wait for its next
     /// request, since hyper times the wait for a head from its start.
     pub header_read_timeout: Duration,
-    /// A connection on which no response moved for this long is closed:
-    /// idle HTTP/2 connections, and readers that stopped reading.
+    /// A connection on which no request arrived and no response moved for
+    /// this long is closed: idle HTTP/2 connections, and readers that
+    /// stopped reading.
     pub idle_timeout: Duration,
     /// HTTP/2 PING interval; a peer that does not answer within the same
     /// time is dropped.

@@ -97,8 +97,11 @@ pub async fn serve(
         let io = TokioIo::new(Watched::new(stream, act.clone()));
         let probe_only = slot.admission == Admission::ProbeOnly;
         let router = router.clone();
-        let svc =
-            hyper::service::service_fn(move |req| respond(router.clone(), probe_only, peer, req));
+        let asked = act.clone();
+        let svc = hyper::service::service_fn(move |req| {
+            asked.requested();
+            respond(router.clone(), probe_only, peer, req)
+        });
         let (conn, first_byte, idle) = if probe_only {
             let conn = reserve_builder.serve_connection(io, svc).into_owned();
             (conn, RESERVE_TIMEOUT, RESERVE_TIMEOUT)

@@ -3,12 +3,14 @@
 //! connection which sent nothing after it was accepted, or on which no
 //! response moved for the idle timeout.
 //!
-//! Only what the server sends counts, and of HTTP/2 only the payload of
-//! HEADERS, CONTINUATION and DATA frames: a client can make the server
-//! read (SETTINGS, PINGs, WINDOW_UPDATEs, requests it never reads the
-//! answers of) and make it write control frames (PING and SETTINGS acks)
-//! at will, and a connection kept alive that way by a client that stopped
-//! reading pinned its streams' buffers and files for good.
+//! A request arriving counts, and of what the server writes only response
+//! payload: of HTTP/2, the payload of HEADERS, CONTINUATION and DATA
+//! frames. A client can make the server read frames (SETTINGS, PINGs,
+//! WINDOW_UPDATEs) and write control frames (their acks) at will, and a
+//! connection kept alive that way by a client that stopped reading pinned
+//! its streams' buffers and files for good. A client that keeps asking is
+//! still served; what its unread streams can hold is bounded apart
+//! (`served::streams`, the HTTP/2 send buffer).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -95,6 +97,15 @@ impl Activity {
         if n > 0 && !self.got_bytes.load(Ordering::Relaxed) {
             self.got_bytes.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// A request arrived: its answer gets the whole idle timeout to start
+    /// moving, however long the connection was quiet before (a wait for
+    /// a streamed file's place, a cold disk). Refused streams never get
+    /// here, and each request that does is answered with a head, which
+    /// counts anyway.
+    pub fn requested(&self) {
+        self.moved(MIN_ACTIVITY);
     }
 
     /// A write that carried `payload` bytes of responses.
