@@ -57,31 +57,17 @@ async fn slow_reader(
     server: SocketAddr,
     path: &str,
 ) -> (usize, Arc<AtomicBool>, Vec<h2::RecvStream>) {
-    let std = tokio::task::spawn_blocking(move || {
-        let s = connect_from(from, server).unwrap();
-        s.set_nonblocking(true).unwrap();
-        s
-    })
-    .await
-    .unwrap();
     let frozen = Arc::new(AtomicBool::new(false));
     let io = Freezable {
-        inner: tokio::net::TcpStream::from_std(std).unwrap(),
+        inner: connect_from_async(from, server).await,
         frozen: frozen.clone(),
     };
     // The default windows (64 KiB a stream): the server sends that much of
     // each response, then must hold the rest for a reader that never
-    // releases the window; and once frozen, it reads nothing at all.
-    let (client, conn) = h2::client::Builder::new()
-        .handshake::<_, bytes::Bytes>(io)
-        .await
-        .unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    // One request first: by its answer the server's SETTINGS (its stream
+    // releases the window; and once frozen, it reads nothing at all. One
+    // request first: by its answer the server's SETTINGS (its stream
     // limit) have arrived.
-    let mut client = client.ready().await.unwrap();
+    let mut client = h2_client(&h2::client::Builder::new(), io).await;
     let req = http::Request::get(format!("http://{server}/healthz"))
         .body(())
         .unwrap();
@@ -93,15 +79,7 @@ async fn slow_reader(
     assert_eq!(resp.status(), 200);
     let max = client.current_max_send_streams();
     let mut bodies = Vec::new();
-    let mut pending = Vec::new();
-    for _ in 0..max {
-        let req = http::Request::get(format!("http://{server}{path}"))
-            .body(())
-            .unwrap();
-        client = client.ready().await.unwrap();
-        let (resp, _) = client.send_request(req, true).unwrap();
-        pending.push(resp);
-    }
+    let pending = send_gets(client, server, path, max).await;
     for (i, resp) in pending.into_iter().enumerate() {
         let resp = tokio::time::timeout(Duration::from_secs(10), resp)
             .await
@@ -121,11 +99,7 @@ fn an_http2_reader_that_stops_reading_pins_little_and_is_dropped() {
     let mut lab = Lab::start(&[]);
     let rss = RssSampler::start(&lab);
     let normal = lab.normal_traffic();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let idle_before = lab.metric(
         "oscontent_http_connections_expired_total",
         &[("reason", "idle")],

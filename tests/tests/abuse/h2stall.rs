@@ -22,31 +22,9 @@ async fn zero_window_client(
     path: String,
     streams: usize,
 ) -> (Vec<Option<u16>>, Vec<h2::RecvStream>) {
-    let std = tokio::task::spawn_blocking(move || {
-        let s = connect_from(from, server).unwrap();
-        s.set_nonblocking(true).unwrap();
-        s
-    })
-    .await
-    .unwrap();
-    let io = tokio::net::TcpStream::from_std(std).unwrap();
-    let (client, conn) = h2::client::Builder::new()
-        .initial_window_size(0)
-        .handshake::<_, bytes::Bytes>(io)
-        .await
-        .unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let mut client = client.ready().await.unwrap();
-    let mut pending = Vec::new();
-    for _ in 0..streams {
-        let req = http::Request::get(format!("http://{server}{path}"))
-            .body(())
-            .unwrap();
-        client = client.ready().await.unwrap();
-        pending.push(client.send_request(req, true).unwrap().0);
-    }
+    let io = connect_from_async(from, server).await;
+    let client = h2_client(h2::client::Builder::new().initial_window_size(0), io).await;
+    let pending = send_gets(client, server, &path, streams).await;
     let mut statuses = Vec::new();
     let mut bodies = Vec::new();
     for resp in pending {
@@ -79,11 +57,7 @@ fn zero_window_streams_hold_no_more_files_than_the_budget() {
     let rss = RssSampler::start(&lab);
     let fds_before = lab.open_fds();
     let normal = lab.normal_traffic();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let addr = lab.server.addr;
     let t0 = Instant::now();
     let clients = rt.block_on(async {

@@ -39,19 +39,8 @@ async fn client(
     from: std::net::IpAddr,
     server: SocketAddr,
 ) -> h2::client::SendRequest<bytes::Bytes> {
-    let std = tokio::task::spawn_blocking(move || {
-        let s = connect_from(from, server).unwrap();
-        s.set_nonblocking(true).unwrap();
-        s
-    })
-    .await
-    .unwrap();
-    let io = tokio::net::TcpStream::from_std(std).unwrap();
-    let (client, conn) = h2::client::handshake(io).await.unwrap();
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let mut client = client.ready().await.unwrap();
+    let io = connect_from_async(from, server).await;
+    let mut client = h2_client(&h2::client::Builder::new(), io).await;
     let status = get(&mut client, server, "/healthz").await.unwrap();
     assert_eq!(status, 200);
     client
@@ -79,11 +68,7 @@ fn a_starved_server_answers_the_clients_that_spoke_while_it_could_not_run() {
     let _one = one_at_a_time();
     let mut lab = Lab::start(&[]);
     let addr = lab.server.addr;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let idle_before = lab.metric(
         "oscontent_http_connections_expired_total",
         &[("reason", "idle")],

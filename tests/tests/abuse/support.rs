@@ -284,6 +284,63 @@ pub fn connect_from(from: IpAddr, server: SocketAddr) -> std::io::Result<TcpStre
     Ok(s.into())
 }
 
+/// The runtime the HTTP/2 clients run on: two workers, as the machine
+/// has two cores.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// [`connect_from`] for tokio (the connect blocks: on the blocking pool).
+pub async fn connect_from_async(from: IpAddr, server: SocketAddr) -> tokio::net::TcpStream {
+    let std = tokio::task::spawn_blocking(move || {
+        let s = connect_from(from, server).unwrap();
+        s.set_nonblocking(true).unwrap();
+        s
+    })
+    .await
+    .unwrap();
+    tokio::net::TcpStream::from_std(std).unwrap()
+}
+
+/// An HTTP/2 client made by `builder` over `io`, its connection driven in
+/// the background, ready to send.
+pub async fn h2_client<T>(
+    builder: &h2::client::Builder,
+    io: T,
+) -> h2::client::SendRequest<bytes::Bytes>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (client, conn) = builder.handshake::<_, bytes::Bytes>(io).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client.ready().await.unwrap()
+}
+
+/// `n` GETs of `path` on `client`, sent as the server's stream limit
+/// allows; their answers to come.
+pub async fn send_gets(
+    mut client: h2::client::SendRequest<bytes::Bytes>,
+    server: SocketAddr,
+    path: &str,
+    n: usize,
+) -> Vec<h2::client::ResponseFuture> {
+    let mut pending = Vec::with_capacity(n);
+    for _ in 0..n {
+        let req = http::Request::get(format!("http://{server}{path}"))
+            .body(())
+            .unwrap();
+        client = client.ready().await.unwrap();
+        pending.push(client.send_request(req, true).unwrap().0);
+    }
+    pending
+}
+
 /// Whether the server closed `s` (EOF or reset); reads and discards
 /// whatever it sent meanwhile. `s` must be non-blocking.
 pub fn closed_by_peer(s: &mut TcpStream) -> bool {
