@@ -148,6 +148,27 @@ impl Superblock {
     }
 }
 
+/// `bytes`, a superblock, with its timestamp (libostree's compiler writes
+/// the time it ran) replaced by the target commit's: every compilation of
+/// the same delta from the same inputs is then the same bytes, so replicas
+/// of a server (and a cache in front of them) serve one superblock, one
+/// delta index entry, and a node that got the index from one replica can
+/// use the superblock from another. Both fields are stored as libostree
+/// wrote them (big-endian), so the value is copied as is.
+pub fn reproducible_superblock(bytes: &[u8]) -> Result<Vec<u8>, FormatError> {
+    check_size(bytes, MAX_SUPERBLOCK_SIZE, WHAT)?;
+    let v = parse_normal(bytes, SUPERBLOCK_GVARIANT_TYPE, WHAT)?;
+    let commit_time = v.child_value(4).child_value(5);
+    let children = (0..v.n_children()).map(|i| {
+        if i == 1 {
+            commit_time.clone()
+        } else {
+            v.child_value(i)
+        }
+    });
+    Ok(Variant::tuple_from_iter(children).data().to_vec())
+}
+
 /// The sum, or `None` if it does not fit: sizes come from the remote, so a
 /// wrapped sum would turn a huge delta into a small one.
 fn checked_sum(sizes: impl IntoIterator<Item = u64>) -> Option<u64> {
@@ -308,6 +329,30 @@ mod tests {
                 assert!(sb.total_size().is_some());
             }
         }
+    }
+
+    #[test]
+    fn a_reproducible_superblock_carries_its_commits_time_and_nothing_else_changes() {
+        let ty = VariantTy::new(SUPERBLOCK_GVARIANT_TYPE).unwrap();
+        let zeros = format!("[{}]", vec!["0"; 32].join(", "));
+        let with_time = |built: u64| {
+            let text = format!(
+                "(@a{{sv}} {{'ostree.endianness': <byte 0x6c>}}, uint64 {built}, @ay [], @ay {zeros}, \
+                 (@a{{sv}} {{}}, @ay [], @a(say) [], 'subject', '', uint64 1234, @ay {zeros}, @ay {zeros}), \
+                 @ay [], @a(uayttay) [(uint32 0, @ay {zeros}, uint64 7, uint64 9, @ay [])], @a(yaytt) [])"
+            );
+            Variant::parse(Some(ty), &text).unwrap().data().to_vec()
+        };
+        let (a, b) = (with_time(1_700_000_000), with_time(1_700_000_123));
+        assert_ne!(a, b);
+        let (ra, rb) = (
+            reproducible_superblock(&a).unwrap(),
+            reproducible_superblock(&b).unwrap(),
+        );
+        assert_eq!(ra, rb, "compiled at different times, the same bytes");
+        assert_eq!(ra, with_time(1234), "the commit's timestamp");
+        assert_eq!(reproducible_superblock(&ra).unwrap(), ra, "idempotent");
+        assert!(reproducible_superblock(b"garbage").is_err());
     }
 
     #[test]

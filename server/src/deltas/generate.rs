@@ -152,11 +152,12 @@ impl Scratch {
             }
             return Err(anyhow::Error::from(e).context("libostree's delta compiler"));
         }
+        let rel = name.dir();
+        pin_superblock_time(&self.dir.path().join(&rel).join("superblock"))?;
         let tmp = tempfile::Builder::new()
             .prefix(&format!("{TMP_PREFIX}{key}-"))
             .tempdir_in(store.path())
             .context("creating a delta directory")?;
-        let rel = name.dir();
         let dest = tmp.path().join(&rel);
         if let Some(p) = dest.parent() {
             std::fs::create_dir_all(p).with_context(|| format!("creating {}", p.display()))?;
@@ -170,6 +171,15 @@ impl Scratch {
         }
         stored
     }
+}
+
+/// Replaces the compilation time in a superblock libostree just wrote by
+/// its commit's (`reproducible_superblock` says why).
+fn pin_superblock_time(path: &Path) -> Result<()> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let pinned = oscontent_format::delta::reproducible_superblock(&bytes)
+        .context("the compiled superblock")?;
+    std::fs::write(path, pinned).with_context(|| format!("rewriting {}", path.display()))
 }
 
 /// The options dict of `ostree_repo_static_delta_generate` (`a{sv}`).

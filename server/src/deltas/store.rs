@@ -136,7 +136,8 @@ impl Store {
 
 /// Verifies a delta root as publication verifies any delta (superblock
 /// for the delta its directory names, every part against the checksum the
-/// superblock lists), and that the commit it embeds is `to`.
+/// superblock lists), that the commit it embeds is `to`, and that it is
+/// reproducible (the same bytes on every replica).
 fn check(dir: &Path, name: &DeltaName) -> Result<StoredDelta> {
     let mut set = VerifiedSet::default();
     verify::verify_deltas(dir, &[name.to], &mut set)?;
@@ -155,6 +156,12 @@ fn check(dir: &Path, name: &DeltaName) -> Result<StoredDelta> {
         Checksum::digest(&sb.commit) == name.to,
         "the superblock embeds another commit than {}",
         name.to
+    );
+    // Older versions kept libostree's compilation time: such a delta
+    // differs from every other replica's.
+    anyhow::ensure!(
+        oscontent_format::delta::reproducible_superblock(&bytes)? == bytes,
+        "the superblock carries the time it was compiled, not its commit's"
     );
     let total = sb.total_size().unwrap_or(u64::MAX);
     Ok(StoredDelta {

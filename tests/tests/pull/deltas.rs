@@ -4,7 +4,7 @@
 //! through it by stock `ostree pull` and by `oscontent pull`.
 
 use crate::support::*;
-use oscontent_format::{parse_delta_index, Checksum, DeltaName};
+use oscontent_format::{parse_delta_index, Checksum, DeltaName, Superblock};
 use oscontent_testkit::checkout::{
     assert_same_listing, checkout, commit_closure, listing, object_difference,
 };
@@ -77,6 +77,38 @@ fn tally(log: &[AccessEntry]) -> std::collections::BTreeMap<(String, u16), usize
         *t.entry((e.kind.clone(), e.status)).or_insert(0) += 1;
     }
     t
+}
+
+/// Two replicas of the same releases, each compiling the delta itself, a
+/// second or more apart: a node may get the index from one and the
+/// superblock and parts from the other (a Service spreads connections, a
+/// cache holds either), so the bytes must be the same. libostree writes
+/// the compilation time into the superblock; stock ostree then refused the
+/// other replica's superblock ("Invalid checksum for static delta").
+#[test]
+fn replicas_serve_the_same_delta_bytes() {
+    let a = serve_both(&[]);
+    wait_delta(&a);
+    std::thread::sleep(Duration::from_millis(1100));
+    let b = serve_both(&[]);
+    wait_delta(&b);
+    let name = v1_to_v2();
+    let get = |s: &Server, path: &str| {
+        let r = s.get(path).unwrap();
+        assert_eq!(r.status, 200, "{path}");
+        r.body
+    };
+    let index = format!("/{}", DeltaName::index_path(&name.to));
+    assert_eq!(get(&a, &index), get(&b, &index), "delta index");
+    let superblock = format!("/{}/superblock", name.dir());
+    let sb = get(&a, &superblock);
+    assert_eq!(sb, get(&b, &superblock), "superblock");
+    let parts = Superblock::parse(&sb).unwrap().parts.len();
+    assert!(parts > 0);
+    for i in 0..parts {
+        let part = format!("/{}/{i}", name.dir());
+        assert_eq!(get(&a, &part), get(&b, &part), "part {i}");
+    }
 }
 
 #[test]
