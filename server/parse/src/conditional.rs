@@ -4,6 +4,7 @@
 use http::header::{
     HeaderMap, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, RANGE,
 };
+use std::borrow::Cow;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// What the preconditions say to do (for GET and HEAD).
@@ -40,6 +41,25 @@ fn secs(t: SystemTime) -> u64 {
 
 fn header_str<'a>(h: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A list-valued field: its field lines joined with commas, as RFC 9110
+/// §5.3 combines them (`If-Match: "a"` and `If-Match: "b"` are
+/// `If-Match: "a", "b"`). A line that is not text is left out.
+fn header_list<'a>(h: &'a HeaderMap, name: &http::HeaderName) -> Option<Cow<'a, str>> {
+    let mut lines = h.get_all(name).iter().filter_map(|v| v.to_str().ok());
+    let first = lines.next()?;
+    match lines.next() {
+        None => Some(Cow::Borrowed(first)),
+        Some(second) => {
+            let mut all = format!("{first}, {second}");
+            for l in lines {
+                all.push_str(", ");
+                all.push_str(l);
+            }
+            Some(Cow::Owned(all))
+        }
+    }
 }
 
 fn date(h: &HeaderMap, name: &http::HeaderName) -> Option<u64> {
@@ -87,8 +107,8 @@ fn strong_hit(list: &str, etag: &str) -> bool {
 /// If-Modified-Since: when it is present, the date is not consulted.
 pub fn evaluate(h: &HeaderMap, v: &Validators) -> Precondition {
     let lm = v.last_modified.map(secs);
-    if let Some(list) = header_str(h, &IF_MATCH) {
-        if !strong_hit(list, &v.etag) {
+    if let Some(list) = header_list(h, &IF_MATCH) {
+        if !strong_hit(&list, &v.etag) {
             return Precondition::Failed;
         }
     } else if let (Some(since), Some(lm)) = (date(h, &IF_UNMODIFIED_SINCE), lm) {
@@ -96,8 +116,8 @@ pub fn evaluate(h: &HeaderMap, v: &Validators) -> Precondition {
             return Precondition::Failed;
         }
     }
-    if let Some(list) = header_str(h, &IF_NONE_MATCH) {
-        return if none_match_hits(list, &v.etag) {
+    if let Some(list) = header_list(h, &IF_NONE_MATCH) {
+        return if none_match_hits(&list, &v.etag) {
             Precondition::NotModified
         } else {
             Precondition::Proceed
@@ -206,7 +226,7 @@ mod tests {
     fn hdrs(pairs: &[(&str, String)]) -> HeaderMap {
         let mut h = HeaderMap::new();
         for (k, val) in pairs {
-            h.insert(
+            h.append(
                 http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
                 val.parse().unwrap(),
             );
@@ -286,6 +306,22 @@ mod tests {
             (vec![("if-match", "*".into())], Proceed),
             (vec![("if-unmodified-since", at(-1))], Failed),
             (vec![("if-unmodified-since", at(0))], Proceed),
+            // Several field lines are one list (RFC 9110 §5.3).
+            (
+                vec![("if-match", "\"x\"".into()), ("if-match", "\"abc\"".into())],
+                Proceed,
+            ),
+            (
+                vec![("if-match", "\"x\"".into()), ("if-match", "\"y\"".into())],
+                Failed,
+            ),
+            (
+                vec![
+                    ("if-none-match", "\"x\"".into()),
+                    ("if-none-match", "\"y\", \"abc\"".into()),
+                ],
+                NotModified,
+            ),
         ];
         for (h, want) in cases {
             assert_eq!(evaluate(&hdrs(&h), &v()), want, "{h:?}");

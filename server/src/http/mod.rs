@@ -242,13 +242,21 @@ async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Respon
                 .map(|c| c.0.ip()),
         )
     });
-    let resp = match refused_head(req.version(), req.headers()) {
+    let mut resp = match refused_head(req.version(), req.headers()) {
         None => next.run(req).await,
         Some(e) => e.into_response(),
     };
+    // What sets no policy of its own (errors, probes, metrics) is not to
+    // be stored: a shared cache keeps a 404 for minutes by default (Varnish
+    // 120 s), and a `.commitmeta`, `summary.sig` or object that appears
+    // later, or a replica that has not published yet, would stay missing.
+    resp.headers_mut()
+        .entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
     let elapsed = start.elapsed();
     let status = resp.status().as_u16();
-    let bytes = if head {
+    // A 304 carries the 200's Content-Length (RFC 9110 §8.6) and no body.
+    let bytes = if head || status == 304 {
         0
     } else {
         resp.headers()

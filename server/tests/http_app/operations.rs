@@ -54,6 +54,13 @@ async fn readiness_follows_publication_and_draining() {
 async fn metrics_and_access_log_count_requests_by_kind_and_status() {
     let (_fx, server) = serving_v1().await;
     let summary = server.get("/summary").await;
+    // Revalidated: a 304 carries the 200's Content-Length and no body,
+    // and counts no bytes.
+    let etag = summary.header("etag").unwrap().to_owned();
+    let revalidated = server
+        .get_with("/summary", &[("If-None-Match", &etag)])
+        .await;
+    assert_eq!(revalidated.status, StatusCode::NOT_MODIFIED);
     let absent = format!("/objects/{}/{}.filez", &ABSENT[..2], &ABSENT[2..]);
     assert_eq!(server.get(&absent).await.status, 404);
     assert_eq!(server.get("/no/such/thing").await.status, 404);
@@ -76,6 +83,7 @@ async fn metrics_and_access_log_count_requests_by_kind_and_status() {
         assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name}");
     }
     assert_eq!(server.requests("summary", "200").await, Some(1.0));
+    assert_eq!(server.requests("summary", "304").await, Some(1.0));
     assert_eq!(server.requests("filez", "404").await, Some(1.0));
     assert_eq!(server.requests("other", "404").await, Some(1.0));
     assert_eq!(server.requests("health", "200").await, Some(2.0));
@@ -92,7 +100,7 @@ async fn metrics_and_access_log_count_requests_by_kind_and_status() {
             &[("kind", "summary"), ("le", "+Inf")],
         )
         .await;
-    assert_eq!(inf, Some(1.0));
+    assert_eq!(inf, Some(2.0));
 
     // The access log: one JSON line per request.
     let log = server.access_log();

@@ -170,7 +170,16 @@ async fn invalid_and_missing_paths_are_empty_404s() {
             assert_eq!(r.status, 404, "{method} {t}");
             assert!(r.body.is_empty(), "{method} {t}: {:?}", r.body);
             assert_eq!(r.header("content-length"), Some("0"), "{method} {t}");
+            // A shared cache must not keep a 404: what is missing now may
+            // be published (or reach this replica) a moment later.
+            assert_eq!(r.header("cache-control"), Some("no-store"), "{method} {t}");
         }
+    }
+    // Neither are probes and metrics kept.
+    for t in ["/healthz", "/readyz", "/metrics"] {
+        let r = server.get(t).await;
+        assert_eq!(r.status, 200, "{t}");
+        assert_eq!(r.header("cache-control"), Some("no-store"), "{t}");
     }
     // Conditionals on a missing path change nothing.
     let r = server
