@@ -268,11 +268,11 @@ pub struct Connections {
     /// Closed by the server for inactivity: `first_byte`, `idle`,
     /// `keepalive` (HTTP/2 PING unanswered), `header_read` (HTTP/1.1).
     pub expired: IntCounterVec,
-    /// Files being streamed now (`served::streams`), set at each scrape.
+    /// Files held open by streamed bodies now (`served::streams`), set at
+    /// each scrape.
     pub streamed_files: IntGauge,
-    /// Requests that waited for a streamed file's permit, by `outcome`:
-    /// `served`, or `refused` (503 after the wait).
-    pub stream_waits: IntCounterVec,
+    /// Bodies streamed past that budget, opening their file for each read.
+    pub streams_reopened: IntCounter,
 }
 
 impl Connections {
@@ -299,17 +299,13 @@ impl Connections {
             ),
             streamed_files: r.gauge(
                 "oscontent_http_streamed_files",
-                "Files being streamed now, each holding a descriptor and a chunk (at most --max-streamed-files)",
+                "Files held open by streamed bodies now, each with a descriptor and a chunk (at most --max-streamed-files)",
             ),
-            stream_waits: r.counter_vec(
-                "oscontent_http_stream_waits_total",
-                "Requests that waited for a place among the files streamed at once, by outcome: served, or refused (503)",
-                &["outcome"],
+            streams_reopened: r.counter(
+                "oscontent_http_streams_reopened_total",
+                "Bodies streamed past --max-streamed-files (or a client's share), opening their file for each 8 KiB read",
             ),
         };
-        for outcome in ["served", "refused"] {
-            c.stream_waits.with_label_values(&[outcome]);
-        }
         for kind in ["normal", "probe_reserve"] {
             c.open.with_label_values(&[kind]);
         }

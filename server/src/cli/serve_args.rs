@@ -260,12 +260,13 @@ pub struct ConnectionArgs {
     /// read.
     #[arg(long, default_value_t = 32 * 1024, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1024..))]
     pub h2_send_buffer: u32,
-    /// Files streamed at once, all clients together (objects bigger than
-    /// the cache takes, delta parts): each holds a descriptor and a 64 KiB
-    /// chunk for as long as its client takes to read it. A client address
-    /// gets an eighth; past that, or the total, a request waits up to 10 s
-    /// for a place, then gets 503 with Retry-After. Lowered at start to fit
-    /// the open-file limit.
+    /// Files held open by streamed bodies at once, all clients together
+    /// (objects bigger than the cache takes, delta parts): each holds a
+    /// descriptor and a 64 KiB chunk for as long as its client takes to
+    /// read it. A client address gets an eighth; past that, or the total,
+    /// a body opens its file again for each 8 KiB read and holds nothing
+    /// in between (never a wait or a refusal). Lowered at start to fit the
+    /// open-file limit.
     #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_streamed_files: u32,
 }

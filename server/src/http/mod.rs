@@ -39,10 +39,9 @@ pub struct HttpConfig {
     pub metadata_max_age: Duration,
     /// Bytes of immutable objects kept in memory (0: none).
     pub cache_size: usize,
-    /// Files streamed at once, all clients together (`served::streams`).
+    /// Files streamed with a descriptor held at once, all clients together
+    /// (`served::streams`).
     pub max_streamed_files: usize,
-    /// The listener's idle timeout, which bounds a wait for such a place.
-    pub idle_timeout: Duration,
 }
 
 impl Default for HttpConfig {
@@ -51,7 +50,6 @@ impl Default for HttpConfig {
             metadata_max_age: Duration::from_secs(30),
             cache_size: DEFAULT_CACHE_SIZE,
             max_streamed_files: crate::listen::limits::Limits::default().max_streamed_files,
-            idle_timeout: crate::listen::limits::Limits::default().idle_timeout,
         }
     }
 }
@@ -115,7 +113,7 @@ impl AppState {
         ))
         .context("the metadata max-age as a header")?;
         let cache = sink.attach_cache(ObjectCache::new(config.cache_size));
-        let streams = StreamBudget::new(config.max_streamed_files, config.idle_timeout);
+        let streams = StreamBudget::new(config.max_streamed_files);
         Ok(Self(Arc::new(Inner {
             metrics,
             sink,
@@ -346,8 +344,6 @@ pub enum AppError {
     NotFound,
     MethodNotAllowed,
     Unavailable,
-    /// No place among the files streamed at once came in time.
-    Busy(crate::served::streams::Exhausted),
     Internal(anyhow::Error),
 }
 
@@ -371,15 +367,6 @@ impl IntoResponse for AppError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 Some((header::RETRY_AFTER, "5")),
             ),
-            // Debug, not warn: under the abuse it answers, one line per
-            // request would be the next flood.
-            AppError::Busy(e) => {
-                tracing::debug!("refused a streamed file: {e}");
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    Some((header::RETRY_AFTER, "1")),
-                )
-            }
             AppError::Internal(e) => {
                 tracing::error!("internal error: {e:#}");
                 (StatusCode::INTERNAL_SERVER_ERROR, None)

@@ -8,7 +8,7 @@ use super::{classify, AppError, AppState, IMMUTABLE};
 use crate::cache::{CachedObject, Prepared};
 use crate::conditional::Validators;
 use crate::fsutil;
-use crate::served::body;
+use crate::served::body::{self, Reopened};
 use crate::served::metadata::{self, digest_etag, MetadataError};
 use crate::served::objects::Loaded;
 use crate::served::streams::StreamPermit;
@@ -85,91 +85,104 @@ async fn serve_repo(st: &AppState, asked: &Asked<'_>, path: &str) -> Result<Resp
     }
     let cache = st.short_lived.clone();
     let cap = metadata::cap(&rp);
-    let mut permit = None;
-    loop {
-        // One trip to the blocking pool resolves the path and reads (or
-        // opens) what it names.
-        let g = generation.clone();
-        let rp = rp.clone();
-        let found = tokio::task::spawn_blocking(move || find(&g, &rp, cap))
-            .await
-            .map_err(|e| anyhow::anyhow!("resolver task: {e}"))?;
-        return match found {
-            Ok(Found::Missing) => Err(AppError::NotFound),
-            Ok(Found::Bytes(bytes, v)) => Ok(respond_bytes(
+    // One trip to the blocking pool resolves the path and reads (or opens)
+    // what it names.
+    let g = generation.clone();
+    let rp2 = rp.clone();
+    let found = tokio::task::spawn_blocking(move || find(&g, &rp2, cap))
+        .await
+        .map_err(|e| anyhow::anyhow!("resolver task: {e}"))?;
+    match found {
+        Ok(Found::Missing) => Err(AppError::NotFound),
+        Ok(Found::Bytes(bytes, v)) => Ok(respond_bytes(
+            asked.headers,
+            bytes,
+            &Prepared::new(v),
+            cache,
+            asked.head(),
+        )),
+        Ok(Found::File(file, meta, layer)) => {
+            let v = Validators {
+                etag: format!(
+                    "\"{:x}-{:x}-{:x}.{:x}-{}\"",
+                    meta.ino(),
+                    meta.len(),
+                    meta.mtime(),
+                    meta.mtime_nsec(),
+                    u8::from(layer == Layer::Overlay)
+                ),
+                last_modified: meta.modified().ok(),
+            };
+            let g = generation.clone();
+            // Resolving may wait on the disk: always from the blocking pool.
+            let reopen: body::Reopen = Arc::new(move |nonblocking| {
+                if nonblocking {
+                    return Ok(Reopened::WouldBlock);
+                }
+                match find(&g, &rp, None) {
+                    Ok(Found::File(f, _, _)) => Ok(Reopened::File(f)),
+                    Ok(_) => Ok(Reopened::Gone),
+                    Err(Refused::Other(e)) => Err(std::io::Error::other(e)),
+                    Err(Refused::Metadata(e)) => Err(std::io::Error::other(e)),
+                }
+            });
+            let stream = streamed(st, asked, file, &meta, reopen);
+            Ok(respond_file(
                 asked.headers,
-                bytes,
+                meta.len(),
                 &Prepared::new(v),
                 cache,
                 asked.head(),
-            )),
-            Ok(Found::File(file, meta, layer)) => {
-                let Some(permit) = streaming_permit(st, asked, file, &mut permit).await? else {
-                    continue;
-                };
-                let v = Validators {
-                    etag: format!(
-                        "\"{:x}-{:x}-{:x}.{:x}-{}\"",
-                        meta.ino(),
-                        meta.len(),
-                        meta.mtime(),
-                        meta.mtime_nsec(),
-                        u8::from(layer == Layer::Overlay)
-                    ),
-                    last_modified: meta.modified().ok(),
-                };
-                let (file, permit) = permit;
-                Ok(respond_file(
-                    asked.headers,
-                    file,
-                    meta.len(),
-                    &Prepared::new(v),
-                    cache,
-                    asked.head(),
-                    permit,
-                ))
-            }
-            Err(Refused::Metadata(e @ MetadataError::TooLarge { .. })) => {
-                st.metrics
-                    .oversized_metadata
-                    .with_label_values(&[classify(path)])
-                    .inc();
-                Err(anyhow::Error::from(e).into())
-            }
-            Err(Refused::Metadata(e)) => Err(anyhow::Error::from(e).into()),
-            Err(Refused::Other(e)) => Err(e.context(format!("serving {path}")).into()),
-        };
+                stream,
+            ))
+        }
+        Err(Refused::Metadata(e @ MetadataError::TooLarge { .. })) => {
+            st.metrics
+                .oversized_metadata
+                .with_label_values(&[classify(path)])
+                .inc();
+            Err(anyhow::Error::from(e).into())
+        }
+        Err(Refused::Metadata(e)) => Err(anyhow::Error::from(e).into()),
+        Err(Refused::Other(e)) => Err(e.context(format!("serving {path}")).into()),
     }
 }
 
-/// A file about to be streamed keeps its descriptor only with a place in
-/// [`StreamBudget`] (a HEAD needs none). `Some((file, permit))` when it
-/// may go on; `None` when the file was closed to wait for a place, which
-/// `held` now has: open it again (it may have changed meanwhile).
-async fn streaming_permit(
+/// How `file` is streamed: held open with a place in the budget if one is
+/// free for this client, else opened again (`reopen`) for each read, so
+/// that no request waits or fails for a place and the descriptors held
+/// stay within the budget.
+fn streamed(
     st: &AppState,
     asked: &Asked<'_>,
     file: std::fs::File,
-    held: &mut Option<StreamPermit>,
-) -> Result<Option<(std::fs::File, Option<StreamPermit>)>, AppError> {
-    if asked.head() {
-        return Ok(Some((file, None)));
+    meta: &std::fs::Metadata,
+    reopen: body::Reopen,
+) -> impl FnOnce(u64, u64) -> axum::body::Body {
+    enum How {
+        Held(std::fs::File, StreamPermit),
+        Reopened(body::Reopen, std::fs::Metadata, prometheus::IntCounter),
+        Nothing,
     }
-    if let Some(p) = held.take().or_else(|| st.streams.try_take(asked.client)) {
-        return Ok(Some((file, Some(p))));
-    }
-    drop(file);
-    let waits = &st.metrics.connections.stream_waits;
-    match st.streams.take(asked.client).await {
-        Ok(p) => {
-            waits.with_label_values(&["served"]).inc();
-            *held = Some(p);
-            Ok(None)
+    let how = if asked.head() {
+        How::Nothing
+    } else {
+        match st.streams.try_take(asked.client) {
+            Some(permit) => How::Held(file, permit),
+            None => How::Reopened(
+                reopen,
+                meta.clone(),
+                st.metrics.connections.streams_reopened.clone(),
+            ),
         }
-        Err(e) => {
-            waits.with_label_values(&["refused"]).inc();
-            Err(AppError::Busy(e))
+    };
+    move |start, count| match how {
+        How::Held(file, permit) => body::file_body(file, start, count, Some(permit)),
+        How::Reopened(reopen, meta, counted) => {
+            counted.inc();
+            body::reopening_body(reopen, &meta, start, count)
         }
+        How::Nothing => axum::body::Body::empty(),
     }
 }
 
@@ -244,49 +257,53 @@ async fn serve_object(
         ));
     }
     let whole_upto = st.cache.max_entry().max(body::CHUNK) as u64;
-    let mut permit = None;
-    loop {
-        let loaded = match generation.load_object(&name, whole_upto, true) {
-            Ok(Loaded::WouldBlock) => {
-                let g = generation.clone();
-                tokio::task::spawn_blocking(move || g.load_object(&name, whole_upto, false))
-                    .await
-                    .map_err(|e| anyhow::anyhow!("object task: {e}"))?
-            }
-            other => other,
+    let loaded = match generation.load_object(&name, whole_upto, true) {
+        Ok(Loaded::WouldBlock) => {
+            let g = generation.clone();
+            tokio::task::spawn_blocking(move || g.load_object(&name, whole_upto, false))
+                .await
+                .map_err(|e| anyhow::anyhow!("object task: {e}"))?
         }
-        .map_err(|e| anyhow::anyhow!("reading {}: {e}", name.path()))?;
-        return match loaded {
-            Loaded::Missing => Err(AppError::NotFound),
-            Loaded::Whole(bytes, meta) => {
-                let v = Prepared::for_object(&name, bytes.len() as u64, &meta);
-                let obj = CachedObject::new(bytes, v);
-                st.cache.insert(key, name, obj.clone());
-                Ok(respond_bytes(
-                    asked.headers,
-                    obj.bytes.clone(),
-                    &obj.prepared,
-                    immutable,
-                    asked.head(),
-                ))
-            }
-            Loaded::Open(file, meta) => {
-                let Some((file, permit)) = streaming_permit(st, asked, file, &mut permit).await?
-                else {
-                    continue;
-                };
-                let v = Prepared::for_object(&name, meta.len(), &meta);
-                Ok(respond_file(
-                    asked.headers,
-                    file,
-                    meta.len(),
-                    &v,
-                    immutable,
-                    asked.head(),
-                    permit,
-                ))
-            }
-            Loaded::WouldBlock => Err(anyhow::anyhow!("a blocking load would block").into()),
-        };
+        other => other,
+    }
+    .map_err(|e| anyhow::anyhow!("reading {}: {e}", name.path()))?;
+    match loaded {
+        Loaded::Missing => Err(AppError::NotFound),
+        Loaded::Whole(bytes, meta) => {
+            let v = Prepared::for_object(&name, bytes.len() as u64, &meta);
+            let obj = CachedObject::new(bytes, v);
+            st.cache.insert(key, name, obj.clone());
+            Ok(respond_bytes(
+                asked.headers,
+                obj.bytes.clone(),
+                &obj.prepared,
+                immutable,
+                asked.head(),
+            ))
+        }
+        Loaded::Open(file, meta) => {
+            let v = Prepared::for_object(&name, meta.len(), &meta);
+            let g = generation.clone();
+            // Opened as the request opened it: through the gate, never
+            // read whole.
+            let reopen: body::Reopen =
+                Arc::new(
+                    move |nonblocking| match g.load_object(&name, 0, nonblocking)? {
+                        Loaded::Open(f, _) => Ok(Reopened::File(f)),
+                        Loaded::WouldBlock => Ok(Reopened::WouldBlock),
+                        Loaded::Missing | Loaded::Whole(..) => Ok(Reopened::Gone),
+                    },
+                );
+            let stream = streamed(st, asked, file, &meta, reopen);
+            Ok(respond_file(
+                asked.headers,
+                meta.len(),
+                &v,
+                immutable,
+                asked.head(),
+                stream,
+            ))
+        }
+        Loaded::WouldBlock => Err(anyhow::anyhow!("a blocking load would block").into()),
     }
 }

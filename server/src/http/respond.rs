@@ -5,8 +5,6 @@
 use super::AppError;
 use crate::cache::Prepared;
 use crate::conditional::{self, Precondition, RangeOutcome};
-use crate::served::body;
-use crate::served::streams::StreamPermit;
 use axum::body::Body;
 use axum::response::Response;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -114,16 +112,15 @@ fn finish_headers(
     }
 }
 
-/// A file's representation; a body streamed with `permit` held unless
-/// `head`.
+/// A file's representation; unless `head`, the body `stream` makes for a
+/// range (start, count) of it.
 pub(super) fn respond_file(
     h: &HeaderMap,
-    file: std::fs::File,
     len: u64,
     v: &Prepared,
     cache: HeaderValue,
     head: bool,
-    permit: Option<StreamPermit>,
+    stream: impl FnOnce(u64, u64) -> Body,
 ) -> Response {
     match conditional::evaluate(h, &v.validators) {
         Precondition::NotModified => return not_modified(v, cache, len),
@@ -143,7 +140,7 @@ pub(super) fn respond_file(
     let body = if head {
         Body::empty()
     } else {
-        body::file_body(file, start, count, permit)
+        stream(start, count)
     };
     let mut r = Response::new(body);
     *r.status_mut() = status;

@@ -60,7 +60,6 @@ async fn serve(args: ServeArgs) -> Result<()> {
             metadata_max_age: Duration::from_secs(args.metadata_max_age),
             cache_size: args.cache_size,
             max_streamed_files: limits.max_streamed_files,
-            idle_timeout: limits.idle_timeout,
         },
         sink.clone(),
         access_log,

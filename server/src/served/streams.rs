@@ -1,39 +1,34 @@
-//! How many files are streamed at once: each holds a descriptor and a
-//! chunk in flight for as long as its client takes to read it, so a client
-//! that never reads would otherwise pin both for every stream of every
-//! connection it may open (HTTP/2: 16 streams a connection, 64 connections
-//! an address). A permit is taken before a streamed body's file is kept
-//! open; past a client address's share, or the total, the request waits
-//! (holding no descriptor) for one to be released, and is told to come
-//! back if none is within its wait ([`WAIT`], or less: a connection on
-//! which nothing moves for the idle timeout is closed, and the wait should
-//! end in an answer, not in that).
+//! How many files are streamed with a descriptor held: each holds one for
+//! as long as its client takes to read it, so clients that never read
+//! would otherwise hold one for every stream of every connection they may
+//! open (HTTP/2: 16 streams a connection, 64 connections an address). A
+//! streamed body keeps its file open only with a permit; past a client
+//! address's share, or the total, it is streamed all the same, opening the
+//! file again for each (smaller) read and holding nothing in between
+//! (`body::reopening_body`). No request waits or fails for want of a
+//! permit: a budget that refused or delayed requests was one that slow
+//! clients (or a few addresses holding their streams open) could fill to
+//! fail every other pull.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// How long a request waits for a permit before it is answered 503, at
-/// most.
-pub const WAIT: Duration = Duration::from_secs(10);
-
-/// One client address's share of the total: a few attackers cannot hold
-/// it all, and a node's own pull (at most 64 requests at once) never waits
-/// on its share with the default total.
+/// One client address's share of the total: a few addresses cannot hold
+/// it all, and a node's own pull (at most 64 requests at once) stays
+/// within its share with the default total.
 pub fn share_per_ip(total: usize) -> usize {
     (total / 8).max(1)
 }
 
-/// The budget: a fair (FIFO) semaphore for the total and one per client
-/// address that holds or waits for a permit.
+/// The budget: a semaphore for the total and one per client address that
+/// holds a permit.
 #[derive(Debug)]
 pub struct StreamBudget {
     total: Arc<Semaphore>,
     capacity: usize,
     per_ip: usize,
-    wait: Duration,
     by_ip: Mutex<HashMap<IpAddr, Arc<Semaphore>>>,
 }
 
@@ -48,30 +43,19 @@ pub struct StreamPermit {
     _total: OwnedSemaphorePermit,
 }
 
-/// No permit came within the wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("{held} files are being streamed ({capacity} at most, {per_ip} per client address)")]
-pub struct Exhausted {
-    pub held: usize,
-    pub capacity: usize,
-    pub per_ip: usize,
-}
-
 impl StreamBudget {
-    /// `capacity` files at once; a request waits for its place up to half
-    /// the connections' `idle_timeout`, and never more than [`WAIT`].
-    pub fn new(capacity: usize, idle_timeout: Duration) -> Arc<Self> {
+    /// `capacity` files held open at once.
+    pub fn new(capacity: usize) -> Arc<Self> {
         let capacity = capacity.max(1);
         Arc::new(Self {
             total: Arc::new(Semaphore::new(capacity)),
             capacity,
             per_ip: share_per_ip(capacity),
-            wait: WAIT.min(idle_timeout / 2),
             by_ip: Mutex::default(),
         })
     }
 
-    /// Files streamed now.
+    /// Files held open by streamed bodies now.
     pub fn in_use(&self) -> usize {
         self.capacity - self.total.available_permits()
     }
@@ -100,29 +84,6 @@ impl StreamBudget {
             return None;
         };
         Some(self.permit(ip, ip_permit, total))
-    }
-
-    /// A permit, waiting in line for one (the address's share first, then
-    /// the total) for at most the wait.
-    pub async fn take(self: &Arc<Self>, ip: IpAddr) -> Result<StreamPermit, Exhausted> {
-        let sem = self.ip_semaphore(ip);
-        let both = async {
-            let ip_permit = sem.clone().acquire_owned().await.ok()?;
-            let total = self.total.clone().acquire_owned().await.ok()?;
-            Some((ip_permit, total))
-        };
-        match tokio::time::timeout(self.wait, both).await {
-            Ok(Some((ip_permit, total))) => Ok(self.permit(ip, ip_permit, total)),
-            _ => {
-                drop(sem);
-                self.forget_if_unused(ip);
-                Err(Exhausted {
-                    held: self.in_use(),
-                    capacity: self.capacity,
-                    per_ip: self.per_ip,
-                })
-            }
-        }
     }
 
     fn permit(
@@ -177,9 +138,9 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn an_address_gets_its_share_and_the_total_is_a_bound() {
-        let b = StreamBudget::new(16, WAIT * 2); // 2 per address
+    #[test]
+    fn an_address_gets_its_share_and_the_total_is_a_bound() {
+        let b = StreamBudget::new(16); // 2 per address
         let a1 = b.try_take(ip(1)).unwrap();
         let _a2 = b.try_take(ip(1)).unwrap();
         assert!(b.try_take(ip(1)).is_none(), "past a's share");
@@ -189,42 +150,19 @@ mod tests {
         assert!(others.iter().all(Option::is_some));
         assert_eq!(b.in_use(), 16);
         assert!(b.try_take(ip(9)).is_none(), "past the total");
-        // A waiter gets the first permit released, its address's share
-        // allowing.
-        let waiter = {
-            let b = b.clone();
-            tokio::spawn(async move { b.take(ip(9)).await })
-        };
-        tokio::task::yield_now().await;
+        // A place released is anyone's within their share.
         others.pop();
-        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(got.is_ok());
+        let _nine = b.try_take(ip(9)).unwrap();
         drop(a1);
-        assert_eq!(b.in_use(), 15);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_request_waits_at_most_wait_then_hears_why() {
-        let b = StreamBudget::new(1, WAIT * 2);
-        let _held = b.try_take(ip(1)).unwrap();
-        let err = b.take(ip(2)).await.unwrap_err();
-        assert_eq!(
-            err,
-            Exhausted {
-                held: 1,
-                capacity: 1,
-                per_ip: 1
-            }
-        );
-        assert!(err.to_string().contains("1 files are being streamed"));
+        let _a3 = b.try_take(ip(1)).unwrap();
+        assert!(b.try_take(ip(10)).is_none(), "the total, full again");
+        others.pop();
+        assert!(b.try_take(ip(1)).is_none(), "a's share");
     }
 
     #[test]
     fn addresses_are_forgotten_once_they_hold_nothing() {
-        let b = StreamBudget::new(16, WAIT * 2);
+        let b = StreamBudget::new(16);
         let p: Vec<_> = (1..=5).filter_map(|n| b.try_take(ip(n))).collect();
         assert_eq!(b.by_ip.lock().unwrap().len(), 5);
         drop(p);

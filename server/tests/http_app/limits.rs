@@ -210,3 +210,65 @@ async fn metadata_over_its_cap_is_refused_with_a_clear_error() {
     // The other refs are still served.
     assert_eq!(server.get(&format!("/refs/heads/{REF}")).await.status, 200);
 }
+
+/// Past `--max-streamed-files`, a body is streamed all the same, opening
+/// its file for each read: nobody waits or is refused, and the bytes are
+/// the file's, whether the body held its file or not.
+#[tokio::test]
+async fn past_the_streamed_file_budget_bodies_reopen_their_file() {
+    use tower::ServiceExt;
+    let fx = Fixture::new();
+    // No object cache: everything over a chunk is streamed. One file held
+    // open at most (an eighth of 1 is 1, for the one client here).
+    let server = Server::with_config(oscontent_server::HttpConfig {
+        cache_size: 0,
+        max_streamed_files: 1,
+        ..Default::default()
+    });
+    server.publish(fx.publish(&fx.v1)).await;
+    let big = fx.v1.object("filez");
+    let part = fx
+        .v1
+        .files("deltas")
+        .into_iter()
+        .find(|f| f.ends_with("/0"))
+        .map(|f| format!("/{f}"))
+        .expect("a delta part");
+    let get = |path: String| {
+        let req = http::Request::get(path)
+            .header("host", "a")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        oscontent_server::app(server.state.clone()).oneshot(req)
+    };
+    let reopened = || server.metric("oscontent_http_streams_reopened_total", &[]);
+    // The first holds the one place while it is not read.
+    let held = get(big.clone()).await.unwrap();
+    assert_eq!(held.status(), 200);
+    assert_eq!(
+        server.metric("oscontent_http_streamed_files", &[]).await,
+        Some(1.0)
+    );
+    for path in [&big, &part] {
+        let before = reopened().await.unwrap_or(0.0);
+        let r = get(path.clone()).await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        let body = axum::body::to_bytes(r.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(body.len(), fx.v1.disk(path).len(), "{path}");
+        assert!(
+            body[..] == fx.v1.disk(path)[..],
+            "{path}: not the file's bytes"
+        );
+        assert_eq!(reopened().await, Some(before + 1.0), "{path}");
+    }
+    let body = axum::body::to_bytes(held.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    assert!(body[..] == fx.v1.disk(&big)[..]);
+    assert_eq!(
+        server.metric("oscontent_http_streamed_files", &[]).await,
+        Some(0.0)
+    );
+}
