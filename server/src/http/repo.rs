@@ -1,7 +1,8 @@
 //! Repo paths: an immutable object from the object cache or its file, and
 //! everything else (refs, summaries, config, deltas) resolved in the
-//! generation; a file to be streamed first takes its place among those
-//! streamed at once.
+//! generation; a file to be streamed is held open if a place in the
+//! streamed-file budget is free for its client, else opened again for
+//! each read.
 
 use super::respond::{respond_bytes, respond_file};
 use super::{classify, AppError, AppState, IMMUTABLE};
@@ -88,8 +89,8 @@ async fn serve_repo(st: &AppState, asked: &Asked<'_>, path: &str) -> Result<Resp
     // One trip to the blocking pool resolves the path and reads (or opens)
     // what it names.
     let g = generation.clone();
-    let rp2 = rp.clone();
-    let found = tokio::task::spawn_blocking(move || find(&g, &rp2, cap))
+    let asked_path = rp.clone();
+    let found = tokio::task::spawn_blocking(move || find(&g, &asked_path, cap))
         .await
         .map_err(|e| anyhow::anyhow!("resolver task: {e}"))?;
     match found {

@@ -100,7 +100,7 @@ impl StreamBudget {
         }
     }
 
-    /// Drops an address's semaphore once nobody holds or waits for it, so
+    /// Drops an address's semaphore once nobody holds a permit of it, so
     /// the map holds only the addresses streaming now (it cannot grow with
     /// every address seen). Anyone else holding the `Arc` got it from the
     /// map under this lock, so the count cannot rise behind our back.
