@@ -9,7 +9,7 @@ use super::report::Reporter;
 use anyhow::anyhow;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use oscontent_format::RetryPolicy;
+use oscontent_format::{parse_retry_after, GiveUp, Retries, RetryPolicy};
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -59,7 +59,19 @@ pub enum FetchError {
     #[error("{path}: not found (HTTP 404)")]
     NotFound { path: String },
     #[error("{path}: HTTP {status}")]
-    Status { path: String, status: u16 },
+    Status {
+        path: String,
+        status: u16,
+        /// The server's `Retry-After`, if it sent one we understand.
+        retry_after: Option<Duration>,
+    },
+    /// The server answered "later" for longer than we wait.
+    #[error("{path}: HTTP {status}: {why}")]
+    Throttled {
+        path: String,
+        status: u16,
+        why: GiveUp,
+    },
     #[error("{path}: {bytes} bytes exceeds the {max} byte limit for this object")]
     TooLarge { path: String, bytes: u64, max: u64 },
     // `error`, not `source`: thiserror would make it the error's source,
@@ -263,12 +275,14 @@ impl Fetcher {
     }
 
     /// Runs `attempt` as often as [`RetryPolicy::DEFAULT`] allows, sleeping
-    /// between retryable failures and reporting each retry.
+    /// between retryable failures (at least as long as a `Retry-After`
+    /// asks) and reporting each retry.
     async fn with_retries<T, F, Fut>(&self, path: &str, mut attempt: F) -> Result<T, FetchError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, FetchError>>,
     {
+        let mut used = Retries::default();
         let mut n = 1;
         loop {
             let r = {
@@ -276,16 +290,29 @@ impl Fetcher {
                 self.counters.requests.fetch_add(1, Ordering::Relaxed);
                 attempt().await
             };
-            match r {
-                Err(e) if e.retryable() && RetryPolicy::DEFAULT.may_retry(n) => {
-                    let delay = RetryPolicy::DEFAULT.backoff(n, rand::random::<f64>());
-                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
-                    self.reporter.retry(path, n, &e, delay);
-                    tokio::time::sleep(delay).await;
-                    n += 1;
-                }
+            let e = match r {
+                Err(e) if e.retryable() => e,
                 other => return other,
-            }
+            };
+            let retry_after = match &e {
+                FetchError::Status { retry_after, .. } => *retry_after,
+                _ => None,
+            };
+            let delay =
+                match RetryPolicy::DEFAULT.after_failure(&mut used, retry_after, rand::random()) {
+                    Ok(delay) => delay,
+                    Err(GiveUp::Attempts) => return Err(e),
+                    Err(why) => {
+                        let FetchError::Status { path, status, .. } = e else {
+                            unreachable!("only a status carries a Retry-After")
+                        };
+                        return Err(FetchError::Throttled { path, status, why });
+                    }
+                };
+            self.counters.retries.fetch_add(1, Ordering::Relaxed);
+            self.reporter.retry(path, n, &e, delay);
+            tokio::time::sleep(delay).await;
+            n += 1;
         }
     }
 
@@ -315,6 +342,10 @@ impl Fetcher {
             status => Err(FetchError::Status {
                 path: path.to_owned(),
                 status,
+                retry_after: resp
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| parse_retry_after(v.as_bytes(), std::time::SystemTime::now())),
             }),
         }
     }

@@ -7,11 +7,11 @@
 use crate::fsutil;
 use crate::served::{Generation, Resolved};
 use anyhow::{bail, Context, Result};
-use oscontent_format::{RepoPath, RetryPolicy};
+use oscontent_format::{parse_retry_after, GiveUp, RepoPath, Retries, RetryPolicy};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// Connect bound for an upstream server.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
@@ -47,6 +47,26 @@ fn check_rel(rel: &str) -> Result<()> {
 
 /// Copies at most `max` bytes from `r` to `out`; an error if there is more.
 /// Paced by `limit`, if any.
+/// A body that broke off part-way: the one failure worth fetching the
+/// file again for at once. [`Remote::copy_to`] has already retried the
+/// request itself as the retry policy allows; any other error it returns
+/// is its final answer.
+#[derive(Debug, thiserror::Error)]
+#[error("reading {what} after {bytes} bytes")]
+pub struct Interrupted {
+    what: String,
+    bytes: u64,
+    #[source]
+    source: std::io::Error,
+}
+
+impl Interrupted {
+    /// Whether `e` is, or was caused by, a body breaking off.
+    pub fn caused(e: &anyhow::Error) -> bool {
+        e.chain().any(|c| c.is::<Interrupted>())
+    }
+}
+
 pub fn copy_bounded(
     mut r: impl Read,
     out: &mut dyn Write,
@@ -61,7 +81,14 @@ pub fn copy_bounded(
             Ok(0) => return Ok(n),
             Ok(g) => g,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e).with_context(|| format!("reading {what} after {n} bytes")),
+            Err(source) => {
+                return Err(Interrupted {
+                    what: what.to_owned(),
+                    bytes: n,
+                    source,
+                }
+                .into())
+            }
         };
         n += got as u64;
         if n > max {
@@ -180,41 +207,45 @@ impl Remote for HttpRemote {
     fn copy_to(&self, rel: &str, out: &mut dyn Write, max: u64) -> Result<Option<u64>> {
         check_rel(rel)?;
         let url = self.url(rel);
-        for attempt in 1..=RETRY.max_attempts {
-            let last = !RETRY.may_retry(attempt);
-            let resp = match self.client.get(&url).send() {
-                Ok(r) => r,
-                Err(e) if !last => {
-                    tracing::warn!(url, attempt, "request failed, retrying: {e}");
-                    std::thread::sleep(RETRY.backoff(attempt, jitter()));
-                    continue;
-                }
-                Err(e) => return Err(e).with_context(|| format!("GET {url}")),
+        let mut used = Retries::default();
+        let mut attempt = 0u32;
+        let resp = loop {
+            attempt += 1;
+            let (retry_after, failed) = match self.client.get(&url).send() {
+                Ok(r) => match r.status().as_u16() {
+                    200 => break r,
+                    404 => return Ok(None),
+                    s if RetryPolicy::retryable_status(s) => {
+                        let after = r
+                            .headers()
+                            .get(reqwest::header::RETRY_AFTER)
+                            .and_then(|v| parse_retry_after(v.as_bytes(), SystemTime::now()));
+                        (after, anyhow::anyhow!("HTTP {s}"))
+                    }
+                    s => bail!("GET {url}: HTTP {s}"),
+                },
+                Err(e) => (None, anyhow::Error::from(e)),
             };
-            let status = resp.status().as_u16();
-            match status {
-                200 => {}
-                404 => return Ok(None),
-                s if RetryPolicy::retryable_status(s) && !last => {
-                    tracing::warn!(url, attempt, status = s, "retrying");
-                    std::thread::sleep(RETRY.backoff(attempt, jitter()));
-                    continue;
+            match RETRY.after_failure(&mut used, retry_after, jitter()) {
+                Ok(delay) => {
+                    tracing::warn!(url, attempt, ?delay, "retrying: {failed:#}");
+                    std::thread::sleep(delay);
                 }
-                s => bail!("GET {url}: HTTP {s}"),
+                Err(GiveUp::Attempts) => return Err(failed).with_context(|| format!("GET {url}")),
+                Err(why) => return Err(failed.context(why)).with_context(|| format!("GET {url}")),
             }
-            if let Some(len) = resp.content_length() {
-                anyhow::ensure!(
-                    len <= max,
-                    "GET {url}: {len} bytes is over the {max} byte limit for it"
-                );
-            }
-            // A body cut short is not retried here: the caller's buffer
-            // has part of it. The caller's verification fails, and the next
-            // run (or refresh) fetches it again.
-            let n = copy_bounded(resp, out, max, &url, self.limit.as_deref())?;
-            return Ok(Some(n));
+        };
+        if let Some(len) = resp.content_length() {
+            anyhow::ensure!(
+                len <= max,
+                "GET {url}: {len} bytes is over the {max} byte limit for it"
+            );
         }
-        unreachable!("the last attempt returns")
+        // A body cut short is not retried here: the caller's buffer
+        // has part of it. The caller's verification fails, and the next
+        // run (or refresh) fetches it again.
+        let n = copy_bounded(resp, out, max, &url, self.limit.as_deref())?;
+        Ok(Some(n))
     }
 }
 

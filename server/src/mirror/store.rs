@@ -15,7 +15,7 @@
 //! in the last complete manifest ([`FileEntry`]s handed to [`Store::open`]),
 //! and files this process wrote.
 
-use super::remote::Remote;
+use super::remote::{Interrupted, Remote};
 use crate::fsutil;
 use anyhow::{bail, Context, Result};
 use oscontent_format::{check_dirmeta, Checksum, ObjectKind, ObjectName, RepoPath};
@@ -37,8 +37,9 @@ pub const MAX_DIRMETA_SIZE: u64 = oscontent_format::tree::MAX_DIRMETA_SIZE as u6
 pub const MAX_COMMIT_SIZE: u64 = oscontent_format::commit::MAX_COMMIT_SIZE as u64;
 /// Largest detached metadata (signatures).
 pub const MAX_COMMITMETA_SIZE: u64 = oscontent_format::gpgsigs::MAX_DETACHED_METADATA_SIZE as u64;
-/// Attempts at fetching one object whose transfer failed (not one that
-/// arrived and failed verification: that is an attack or a broken upstream).
+/// Attempts at fetching one object whose body broke off mid-transfer. Not
+/// one the remote refused (it retried the request already), nor one that
+/// arrived and failed verification (an attack or a broken upstream).
 const FETCH_ATTEMPTS: u32 = 3;
 
 /// The size bound for an object kind.
@@ -302,7 +303,7 @@ impl Store {
                     drop(w);
                     break (tmp, entry);
                 }
-                Err(e) if attempt < FETCH_ATTEMPTS => {
+                Err(e) if attempt < FETCH_ATTEMPTS && Interrupted::caused(&e) => {
                     tracing::warn!(path = rel, attempt, "transfer failed, retrying: {e:#}");
                 }
                 Err(e) => return Err(e),

@@ -9,12 +9,14 @@
 //! - `layout`: image → OCI layout copies (digests, incremental, resume).
 //! - `hostile_upstream`: a summary naming a collection `../..` writes
 //!   nothing outside the state dir or bundle (`serve --upstream`, `mirror`).
+//! - `faults`: an upstream failing for a while: `Retry-After`, cut bodies.
 
 // Test code: outside #[test] functions too, a panic that names the value is
 // the failure report (clippy.toml allows it inside them).
 #![allow(clippy::unwrap_used)]
 
 mod airgap;
+mod faults;
 mod hostile_upstream;
 mod layout;
 mod netns;

@@ -85,3 +85,78 @@ fn gives_up_with_exit_2_when_the_server_keeps_failing() {
     assert!(repo.refs().unwrap().is_empty());
     repo.fsck().unwrap();
 }
+
+/// A server that says when to come back is waited for, at least as long as
+/// it asks, and its answers do not use up the five attempts a failing
+/// server gets: seven `Retry-After: 1` answers in a row still end in a
+/// complete pull.
+#[test]
+fn waits_as_long_as_retry_after_asks_without_using_up_attempts() {
+    let v1 = v1();
+    let tmp = tempdir();
+    let server = Server::release(v1);
+    let (proxy, faults) = Faults {
+        fail_first: 7,
+        retry_after: Some("1".into()),
+        ..Default::default()
+    }
+    .start(&server.url)
+    .unwrap();
+    let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
+    let out = run_client(&pull_args(&repo.repo, &proxy.url, fixture_ref(), &[]));
+    let evs = expect_ok(&out, "pull past Retry-After");
+
+    assert_eq!(faults.injected_503.load(Ordering::SeqCst), 7);
+    let retries: Vec<_> = evs.iter().filter(|e| e["event"] == "retry").collect();
+    assert_eq!(retries.len(), 7, "{retries:?}");
+    for r in &retries {
+        let ms = r["delay_ms"].as_u64().unwrap();
+        // At least what was asked, at most half as much again.
+        assert!((1000..=1500).contains(&ms), "{r}");
+    }
+    assert_eq!(repo.rev_parse(fixture_ref()).unwrap(), v1.commit);
+    repo.fsck().unwrap();
+}
+
+/// A `Retry-After` longer than the client waits fails the request at once,
+/// and the message says what the server asked for.
+#[test]
+fn a_retry_after_past_the_limit_fails_at_once_and_says_so() {
+    let v1 = v1();
+    let tmp = tempdir();
+    let server = Server::release(v1);
+    let table = [
+        ("3600", "retry after 3600 s"),
+        // An HTTP-date decades ahead.
+        (
+            "Fri, 01 Jan 2100 00:00:00 GMT",
+            "more than the 60 s waited at most",
+        ),
+    ];
+    for (after, says) in table {
+        let (proxy, faults) = Faults {
+            fail_first: usize::MAX,
+            retry_after: Some(after.into()),
+            ..Default::default()
+        }
+        .start(&server.url)
+        .unwrap();
+        let repo = Ostree::init(
+            &tmp.path().join(format!("repo-{}", after.len())),
+            "bare-user",
+        )
+        .unwrap();
+        let out = run_client(&pull_args(&repo.repo, &proxy.url, fixture_ref(), &[]));
+        expect_code(&out, 2, after);
+        let evs = events(&out);
+        let err = event(&evs, "error");
+        assert_eq!(err["kind"], "network", "{after}");
+        let msg = err["message"].as_str().unwrap();
+        assert!(
+            msg.contains("HTTP 503") && msg.contains(says),
+            "{after}: {msg}"
+        );
+        assert_eq!(faults.matched.load(Ordering::SeqCst), 1, "{after}: retried");
+        assert!(repo.refs().unwrap().is_empty());
+    }
+}

@@ -22,6 +22,8 @@ pub struct Faults {
     /// counting from 1; the proxy counts the cuts it made
     /// ([`Proxy::cuts`](super::Proxy::cuts)).
     pub reset_every: usize,
+    /// The `Retry-After` the injected `503`s carry (none if `None`).
+    pub retry_after: Option<String>,
 }
 
 impl Default for Faults {
@@ -32,6 +34,7 @@ impl Default for Faults {
             fail_path_every: 0,
             fail_each: 0,
             reset_every: 0,
+            retry_after: None,
         }
     }
 }
@@ -91,7 +94,13 @@ impl Faults {
             && requests <= self.fail_each;
         if n <= self.fail_first || path_fails {
             stats.injected_503.fetch_add(1, Ordering::SeqCst);
-            return Some(Action::Status(503));
+            return Some(match &self.retry_after {
+                None => Action::Status(503),
+                Some(after) => Action::Later {
+                    status: 503,
+                    retry_after: after.clone(),
+                },
+            });
         }
         let fwd = stats.forwarded.fetch_add(1, Ordering::SeqCst) + 1;
         let cut = self.reset_every > 0 && fwd % self.reset_every == 0;
@@ -145,6 +154,18 @@ mod tests {
                 },
                 &["/objects/a", "/objects/b", "/objects/c", "/objects/d"],
                 &["Some(Forward)", "Some(Cut)", "Some(Forward)", "Some(Cut)"],
+            ),
+            (
+                Faults {
+                    fail_first: 1,
+                    retry_after: Some("7".into()),
+                    ..Default::default()
+                },
+                &["/objects/a", "/objects/a"],
+                &[
+                    "Some(Later { status: 503, retry_after: \"7\" })",
+                    "Some(Forward)",
+                ],
             ),
         ];
         for (faults, paths, want) in table {

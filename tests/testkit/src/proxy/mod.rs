@@ -60,6 +60,8 @@ pub enum Action {
     Bytes(Bytes),
     /// This status, empty body.
     Status(u16),
+    /// This status with this `Retry-After`, empty body.
+    Later { status: u16, retry_after: String },
     /// 200 with generated garbage: `announce` as Content-Length if given
     /// (else chunked on HTTP/1.1), at most `cap` bytes actually sent.
     Garbage { announce: Option<u64>, cap: u64 },
@@ -402,6 +404,16 @@ async fn handle(shared: &Arc<Shared>, req: hyper::Request<Incoming>) -> hyper::R
     }
     match action {
         Action::Status(code) => status(code),
+        Action::Later {
+            status: code,
+            retry_after,
+        } => {
+            let mut r = status(code);
+            if let Ok(v) = retry_after.parse() {
+                r.headers_mut().insert(hyper::header::RETRY_AFTER, v);
+            }
+            r
+        }
         Action::Bytes(b) => hyper::Response::new(Body::from(b)),
         Action::Garbage { announce, cap } => body::garbage(shared, announce, cap),
         Action::Redirect(to) => {
@@ -429,6 +441,10 @@ fn describe(action: &Action) -> String {
         Action::Cut => "forward, cut mid-body".to_owned(),
         Action::Bytes(b) => format!("{} bytes", b.len()),
         Action::Status(s) => format!("status {s}"),
+        Action::Later {
+            status,
+            retry_after,
+        } => format!("status {status}, retry after {retry_after}"),
         Action::Garbage { announce, cap } => format!("garbage (announce {announce:?}, cap {cap})"),
         Action::Redirect(to) => format!("redirect to {to}"),
         Action::Drip { len, every } => format!("drip {len} bytes, one per {every:?}"),

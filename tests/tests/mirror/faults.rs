@@ -1,0 +1,94 @@
+//! An upstream that fails for a while. `mirror` waits as long as each
+//! `Retry-After` asks, past the five attempts a failing upstream gets; one
+//! asking for longer than it waits fails the mirror at once, saying so;
+//! a body cut mid-transfer is fetched again.
+
+use crate::support::TOOL_TIMEOUT;
+use oscontent_testkit::proxy::{Faults, Proxy};
+use oscontent_testkit::*;
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+#[test]
+fn mirror_retries_what_may_pass_and_says_what_will_not() {
+    require_ostree();
+    let t = tempdir();
+    let upstream = t.path().join("upstream");
+    let repo = Ostree::init(&upstream, "archive").unwrap();
+    let tree = t.path().join("tree");
+    std::fs::create_dir_all(tree.join("usr/lib")).unwrap();
+    std::fs::write(tree.join("usr/lib/README"), "small\n").unwrap();
+    // Incompressible, so that its `.filez` is large enough to be cut after
+    // its response head has gone out.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let blob: Vec<u8> = (0..1 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(tree.join("usr/lib/blob"), blob).unwrap();
+    let tree_arg = format!("--tree=dir={}", tree.display());
+    repo.run(["commit", "-b", "os/stable", "--no-xattrs", &tree_arg])
+        .unwrap();
+    repo.run(["summary", "-u"]).unwrap();
+    // Served by URL, so that the fault proxy in front can cut bodies.
+    let origin = Proxy::serve_dir(&upstream, Arc::new(|_: &str| None)).unwrap();
+
+    let later = |fail_first, after: &str| Faults {
+        fail_first,
+        retry_after: Some(after.into()),
+        ..Default::default()
+    };
+    // (faults, 503s sent, the mirror's stderr must say this, or it must
+    // fail saying this)
+    let table: [(Faults, usize, Result<&str, &str>); 3] = [
+        (later(6, "1"), 6, Ok("retrying")),
+        (later(usize::MAX, "3600"), 1, Err("retry after 3600 s")),
+        (
+            Faults {
+                reset_every: 2,
+                ..Default::default()
+            },
+            0,
+            Ok("transfer failed, retrying"),
+        ),
+    ];
+    for (i, (faults, sent, want)) in table.into_iter().enumerate() {
+        let plan = format!("{faults:?}");
+        let (proxy, stats) = faults.clone().start(&origin.url).unwrap();
+        let bundle = t.path().join(format!("bundle-{i}"));
+        let o = run_bounded(
+            Command::new(server_bin())
+                .env("NO_COLOR", "1")
+                .args(["mirror", &proxy.url])
+                .arg(format!("bundle:{}", bundle.display())),
+            TOOL_TIMEOUT,
+        )
+        .unwrap();
+        let err = strip_ansi(&String::from_utf8_lossy(&o.stderr));
+        let injected = stats.injected_503.load(Ordering::SeqCst);
+        assert_eq!(injected, sent, "{plan}: {err}");
+        match want {
+            Ok(says) => {
+                assert!(o.status.success(), "{plan}: {err}");
+                assert!(err.contains(says), "{plan}: {err}");
+                // Each fault retried once, no more.
+                let faults = injected + proxy.cuts();
+                assert!(faults >= 1, "{plan}: nothing injected");
+                assert_eq!(err.matches("retrying").count(), faults, "{plan}: {err}");
+                Ostree::at(&bundle).fsck().unwrap();
+            }
+            Err(says) => {
+                assert!(!o.status.success(), "{plan}: succeeded");
+                assert!(
+                    err.contains("HTTP 503") && err.contains(says),
+                    "{plan}: {err}"
+                );
+            }
+        }
+    }
+}
