@@ -95,7 +95,7 @@ impl Metrics {
         );
         let response_bytes = r.counter_vec(
             "oscontent_http_response_bytes_total",
-            "Response body bytes sent, by path kind",
+            "Response body bytes sent (handed to the connection; a response cut short counts what went), by path kind",
             &["kind"],
         );
         let latency = r.add(
@@ -211,14 +211,13 @@ impl Metrics {
         }
     }
 
-    /// Counts one answered request: its kind, status, body bytes and the
-    /// time to its response head.
-    pub fn observe_request(&self, kind: &'static str, status: u16, bytes: u64, seconds: f64) {
+    /// Counts one answered request: its kind, status and the time to its
+    /// response head.
+    pub fn observe_request(&self, kind: &'static str, status: u16, seconds: f64) {
         let Some(k) = KINDS.iter().position(|x| *x == kind) else {
             self.requests
                 .with_label_values(&[kind, &status.to_string()])
                 .inc();
-            self.response_bytes.with_label_values(&[kind]).inc_by(bytes);
             self.latency.with_label_values(&[kind]).observe(seconds);
             return;
         };
@@ -235,12 +234,19 @@ impl Metrics {
                 .with_label_values(&[kind, &status.to_string()])
                 .inc(),
         }
-        h.bytes[k]
-            .get_or_init(|| self.response_bytes.with_label_values(&[kind]))
-            .inc_by(bytes);
         h.latency[k]
             .get_or_init(|| self.latency.with_label_values(&[kind]))
             .observe(seconds);
+    }
+
+    /// Counts the body bytes a response of `kind` sent.
+    pub fn sent(&self, kind: &'static str, bytes: u64) {
+        match KINDS.iter().position(|x| *x == kind) {
+            Some(k) => self.handles.bytes[k]
+                .get_or_init(|| self.response_bytes.with_label_values(&[kind]))
+                .inc_by(bytes),
+            None => self.response_bytes.with_label_values(&[kind]).inc_by(bytes),
+        }
     }
 
     /// The exposition text and its content type.
@@ -361,7 +367,8 @@ mod tests {
             ("ref", 418, 0), ("made_up", 200, 7),
         ];
         for &(kind, status, bytes) in cases {
-            m.observe_request(kind, status, bytes, 0.001);
+            m.observe_request(kind, status, 0.001);
+            m.sent(kind, bytes);
         }
         let req = |k: &str, s: &str| m.requests.with_label_values(&[k, s]).get();
         assert_eq!(
@@ -374,6 +381,7 @@ mod tests {
             (2, 1, 1, 1)
         );
         assert_eq!(m.response_bytes.with_label_values(&["filez"]).get(), 150);
+        assert_eq!(m.response_bytes.with_label_values(&["made_up"]).get(), 7);
         assert_eq!(
             m.latency.with_label_values(&["filez"]).get_sample_count(),
             3

@@ -3,6 +3,7 @@
 //! paths have empty bodies: ostree's fetcher can take an error body for
 //! object content when it falls through a mirrorlist.
 
+mod observe;
 mod repo;
 mod respond;
 
@@ -12,19 +13,18 @@ use crate::metrics::Metrics;
 use crate::serve::sink::Sink;
 use crate::served::streams::StreamBudget;
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State};
-use axum::middleware::{self, Next};
+use axum::extract::State;
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use http::header::{self, HeaderMap, HeaderValue};
-use http::{Method, StatusCode};
+use http::StatusCode;
 use oscontent_format::RepoPath;
 use std::io::Write;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Objects are content-addressed: their bytes never change.
 pub const IMMUTABLE: &str = "public, max-age=31536000, immutable";
@@ -152,7 +152,10 @@ pub fn app(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(repo::repo)
-        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            observe::observe,
+        ))
         .with_state(state)
 }
 
@@ -220,117 +223,6 @@ fn refused_head(version: axum::http::Version, headers: &HeaderMap) -> Option<App
         .map(<[u8]>::trim_ascii)
         .any(|e| !e.is_empty() && !e.eq_ignore_ascii_case(b"100-continue"));
     unmet.then_some(AppError::ExpectationFailed)
-}
-
-/// Metrics and the access log for every request. Counting takes no lock
-/// (`Metrics::observe_request`); the log line is serialized from borrowed
-/// fields and handed to the writer thread, and only when there is a log.
-async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    let start = Instant::now();
-    let kind = classify(req.uri().path());
-    let head = req.method() == Method::HEAD;
-    let logged = st.access_log.as_ref().map(|_| {
-        (
-            req.method().clone(),
-            // A reference count on the request's bytes, not a copy.
-            req.uri().clone(),
-            req.version(),
-            req.extensions()
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|c| c.0.ip()),
-        )
-    });
-    let mut resp = match refused_head(req.version(), req.headers()) {
-        None => next.run(req).await,
-        Some(e) => e.into_response(),
-    };
-    // What sets no policy of its own (errors, probes, metrics) is not to
-    // be stored: a shared cache keeps a 404 for minutes by default (Varnish
-    // 120 s), and a `.commitmeta`, `summary.sig` or object that appears
-    // later, or a replica that has not published yet, would stay missing.
-    resp.headers_mut()
-        .entry(header::CACHE_CONTROL)
-        .or_insert(HeaderValue::from_static("no-store"));
-    let elapsed = start.elapsed();
-    let status = resp.status().as_u16();
-    // A 304 carries the 200's Content-Length (RFC 9110 §8.6) and no body.
-    let bytes = if head || status == 304 {
-        0
-    } else {
-        resp.headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    st.metrics
-        .observe_request(kind, status, bytes, elapsed.as_secs_f64());
-    if let (Some(log), Some((method, uri, version, client))) = (&st.access_log, logged) {
-        log_date::with_now(|ts| {
-            log.log(&LogLine {
-                bytes,
-                client,
-                duration_ms: elapsed.as_secs_f64() * 1e3,
-                kind,
-                method: method.as_str(),
-                path: uri.path(),
-                status,
-                ts,
-                version: version_name(version),
-            });
-        });
-    }
-    resp
-}
-
-/// One access log line (fields in the order the log has always had them:
-/// alphabetical).
-#[derive(serde::Serialize)]
-struct LogLine<'a> {
-    bytes: u64,
-    client: Option<std::net::IpAddr>,
-    duration_ms: f64,
-    kind: &'static str,
-    method: &'a str,
-    path: &'a str,
-    status: u16,
-    ts: &'a str,
-    version: &'static str,
-}
-
-/// The protocol as the log has always named it (`http::Version`'s Debug).
-fn version_name(v: http::Version) -> &'static str {
-    match v {
-        http::Version::HTTP_09 => "HTTP/0.9",
-        http::Version::HTTP_10 => "HTTP/1.0",
-        http::Version::HTTP_11 => "HTTP/1.1",
-        http::Version::HTTP_2 => "HTTP/2.0",
-        http::Version::HTTP_3 => "HTTP/3.0",
-        _ => "HTTP/?",
-    }
-}
-
-/// The log's timestamp (an HTTP date, one-second resolution), formatted
-/// once a second per thread rather than once a request.
-mod log_date {
-    use std::cell::RefCell;
-    use std::time::{SystemTime, UNIX_EPOCH};
-
-    thread_local! {
-        static NOW: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
-    }
-
-    pub fn with_now(f: impl FnOnce(&str)) {
-        let now = SystemTime::now();
-        let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        NOW.with_borrow_mut(|(at, text)| {
-            if *at != secs {
-                *at = secs;
-                *text = httpdate::fmt_http_date(now);
-            }
-            f(text);
-        });
-    }
 }
 
 /// Errors on repo paths: a status and an empty body, never internals.

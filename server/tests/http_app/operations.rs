@@ -129,6 +129,63 @@ async fn metrics_and_access_log_count_requests_by_kind_and_status() {
     }
 }
 
+/// A response dropped part-way (a client that resets its stream or goes
+/// away) counts, in the metric and the access log, the bytes that went out,
+/// not its Content-Length; one read to the end counts all of it.
+#[tokio::test]
+async fn bytes_counted_are_the_bytes_sent() {
+    use hyper::body::Body as _;
+    use tower::ServiceExt;
+    let fx = Fixture::new();
+    // No object cache: the object is streamed in chunks.
+    let server = Server::with_config(oscontent_server::HttpConfig {
+        cache_size: 0,
+        ..Default::default()
+    });
+    server.publish(fx.publish(&fx.v1)).await;
+    let big = fx.v1.object("filez");
+    let size = fx.v1.disk(&big).len() as u64;
+    let get = || {
+        let req = http::Request::get(big.clone())
+            .header("host", "a")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        oscontent_server::app(server.state.clone()).oneshot(req)
+    };
+    let filez = || server.metric("oscontent_http_response_bytes_total", &[("kind", "filez")]);
+
+    let cut = get().await.unwrap();
+    assert_eq!(cut.status(), 200);
+    assert_eq!(cut.headers()["content-length"], size.to_string().as_str());
+    let mut body = cut.into_body();
+    let first = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx))
+        .await
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap();
+    let sent = first.len() as u64;
+    assert!(sent > 0 && sent < size, "{sent} of {size}: not cut");
+    assert_eq!(filez().await, None, "counted before the body ended");
+    drop(body);
+    assert_eq!(filez().await, Some(sent as f64));
+
+    let whole = get().await.unwrap();
+    let read = axum::body::to_bytes(whole.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    assert_eq!(read.len() as u64, size);
+    assert_eq!(filez().await, Some((sent + size) as f64));
+
+    let logged: Vec<u64> = server
+        .access_log()
+        .iter()
+        .filter(|e| e["path"] == big.as_str())
+        .map(|e| e["bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(logged, [sent, size]);
+}
+
 #[tokio::test]
 async fn a_new_generation_is_served_from_the_next_request() {
     let (fx, server) = serving_v1().await;
