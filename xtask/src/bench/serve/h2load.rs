@@ -3,7 +3,7 @@
 //! per-request log.
 
 use anyhow::{ensure, Context, Result};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -28,6 +28,20 @@ pub fn shape(proto: Proto, concurrency: u32) -> (u32, u32) {
             (concurrency.div_ceil(streams), streams)
         }
     }
+}
+
+/// How the mix is spread over the connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+pub enum Replay {
+    /// One pull: each connection an h2load of its own with a contiguous
+    /// share of the mix, every path asked for once. Most objects are not in
+    /// any cache yet, as on the first node of an update.
+    Split,
+    /// `h2load -i` as issue 15 ran it: one h2load whose every connection
+    /// starts at the mix's first path, so N connections ask N times for its
+    /// first Nth. Like a fleet asking for the same objects: all but the
+    /// first ask of each path can be answered from memory.
+    Shared,
 }
 
 /// What one replay measured, as h2load counted it.
@@ -118,46 +132,122 @@ pub fn percentiles(log: &str) -> (f64, f64) {
     (at(0.50), at(0.99))
 }
 
-/// One replay of `mix` (a file of URIs, the first naming the server):
-/// `requests` requests at `concurrency`, h2load pinned to `cpu` if given.
+/// When the requests in h2load's per-request log ran: from the first
+/// start to the last end, in seconds (0 if none).
+pub fn span(log: &str) -> f64 {
+    let (mut first, mut last) = (u64::MAX, 0u64);
+    for l in log.lines() {
+        let mut f = l.split('\t');
+        let (Some(start), Some(_), Some(took)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let (Ok(start), Ok(took)) = (start.trim().parse::<u64>(), took.trim().parse::<u64>())
+        else {
+            continue;
+        };
+        first = first.min(start);
+        last = last.max(start + took);
+    }
+    if first > last {
+        0.0
+    } else {
+        (last - first) as f64 / 1e6
+    }
+}
+
+/// `n` requests cut into `k` contiguous shares as even as possible; no
+/// share is empty.
+pub fn shares(n: usize, k: usize) -> Vec<std::ops::Range<usize>> {
+    let k = k.clamp(1, n.max(1));
+    (0..k)
+        .map(|i| (i * n / k)..((i + 1) * n / k))
+        .filter(|r| !r.is_empty())
+        .collect()
+}
+
+/// One replay of `uris` (full URIs, in the order one pull asked for
+/// them, all naming the same server) at `concurrency`, spread `how`.
+/// h2load's `-i` starts every client at the first URI, so one h2load with
+/// `-c 64` asks 64 times for the first 64th of the mix ([`Replay::Shared`]);
+/// for every URI once ([`Replay::Split`]) each connection is an h2load of
+/// its own with its own contiguous share, all started together. Pinned to
+/// `cpu` if given; counts are summed, the time is the span of all the
+/// requests, and the percentiles are over all of them.
 pub fn replay(
-    mix: &Path,
+    uris: &[String],
+    how: Replay,
     proto: Proto,
     concurrency: u32,
-    requests: usize,
     cpu: Option<usize>,
     log: &Path,
     timeout: Duration,
 ) -> Result<(Counts, (f64, f64))> {
     let (clients, streams) = shape(proto, concurrency);
-    let per_request = log.with_extension("requests.tsv");
-    let mut cmd = match cpu {
-        Some(c) => {
-            let mut cmd = Command::new("taskset");
-            cmd.args(["-c", &c.to_string(), "h2load"]);
-            cmd
-        }
-        None => Command::new("h2load"),
+    // Shared: one h2load with every connection, over the whole list.
+    let (processes, per_process) = match how {
+        Replay::Split => (clients as usize, 1),
+        Replay::Shared => (1, clients),
     };
-    cmd.arg("-i")
-        .arg(mix)
-        .args(["-n", &requests.to_string()])
-        .args(["-c", &clients.to_string()])
-        .args(["-m", &streams.to_string()])
-        .arg("--log-file")
-        .arg(&per_request);
-    if proto == Proto::H1 {
-        cmd.arg("--h1");
+    let dir = log.with_extension("d");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut running = Vec::new();
+    for (i, share) in shares(uris.len(), processes).into_iter().enumerate() {
+        let list = dir.join(format!("{i}.uris"));
+        let n = share.len();
+        let text: String = uris[share].iter().map(|u| format!("{u}\n")).collect();
+        std::fs::write(&list, text).with_context(|| format!("writing {}", list.display()))?;
+        let mut cmd = match cpu {
+            Some(c) => {
+                let mut cmd = Command::new("taskset");
+                cmd.args(["-c", &c.to_string(), "h2load"]);
+                cmd
+            }
+            None => Command::new("h2load"),
+        };
+        cmd.arg("-i")
+            .arg(&list)
+            .args(["-n", &n.to_string(), "-c", &per_process.to_string()])
+            .args(["-m", &streams.min(n as u32).to_string()])
+            .arg("--log-file")
+            .arg(dir.join(format!("{i}.tsv")));
+        if proto == Proto::H1 {
+            cmd.arg("--h1");
+        }
+        let out = dir.join(format!("{i}.out"));
+        running.push(std::thread::spawn(move || {
+            super::super::run_bounded(&mut cmd, &out, timeout).map(|_| out)
+        }));
     }
-    let _ = std::fs::remove_file(log);
-    super::super::run_bounded(&mut cmd, log, timeout)?;
-    let out = std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
-    let counts = parse(&out).with_context(|| format!("h2load output in {}", log.display()))?;
-    let lat = std::fs::read_to_string(&per_request).unwrap_or_default();
-    let p = percentiles(&lat);
-    // The per-request log is large at full scale and read once.
-    let _ = std::fs::remove_file(&per_request);
-    Ok((counts, p))
+    let outs: Vec<Result<PathBuf>> = running
+        .into_iter()
+        .map(|t| {
+            t.join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("an h2load thread panicked")))
+        })
+        .collect();
+    let (mut counts, mut text, mut lat) = (Counts::default(), String::new(), String::new());
+    for out in outs {
+        let out = out?;
+        let o = std::fs::read_to_string(&out)
+            .with_context(|| format!("reading {}", out.display()))?;
+        let c = parse(&o).with_context(|| format!("h2load output in {}", out.display()))?;
+        counts.done += c.done;
+        counts.succeeded += c.succeeded;
+        counts.errors += c.errors;
+        counts.bytes += c.bytes;
+        counts.seconds = counts.seconds.max(c.seconds);
+        text.push_str(&o);
+        lat.push_str(&std::fs::read_to_string(out.with_extension("tsv")).unwrap_or_default());
+    }
+    let took = span(&lat);
+    if took > 0.0 {
+        counts.seconds = took;
+    }
+    std::fs::write(log, text).with_context(|| format!("writing {}", log.display()))?;
+    // The per-request logs are large at full scale and read once.
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((counts, percentiles(&lat)))
 }
 
 #[cfg(test)]
@@ -213,5 +303,27 @@ traffic: 179.97MB (188714925) total, 1.03MB (1079231) headers (space savings 0.0
             .collect();
         assert_eq!(percentiles(&log), (51.0, 99.0));
         assert!(percentiles("").0.is_nan());
+    }
+
+    #[test]
+    fn every_request_once_in_contiguous_shares() {
+        // (requests, connections, shares)
+        let cases: &[(usize, usize, &[std::ops::Range<usize>])] = &[
+            (10, 3, &[0..3, 3..6, 6..10]),
+            (4, 4, &[0..1, 1..2, 2..3, 3..4]),
+            (2, 5, &[0..1, 1..2]),
+            (7, 1, &[0..7]),
+            (0, 3, &[]),
+        ];
+        for (n, k, want) in cases {
+            assert_eq!(shares(*n, *k), *want, "{n} in {k}");
+        }
+    }
+
+    #[test]
+    fn span_runs_from_the_first_start_to_the_last_end() {
+        let log = "1000000\t200\t500\n1000100\t200\t2000000\nnot a line\n1500000\t200\t10\n";
+        assert!((span(log) - 2.0001).abs() < 1e-9, "{}", span(log));
+        assert_eq!(span(""), 0.0);
     }
 }

@@ -2,6 +2,8 @@
 //! request mix of one stock `ostree pull` of the fixture repo (recorded
 //! once from oscontent-server's access log, cached under target/bench),
 //! replayed with `h2load` over HTTP/1.1 and h2c at several concurrencies
+//! (each connection an h2load of its own with its share of the mix, so that
+//! every path is asked for once, as in the pull)
 //! against nginx (sendfile), `ostree trivial-httpd` and oscontent-server,
 //! all serving the same repo in the same run, interleaved so that the
 //! machine's other load falls on each alike. Reported: req/s, MiB/s,
@@ -49,6 +51,11 @@ pub struct Options {
     /// Protocols.
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = [Proto::H1, Proto::H2c])]
     pub proto: Vec<Proto>,
+    /// How the mix is spread over the connections: split (every path once,
+    /// as one pull asks) or shared (as `h2load -i -c N` does it, and as
+    /// issue 15's table was measured: every connection from the first path).
+    #[arg(long, value_enum, default_value_t = h2load::Replay::Split)]
+    pub replay: h2load::Replay,
     /// Servers (nginx is the anchor of every ratio and always runs).
     #[arg(long, value_enum, value_delimiter = ',',
           default_values_t = [Arm::Nginx, Arm::TrivialHttpd, Arm::Oscontent])]
@@ -103,6 +110,7 @@ pub fn run(opts: &Options) -> Result<()> {
     }
     let replays = Replays {
         mix: &mix,
+        how: opts.replay,
         logs: &logs,
         client_cpu,
     };
@@ -136,6 +144,7 @@ pub fn run(opts: &Options) -> Result<()> {
         cpus,
         requests_per_replay: mix.len(),
         mix_bytes: mix_bytes(&f.repo, &mix),
+        replay: opts.replay,
         samples,
         peak_rss,
     };
@@ -166,6 +175,7 @@ fn check_tools() -> Result<()> {
 /// What every replay of the run shares.
 struct Replays<'a> {
     mix: &'a [String],
+    how: h2load::Replay,
     logs: &'a Path,
     client_cpu: Option<usize>,
 }
@@ -188,19 +198,16 @@ impl Replays<'_> {
                 None => return Ok(None),
             },
         };
-        let uris = self.logs.join(format!("mix-{}.txt", addr.port()));
-        if !uris.exists() {
-            write_uris(&uris, addr, self.mix)?;
-        }
+        let uris: Vec<String> = self.mix.iter().map(|p| format!("http://{addr}{p}")).collect();
         let log = self
             .logs
             .join(format!("{arm:?}-{proto:?}-{conc}-{rep}.log"));
         let cpu0 = servers::tree_cpu(r.pid);
         let replay = h2load::replay(
             &uris,
+            self.how,
             proto,
             conc,
-            self.mix.len(),
             self.client_cpu,
             &log,
             REPLAY_TIMEOUT,
@@ -284,12 +291,6 @@ fn mix(bin: &Path, repo: &Path, commit: &str, scale: Scale, logs: &Path) -> Resu
     std::fs::write(&cache, paths.join("\n") + "\n")
         .with_context(|| format!("writing {}", cache.display()))?;
     Ok(paths)
-}
-
-/// The mix as h2load reads it: full URIs (the first names the server).
-fn write_uris(dest: &Path, addr: std::net::SocketAddr, mix: &[String]) -> Result<()> {
-    let text: String = mix.iter().map(|p| format!("http://{addr}{p}\n")).collect();
-    std::fs::write(dest, text).with_context(|| format!("writing {}", dest.display()))
 }
 
 /// Bytes of the files the mix names (each once).

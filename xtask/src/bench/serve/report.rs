@@ -65,7 +65,9 @@ pub struct Report {
     pub load_average: f64,
     pub cpus: usize,
     pub requests_per_replay: usize,
+    /// Bytes of the files the mix names, each once.
     pub mix_bytes: u64,
+    pub replay: super::h2load::Replay,
     pub samples: Vec<Sample>,
     /// VmHWM of each server's process tree at the end of the run.
     pub peak_rss: Vec<(Arm, u64)>,
@@ -110,10 +112,18 @@ fn row(r: &Report, arm: Arm, proto: Proto, conc: u32) -> Option<Row> {
 /// protocol and concurrency.
 pub fn render(r: &Report) -> String {
     let mut t = format!(
-        "bench serve: {} scale, {} requests per replay ({:.1} MiB), server {} {}; {}; load {:.2} on {} CPUs; git {}; {}\n\n",
+        "bench serve: {} scale, {} requests per replay ({}), server {} {}; {}; load {:.2} on {} CPUs; git {}; {}\n\n",
         r.scale,
         r.requests_per_replay,
-        r.mix_bytes as f64 / (1024.0 * 1024.0),
+        match r.replay {
+            super::h2load::Replay::Split => format!(
+                "split: every path of the mix once, {:.1} MiB",
+                r.mix_bytes as f64 / (1024.0 * 1024.0)
+            ),
+            super::h2load::Replay::Shared => {
+                "shared: every connection from the mix's first path".to_owned()
+            }
+        },
         r.server_profile,
         r.server_args.join(" "),
         if r.pinned { "servers pinned to CPU 0, h2load to CPU 1" } else { "not pinned" },
