@@ -96,6 +96,25 @@ pub fn server_bin() -> PathBuf {
     binary("oscontent-server")
 }
 
+/// `oscontent-server mirror URL bundle:DIR`, bounded by `timeout`: its
+/// output, and its stderr with colours stripped (what the tests read).
+pub fn mirror_to_bundle(
+    url: &str,
+    bundle: &Path,
+    timeout: std::time::Duration,
+) -> (std::process::Output, String) {
+    let o = crate::process::run_bounded(
+        Command::new(server_bin())
+            .env("NO_COLOR", "1")
+            .args(["mirror", url])
+            .arg(format!("bundle:{}", bundle.display())),
+        timeout,
+    )
+    .unwrap_or_else(|e| panic!("oscontent-server mirror {url}: {e:#}"));
+    let err = crate::process::strip_ansi(&String::from_utf8_lossy(&o.stderr));
+    (o, err)
+}
+
 /// Path of the `oscontent` client.
 pub fn client_bin() -> PathBuf {
     binary("oscontent")

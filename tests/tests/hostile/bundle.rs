@@ -318,15 +318,7 @@ fn mirror_into_a_tampered_bundle_writes_nothing_through_a_symlink() {
             std::fs::remove_dir_all(at).unwrap();
         }
         std::os::unix::fs::symlink(&target, at).unwrap();
-        let o = run_bounded(
-            Command::new(server_bin())
-                .env("NO_COLOR", "1")
-                .args(["mirror", &proxy.url])
-                .arg(format!("bundle:{}", dir.display())),
-            REFUSAL_TIMEOUT,
-        )
-        .unwrap();
-        let err = strip_ansi(&String::from_utf8_lossy(&o.stderr));
+        let (o, err) = mirror_to_bundle(&proxy.url, &dir, REFUSAL_TIMEOUT);
         assert!(!o.status.success(), "{}: mirrored through it", at.display());
         assert!(err.contains("is a symlink or not a directory"), "{err}");
         let leaked: Vec<_> = std::fs::read_dir(&target).unwrap().collect();

@@ -6,7 +6,6 @@
 use crate::support::TOOL_TIMEOUT;
 use oscontent_testkit::proxy::{Faults, Proxy};
 use oscontent_testkit::*;
-use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -61,15 +60,7 @@ fn mirror_retries_what_may_pass_and_says_what_will_not() {
         let plan = format!("{faults:?}");
         let (proxy, stats) = faults.clone().start(&origin.url).unwrap();
         let bundle = t.path().join(format!("bundle-{i}"));
-        let o = run_bounded(
-            Command::new(server_bin())
-                .env("NO_COLOR", "1")
-                .args(["mirror", &proxy.url])
-                .arg(format!("bundle:{}", bundle.display())),
-            TOOL_TIMEOUT,
-        )
-        .unwrap();
-        let err = strip_ansi(&String::from_utf8_lossy(&o.stderr));
+        let (o, err) = mirror_to_bundle(&proxy.url, &bundle, TOOL_TIMEOUT);
         let injected = stats.injected_503.load(Ordering::SeqCst);
         assert_eq!(injected, sent, "{plan}: {err}");
         match want {

@@ -84,15 +84,7 @@ fn hostile_collection_id_writes_nothing_outside_the_state_dir() {
     drop(server);
 
     let bundle = work.join("bundle");
-    let o = run_bounded(
-        Command::new(server_bin())
-            .env("NO_COLOR", "1")
-            .args(["mirror", &proxy.url])
-            .arg(format!("bundle:{}", bundle.display())),
-        TOOL_TIMEOUT,
-    )
-    .unwrap();
-    let err = strip_ansi(&String::from_utf8_lossy(&o.stderr));
+    let (o, err) = mirror_to_bundle(&proxy.url, &bundle, TOOL_TIMEOUT);
     assert!(!o.status.success(), "mirror of a hostile summary succeeded");
     assert!(err.contains(&want), "mirror's refusal: {err}");
 

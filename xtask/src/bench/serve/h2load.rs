@@ -229,8 +229,8 @@ pub fn replay(
     let (mut counts, mut text, mut lat) = (Counts::default(), String::new(), String::new());
     for out in outs {
         let out = out?;
-        let o = std::fs::read_to_string(&out)
-            .with_context(|| format!("reading {}", out.display()))?;
+        let o =
+            std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
         let c = parse(&o).with_context(|| format!("h2load output in {}", out.display()))?;
         counts.done += c.done;
         counts.succeeded += c.succeeded;

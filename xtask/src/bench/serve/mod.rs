@@ -198,7 +198,11 @@ impl Replays<'_> {
                 None => return Ok(None),
             },
         };
-        let uris: Vec<String> = self.mix.iter().map(|p| format!("http://{addr}{p}")).collect();
+        let uris: Vec<String> = self
+            .mix
+            .iter()
+            .map(|p| format!("http://{addr}{p}"))
+            .collect();
         let log = self
             .logs
             .join(format!("{arm:?}-{proto:?}-{conc}-{rep}.log"));
