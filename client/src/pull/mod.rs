@@ -134,17 +134,22 @@ async fn interrupted() -> &'static str {
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Runs `work` within `limit` (`--timeout`); past it, a network failure
-/// that says which deadline struck.
+/// that says which deadline struck, and what was last being retried.
 async fn within<T>(
     limit: std::time::Duration,
     what: &str,
+    reporter: &Reporter,
     work: impl std::future::Future<Output = PullResult<T>>,
 ) -> PullResult<T> {
     tokio::time::timeout(limit, work).await.map_err(|_| {
+        let waiting = match reporter.last_retry() {
+            Some(e) => format!(" (last retried: {e})"),
+            None => String::new(),
+        };
         PullError::Network(anyhow!(
-            "{what} did not finish within --timeout {}s: the server is too slow or stalls \
-             on purpose, or writes are paced slower than that (--io-max-rate, a slow disk); \
-             nothing was moved",
+            "{what} did not finish within --timeout {}s{waiting}: the server is too slow or \
+             stalls on purpose, or writes are paced slower than that (--io-max-rate, a slow \
+             disk); nothing was moved",
             limit.as_secs_f64()
         ))
     })?
@@ -180,7 +185,8 @@ async fn pull_async(req: PullRequest<'_>) -> PullResult<()> {
     let req = &req;
     // The deadline covers everything the remote can slow down; the barrier
     // and the ref move are local, and are not cut off half-way.
-    let (ctx, target, written) = within(req.opts.timeout, "the pull", fetch_all(req)).await?;
+    let (ctx, target, written) =
+        within(req.opts.timeout, "the pull", &req.reporter, fetch_all(req)).await?;
     finish::finish(req, &ctx, &target, &written).await
 }
 
@@ -321,7 +327,7 @@ pub fn verify(opts: &VerifyOptions, reporter: Arc<Reporter>) -> PullResult<Verif
     validate_ref(&opts.ref_name).usage()?;
     let keyring = Keyring::load(&opts.trusted_keys)?;
     let rt = runtime(2)?;
-    let r = rt.block_on(within(opts.timeout, "verify", async {
+    let r = rt.block_on(within(opts.timeout, "verify", &reporter.clone(), async {
         let (fetcher, config) = Fetcher::connect(&opts.url, 2, opts.http1_only, reporter).await?;
         check_config(&config)?;
         let summary = fetcher

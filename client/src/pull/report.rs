@@ -44,6 +44,9 @@ pub struct Reporter {
     bar: Option<indicatif::ProgressBar>,
     out: Mutex<std::io::Stdout>,
     started: Instant,
+    /// The last failure that was retried: what a pull that runs out of
+    /// time was waiting on.
+    last_retry: Mutex<Option<String>>,
 }
 
 impl Reporter {
@@ -66,6 +69,7 @@ impl Reporter {
             bar,
             out: Mutex::new(std::io::stdout()),
             started: Instant::now(),
+            last_retry: Mutex::new(None),
         }
     }
 
@@ -102,11 +106,23 @@ impl Reporter {
     }
 
     pub fn retry(&self, path: &str, attempt: u32, err: &dyn std::fmt::Display, delay: Duration) {
+        *self
+            .last_retry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(err.to_string());
         self.event(
             "retry",
             json!({"path": path, "attempt": attempt, "error": err.to_string(), "delay_ms": delay.as_millis() as u64}),
             Some(format!("retrying {path} in {delay:?} (attempt {attempt} failed: {err})")),
         );
+    }
+
+    /// The last failure that was retried, if any.
+    pub fn last_retry(&self) -> Option<String> {
+        self.last_retry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// One progress update (JSON line, or the bar).

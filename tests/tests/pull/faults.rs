@@ -160,3 +160,38 @@ fn a_retry_after_past_the_limit_fails_at_once_and_says_so() {
         assert!(repo.refs().unwrap().is_empty());
     }
 }
+
+/// A server that is not ready yet (503 and `Retry-After`, as
+/// oscontent-server answers before its first publication) is waited for
+/// until `--timeout`, and the error then says what was being waited on.
+#[test]
+fn a_timeout_while_told_to_come_back_later_says_so() {
+    let v1 = v1();
+    let tmp = tempdir();
+    let server = Server::release(v1);
+    let (proxy, faults) = Faults {
+        prefix: "/config".into(),
+        fail_first: usize::MAX,
+        retry_after: Some("5".into()),
+        ..Default::default()
+    }
+    .start(&server.url)
+    .unwrap();
+    let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
+    let out = run_client(&pull_args(
+        &repo.repo,
+        &proxy.url,
+        fixture_ref(),
+        &["--timeout", "3s"],
+    ));
+    expect_code(&out, 2, "timeout while unready");
+    let evs = events(&out);
+    let msg = event(&evs, "error")["message"].as_str().unwrap().to_owned();
+    assert!(
+        msg.contains("did not finish within --timeout 3s (last retried: config: HTTP 503)"),
+        "{msg}"
+    );
+    // Waited as asked: one 503, then the deadline struck during the wait.
+    assert_eq!(faults.injected_503.load(Ordering::SeqCst), 1);
+    assert!(repo.refs().unwrap().is_empty());
+}
