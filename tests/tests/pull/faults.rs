@@ -2,31 +2,46 @@
 //! proxy that speaks only HTTP/1.1 (so the HTTP/2 attempt falls back).
 
 use super::support::*;
-use oscontent_testkit::proxy::Faults;
+use oscontent_testkit::proxy::{FaultStats, Faults, Proxy};
 use oscontent_testkit::*;
+use std::path::Path;
+use std::process::Output;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A pull of the fixture ref into a new bare-user repo at `dir`, through
+/// an HTTP/1.1 proxy in front of `server` injecting `faults`: the client's
+/// output, the proxy, the fault counters and the repo.
+fn pull_through(
+    server: &Server,
+    dir: &Path,
+    faults: Faults,
+    extra: &[&str],
+) -> (Output, Proxy, Arc<FaultStats>, Ostree) {
+    let (proxy, stats) = faults.start(&server.url).unwrap();
+    let repo = Ostree::init(dir, "bare-user").unwrap();
+    let out = run_client(&pull_args(&repo.repo, &proxy.url, fixture_ref(), extra));
+    (out, proxy, stats, repo)
+}
 
 #[test]
 fn retries_past_503s_and_resets_then_completes() {
     let v1 = v1();
     let tmp = tempdir();
     let server = Server::release(v1);
-    let (proxy, faults) = Faults {
+    let faults = Faults {
         fail_first: 3,
         fail_path_every: 200,
         fail_each: 2,
         reset_every: 97,
         ..Default::default()
-    }
-    .start(&server.url)
-    .unwrap();
-    let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
-    let out = run_client(&pull_args(
-        &repo.repo,
-        &proxy.url,
-        fixture_ref(),
+    };
+    let (out, proxy, faults, repo) = pull_through(
+        &server,
+        &tmp.path().join("repo"),
+        faults,
         &["--concurrency", "4"],
-    ));
+    );
     let evs = expect_ok(&out, "pull through faults");
 
     assert!(proxy.h2_prefaces() >= 1, "no HTTP/2 attempt");
@@ -67,14 +82,11 @@ fn gives_up_with_exit_2_when_the_server_keeps_failing() {
     let v1 = v1();
     let tmp = tempdir();
     let server = Server::release(v1);
-    let (proxy, faults) = Faults {
+    let faults = Faults {
         fail_first: usize::MAX,
         ..Default::default()
-    }
-    .start(&server.url)
-    .unwrap();
-    let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
-    let out = run_client(&pull_args(&repo.repo, &proxy.url, fixture_ref(), &[]));
+    };
+    let (out, _proxy, faults, repo) = pull_through(&server, &tmp.path().join("repo"), faults, &[]);
     expect_code(&out, 2, "persistent 503");
     let evs = events(&out);
     let err = event(&evs, "error");
@@ -95,15 +107,12 @@ fn waits_as_long_as_retry_after_asks_without_using_up_attempts() {
     let v1 = v1();
     let tmp = tempdir();
     let server = Server::release(v1);
-    let (proxy, faults) = Faults {
+    let faults = Faults {
         fail_first: 7,
         retry_after: Some("1".into()),
         ..Default::default()
-    }
-    .start(&server.url)
-    .unwrap();
-    let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
-    let out = run_client(&pull_args(&repo.repo, &proxy.url, fixture_ref(), &[]));
+    };
+    let (out, _proxy, faults, repo) = pull_through(&server, &tmp.path().join("repo"), faults, &[]);
     let evs = expect_ok(&out, "pull past Retry-After");
 
     assert_eq!(faults.injected_503.load(Ordering::SeqCst), 7);
@@ -134,19 +143,13 @@ fn a_retry_after_past_the_limit_fails_at_once_and_says_so() {
         ),
     ];
     for (after, says) in table {
-        let (proxy, faults) = Faults {
+        let faults = Faults {
             fail_first: usize::MAX,
             retry_after: Some(after.into()),
             ..Default::default()
-        }
-        .start(&server.url)
-        .unwrap();
-        let repo = Ostree::init(
-            &tmp.path().join(format!("repo-{}", after.len())),
-            "bare-user",
-        )
-        .unwrap();
-        let out = run_client(&pull_args(&repo.repo, &proxy.url, fixture_ref(), &[]));
+        };
+        let dir = tmp.path().join(format!("repo-{}", after.len()));
+        let (out, _proxy, faults, repo) = pull_through(&server, &dir, faults, &[]);
         expect_code(&out, 2, after);
         let evs = events(&out);
         let err = event(&evs, "error");
@@ -169,21 +172,18 @@ fn a_timeout_while_told_to_come_back_later_says_so() {
     let v1 = v1();
     let tmp = tempdir();
     let server = Server::release(v1);
-    let (proxy, faults) = Faults {
+    let faults = Faults {
         prefix: "/config".into(),
         fail_first: usize::MAX,
         retry_after: Some("5".into()),
         ..Default::default()
-    }
-    .start(&server.url)
-    .unwrap();
-    let repo = Ostree::init(&tmp.path().join("repo"), "bare-user").unwrap();
-    let out = run_client(&pull_args(
-        &repo.repo,
-        &proxy.url,
-        fixture_ref(),
+    };
+    let (out, _proxy, faults, repo) = pull_through(
+        &server,
+        &tmp.path().join("repo"),
+        faults,
         &["--timeout", "3s"],
-    ));
+    );
     expect_code(&out, 2, "timeout while unready");
     let evs = events(&out);
     let msg = event(&evs, "error")["message"].as_str().unwrap().to_owned();
