@@ -21,6 +21,14 @@ pub struct Validators {
     /// Strong entity-tag including quotes, e.g. `"abc"`.
     pub etag: String,
     pub last_modified: Option<SystemTime>,
+    /// `If-Modified-Since` must name `last_modified` exactly (nginx's
+    /// `if_modified_since exact`) rather than any time at or after it. For
+    /// what can change under its name: its date is a replica's own
+    /// publication time, so two replicas (or a rollback) can put an older
+    /// date on other bytes, and "not after" would call those unmodified.
+    /// Immutable objects keep the RFC's "at or after": any 304 for them is
+    /// right.
+    pub exact_date: bool,
 }
 
 /// 9999-12-31T23:59:59Z, the last instant an HTTP date can name.
@@ -124,7 +132,7 @@ pub fn evaluate(h: &HeaderMap, v: &Validators) -> Precondition {
         };
     }
     if let (Some(since), Some(lm)) = (date(h, &IF_MODIFIED_SINCE), lm) {
-        if lm <= since {
+        if lm == since || (!v.exact_date && lm < since) {
             return Precondition::NotModified;
         }
     }
@@ -220,6 +228,7 @@ mod tests {
         Validators {
             etag: "\"abc\"".into(),
             last_modified: Some(UNIX_EPOCH + Duration::from_secs(T0)),
+            exact_date: false,
         }
     }
 
@@ -326,6 +335,35 @@ mod tests {
         for (h, want) in cases {
             assert_eq!(evaluate(&hdrs(&h), &v()), want, "{h:?}");
         }
+    }
+
+    #[test]
+    fn an_exact_date_is_not_modified_only_at_that_date() {
+        use Precondition::*;
+        let exact = Validators {
+            exact_date: true,
+            ..v()
+        };
+        // (If-Modified-Since offset from Last-Modified, at or after, exact)
+        let cases = [
+            (0, NotModified, NotModified),
+            (10, NotModified, Proceed),
+            (-1, Proceed, Proceed),
+        ];
+        for (offset, later, same) in cases {
+            let h = hdrs(&[("if-modified-since", at(offset))]);
+            assert_eq!(
+                (evaluate(&h, &v()), evaluate(&h, &exact)),
+                (later, same),
+                "{offset}"
+            );
+        }
+        // If-None-Match still decides alone.
+        let h = hdrs(&[
+            ("if-none-match", "\"abc\"".into()),
+            ("if-modified-since", at(10)),
+        ]);
+        assert_eq!(evaluate(&h, &exact), NotModified);
     }
 
     #[test]

@@ -69,6 +69,7 @@ impl Prepared {
                 name.kind.extension()
             ),
             last_modified: meta.modified().ok(),
+            exact_date: false,
         })
     }
 }
@@ -210,6 +211,7 @@ mod tests {
         let v = Validators {
             etag: "\"x\"".into(),
             last_modified: None,
+            exact_date: false,
         };
         CachedObject::new(Bytes::from(vec![7u8; len]), Prepared::new(v))
     }

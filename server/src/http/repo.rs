@@ -113,6 +113,7 @@ async fn serve_repo(st: &AppState, asked: &Asked<'_>, path: &str) -> Result<Resp
                     u8::from(layer == Layer::Overlay)
                 ),
                 last_modified: meta.modified().ok(),
+                exact_date: true,
             };
             let g = generation.clone();
             // Resolving may wait on the disk: always from the blocking pool.
@@ -210,6 +211,7 @@ fn find(g: &Generation, rp: &RepoPath, cap: Option<u64>) -> Result<Found, Refuse
             let v = Validators {
                 etag: digest_etag(&gen.bytes),
                 last_modified: Some(gen.produced),
+                exact_date: true,
             };
             Ok(Found::Bytes(gen.bytes, v))
         }
@@ -222,6 +224,7 @@ fn find(g: &Generation, rp: &RepoPath, cap: Option<u64>) -> Result<Found, Refuse
                     Validators {
                         etag: f.etag,
                         last_modified: f.modified,
+                        exact_date: true,
                     },
                 )),
                 Ok(None) => Ok(Found::Missing),

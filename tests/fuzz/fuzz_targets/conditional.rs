@@ -26,6 +26,7 @@ fuzz_target!(|data: &[u8]| {
     let v = Validators {
         etag: "\"3f2a\"".into(),
         last_modified: Some(UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
+        exact_date: data.first().is_some_and(|b| b & 1 == 1),
     };
     let _ = evaluate(&h, &v);
     for len in LENGTHS {

@@ -148,7 +148,9 @@ fn conditional_gets(
         &[("If-Modified-Since", &lm_str)],
         "If-Modified-Since = Last-Modified",
     );
-    not_modified(
+    // Only its own date: the date of what can change under its name is a
+    // replica's, and a later one may stand on other bytes.
+    modified(
         &[("If-Modified-Since", &now)],
         "If-Modified-Since after Last-Modified",
     );
@@ -194,6 +196,38 @@ fn head_is_a_get_without_body(server: &Server, path: &str, full: &HttpResponse, 
         .unwrap();
     assert_eq!(head304.status, 304, "conditional HEAD {path}");
     assert!(head304.body.is_empty());
+}
+
+/// Two replicas, the one with the older release started later: the date
+/// a client got from it is later than the newer replica's Last-Modified,
+/// and revalidating with that date alone (`curl -z`) must still get the
+/// newer replica's bytes, not a 304 that keeps the old ones.
+#[test]
+fn a_later_date_from_another_replica_is_not_a_304() {
+    let ref_path = format!("/refs/heads/{}", fixture_ref());
+    let newer = Server::release(v2());
+    let first: Vec<_> = ["/summary", ref_path.as_str()]
+        .iter()
+        .map(|p| newer.get(p).unwrap())
+        .collect();
+    // HTTP dates have one-second resolution.
+    std::thread::sleep(Duration::from_millis(1100));
+    let older = Server::release(v1());
+    for (path, new) in ["/summary", ref_path.as_str()].iter().zip(&first) {
+        let old = older.get(path).unwrap();
+        assert_ne!(old.body, new.body, "{path}: the releases differ");
+        let old_lm = old.header("last-modified").unwrap().to_owned();
+        let new_lm = httpdate::parse_http_date(new.header("last-modified").unwrap()).unwrap();
+        assert!(
+            httpdate::parse_http_date(&old_lm).unwrap() > new_lm,
+            "{path}: the older release's replica started later"
+        );
+        let r = newer
+            .get_with(path, &[("If-Modified-Since", &old_lm)])
+            .unwrap();
+        assert_eq!(r.status, 200, "{path}");
+        assert_eq!(r.body, new.body, "{path}");
+    }
 }
 
 #[test]
