@@ -17,6 +17,10 @@ pub struct RetryPolicy {
     pub max_delay: Duration,
     /// Fraction of each delay that is randomised.
     pub jitter: f64,
+    /// A `Retry-After` shorter than this (0, or a date already past) is no
+    /// request to wait: the answer counts as a plain failure, so that such
+    /// a server cannot hold a request in a fast loop.
+    pub min_retry_after: Duration,
     /// The longest `Retry-After` waited for. A server asking for more is
     /// taken at its word that it will not serve soon: the request fails now
     /// and says why, rather than a node sleeping for an hour unseen.
@@ -56,6 +60,7 @@ impl RetryPolicy {
         base_delay: Duration::from_millis(250),
         max_delay: Duration::from_secs(4),
         jitter: 0.5,
+        min_retry_after: Duration::from_secs(1),
         max_retry_after: Duration::from_secs(60),
         max_throttled: Duration::from_secs(300),
     };
@@ -79,7 +84,7 @@ impl RetryPolicy {
         retry_after: Option<Duration>,
         r: f64,
     ) -> Result<Duration, GiveUp> {
-        let Some(asked) = retry_after else {
+        let Some(asked) = retry_after.filter(|a| *a >= self.min_retry_after) else {
             used.failed += 1;
             if !self.may_retry(used.failed) {
                 return Err(GiveUp::Attempts);
@@ -130,6 +135,27 @@ pub fn parse_retry_after(value: &[u8], now: SystemTime) -> Option<Duration> {
     }
     let at = httpdate::parse_http_date(v).ok()?;
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// The `Retry-After` of a response with `status`, as a wait: only 503 and
+/// 429 say "come back later" with it (RFC 9110 §10.2.3, RFC 6585 §4); on
+/// another status it is ignored. A date is taken against the response's
+/// own `Date` when it has one, so that a server whose clock is off by an
+/// hour does not turn "in 5 seconds" into "in an hour" (or into "now").
+pub fn response_retry_after(
+    status: u16,
+    retry_after: Option<&[u8]>,
+    date: Option<&[u8]>,
+    local_now: SystemTime,
+) -> Option<Duration> {
+    if !matches!(status, 429 | 503) {
+        return None;
+    }
+    let now = date
+        .and_then(|d| std::str::from_utf8(d).ok())
+        .and_then(|d| httpdate::parse_http_date(d.trim()).ok())
+        .unwrap_or(local_now);
+    parse_retry_after(retry_after?, now)
 }
 
 impl Default for RetryPolicy {
@@ -198,6 +224,34 @@ mod tests {
     }
 
     #[test]
+    fn only_503_and_429_ask_to_wait_and_by_the_servers_clock() {
+        let local = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777);
+        let server_ahead = b"Sun, 06 Nov 1994 09:49:37 GMT"; // local + 1 h
+        let in_5s_by_server = b"Sun, 06 Nov 1994 09:49:42 GMT";
+        // (status, Retry-After, Date, wait in seconds)
+        type Case<'a> = (u16, Option<&'a [u8]>, Option<&'a [u8]>, Option<u64>);
+        let cases: &[Case] = &[
+            (503, Some(b"7"), None, Some(7)),
+            (429, Some(b"7"), None, Some(7)),
+            (500, Some(b"7"), None, None),
+            (502, Some(b"7"), None, None),
+            (504, Some(b"7"), None, None),
+            (503, None, None, None),
+            // Taken against the server's Date, not the local clock...
+            (503, Some(in_5s_by_server), Some(server_ahead), Some(5)),
+            // ...which stands in when Date is missing or unreadable.
+            (503, Some(in_5s_by_server), None, Some(3605)),
+            (503, Some(in_5s_by_server), Some(b"soon"), Some(3605)),
+            // Delay-seconds do not depend on any clock.
+            (503, Some(b"5"), Some(server_ahead), Some(5)),
+        ];
+        for (status, after, date, want) in cases {
+            let got = response_retry_after(*status, *after, *date, local).map(|d| d.as_secs());
+            assert_eq!(got, *want, "{status} {after:?} {date:?}");
+        }
+    }
+
+    #[test]
     fn after_failure_plans() {
         let p = RetryPolicy::DEFAULT;
         let s = Duration::from_secs;
@@ -220,8 +274,20 @@ mod tests {
             // Never sooner than asked, and up to half as much again.
             (vec![Some(s(2))], 0.0, vec![Ok(s(2))]),
             (vec![Some(s(2))], 1.0, vec![Ok(s(3))]),
-            // "0" still backs off.
+            // "0" (or a date past) is a plain failure: it backs off, and
+            // uses up attempts.
             (vec![Some(s(0))], 0.0, vec![Ok(ms(125))]),
+            (
+                vec![Some(s(0)), Some(s(0)), Some(s(0)), Some(s(0)), Some(s(0))],
+                0.0,
+                vec![
+                    Ok(ms(125)),
+                    Ok(ms(250)),
+                    Ok(ms(500)),
+                    Ok(ms(1000)),
+                    Err(GiveUp::Attempts),
+                ],
+            ),
             // Throttled answers do not use up attempts...
             (
                 vec![

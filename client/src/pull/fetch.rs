@@ -9,7 +9,7 @@ use super::report::Reporter;
 use anyhow::anyhow;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use oscontent_format::{parse_retry_after, GiveUp, Retries, RetryPolicy};
+use oscontent_format::{response_retry_after, GiveUp, Retries, RetryPolicy};
 use std::io::{self, Read};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -342,10 +342,16 @@ impl Fetcher {
             status => Err(FetchError::Status {
                 path: path.to_owned(),
                 status,
-                retry_after: resp
-                    .headers()
-                    .get(reqwest::header::RETRY_AFTER)
-                    .and_then(|v| parse_retry_after(v.as_bytes(), std::time::SystemTime::now())),
+                retry_after: response_retry_after(
+                    status,
+                    resp.headers()
+                        .get(reqwest::header::RETRY_AFTER)
+                        .map(|v| v.as_bytes()),
+                    resp.headers()
+                        .get(reqwest::header::DATE)
+                        .map(|v| v.as_bytes()),
+                    std::time::SystemTime::now(),
+                ),
             }),
         }
     }

@@ -7,7 +7,7 @@
 use crate::fsutil;
 use crate::served::{Generation, Resolved};
 use anyhow::{bail, Context, Result};
-use oscontent_format::{parse_retry_after, GiveUp, RepoPath, Retries, RetryPolicy};
+use oscontent_format::{response_retry_after, GiveUp, RepoPath, Retries, RetryPolicy};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -216,10 +216,13 @@ impl Remote for HttpRemote {
                     200 => break r,
                     404 => return Ok(None),
                     s if RetryPolicy::retryable_status(s) => {
-                        let after = r
-                            .headers()
-                            .get(reqwest::header::RETRY_AFTER)
-                            .and_then(|v| parse_retry_after(v.as_bytes(), SystemTime::now()));
+                        let h = r.headers();
+                        let after = response_retry_after(
+                            s,
+                            h.get(reqwest::header::RETRY_AFTER).map(|v| v.as_bytes()),
+                            h.get(reqwest::header::DATE).map(|v| v.as_bytes()),
+                            SystemTime::now(),
+                        );
                         (after, anyhow::anyhow!("HTTP {s}"))
                     }
                     s => bail!("GET {url}: HTTP {s}"),

@@ -77,25 +77,42 @@ fn retries_past_503s_and_resets_then_completes() {
     assert_eq!(objects, unique + resets, "unexpected refetches");
 }
 
+/// A server that keeps failing gets five attempts, then exit 2: also when
+/// it says `Retry-After: 0` (no request to wait, so no fast loop), and when
+/// the header comes on a status that does not mean "later" (500).
 #[test]
 fn gives_up_with_exit_2_when_the_server_keeps_failing() {
     let v1 = v1();
     let tmp = tempdir();
     let server = Server::release(v1);
-    let faults = Faults {
-        fail_first: usize::MAX,
-        ..Default::default()
-    };
-    let (out, _proxy, faults, repo) = pull_through(&server, &tmp.path().join("repo"), faults, &[]);
-    expect_code(&out, 2, "persistent 503");
-    let evs = events(&out);
-    let err = event(&evs, "error");
-    assert_eq!(err["kind"], "network");
-    assert!(err["message"].as_str().unwrap().contains("503"), "{err}");
-    // Bounded attempts: the commit object was tried MAX_ATTEMPTS times.
-    assert_eq!(faults.matched.load(Ordering::SeqCst), 5);
-    assert!(repo.refs().unwrap().is_empty());
-    repo.fsck().unwrap();
+    // (status, Retry-After)
+    let table: [(u16, Option<&str>); 3] = [(503, None), (503, Some("0")), (500, Some("1"))];
+    for (i, (status, after)) in table.into_iter().enumerate() {
+        let faults = Faults {
+            fail_first: usize::MAX,
+            status,
+            retry_after: after.map(str::to_owned),
+            ..Default::default()
+        };
+        let dir = tmp.path().join(format!("repo-{i}"));
+        let (out, _proxy, faults, repo) = pull_through(&server, &dir, faults, &[]);
+        let case = format!("{status} Retry-After {after:?}");
+        expect_code(&out, 2, &case);
+        let evs = events(&out);
+        let err = event(&evs, "error");
+        assert_eq!(err["kind"], "network", "{case}");
+        assert!(
+            err["message"]
+                .as_str()
+                .unwrap()
+                .contains(&status.to_string()),
+            "{case}: {err}"
+        );
+        // Bounded attempts: the commit object was tried MAX_ATTEMPTS times.
+        assert_eq!(faults.matched.load(Ordering::SeqCst), 5, "{case}");
+        assert!(repo.refs().unwrap().is_empty());
+        repo.fsck().unwrap();
+    }
 }
 
 /// A server that says when to come back is waited for, at least as long as

@@ -22,7 +22,9 @@ pub struct Faults {
     /// counting from 1; the proxy counts the cuts it made
     /// ([`Proxy::cuts`](super::Proxy::cuts)).
     pub reset_every: usize,
-    /// The `Retry-After` the injected `503`s carry (none if `None`).
+    /// The status injected (503 unless set).
+    pub status: u16,
+    /// The `Retry-After` the injected answers carry (none if `None`).
     pub retry_after: Option<String>,
 }
 
@@ -34,6 +36,7 @@ impl Default for Faults {
             fail_path_every: 0,
             fail_each: 0,
             reset_every: 0,
+            status: 503,
             retry_after: None,
         }
     }
@@ -46,6 +49,7 @@ pub struct FaultStats {
     pub matched: AtomicUsize,
     /// Matching requests forwarded (cut or not).
     pub forwarded: AtomicUsize,
+    /// Answers injected (503 or the status asked for).
     pub injected_503: AtomicUsize,
     /// Distinct matching paths: (order of first appearance, requests).
     per_path: Mutex<HashMap<String, (usize, usize)>>,
@@ -95,9 +99,9 @@ impl Faults {
         if n <= self.fail_first || path_fails {
             stats.injected_503.fetch_add(1, Ordering::SeqCst);
             return Some(match &self.retry_after {
-                None => Action::Status(503),
+                None => Action::Status(self.status),
                 Some(after) => Action::Later {
-                    status: 503,
+                    status: self.status,
                     retry_after: after.clone(),
                 },
             });
