@@ -54,6 +54,7 @@ pub(super) async fn observe(State(st): State<AppState>, req: Request, next: Next
         st,
         kind,
         status,
+        start,
         elapsed,
         logged,
     };
@@ -85,6 +86,7 @@ struct Done {
     st: AppState,
     kind: &'static str,
     status: u16,
+    start: Instant,
     /// Time to the response head.
     elapsed: Duration,
     logged: Option<Logged>,
@@ -105,6 +107,7 @@ impl Done {
                 method: l.method.as_str(),
                 path: l.uri.path(),
                 status: self.status,
+                total_ms: self.start.elapsed().as_secs_f64() * 1e3,
                 ts,
                 version: version_name(l.version),
             });
@@ -179,6 +182,8 @@ struct LogLine<'a> {
     method: &'a str,
     path: &'a str,
     status: u16,
+    /// Time to the body's end (or its drop): `duration_ms` is to the head.
+    total_ms: f64,
     ts: &'a str,
     version: &'static str,
 }

@@ -125,6 +125,11 @@ async fn metrics_and_access_log_count_requests_by_kind_and_status() {
     assert_eq!(line("/no/such/thing")["kind"], "other");
     for e in &log {
         assert!(e["duration_ms"].as_f64().unwrap() >= 0.0, "{e}");
+        // Written when the body ended: the whole request, head included.
+        assert!(
+            e["total_ms"].as_f64().unwrap() >= e["duration_ms"].as_f64().unwrap(),
+            "{e}"
+        );
         assert!(!e["ts"].as_str().unwrap().is_empty(), "{e}");
     }
 }
