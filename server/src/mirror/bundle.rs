@@ -9,7 +9,9 @@
 //! releases it holds. The manifest is the "complete" marker: an update
 //! first moves it aside and writes it again only after everything else is
 //! in place and synced, so a bundle that is being (or was, when a mirror
-//! was killed) updated never looks complete. `.oscontent-mirror/` holds a
+//! was killed) updated never looks complete. An update that fails while
+//! it only added objects puts the manifest back
+//! ([`Destination::abandon_update`]). `.oscontent-mirror/` holds a
 //! mirror's work: temporary files, the previous manifest while an update
 //! runs (how a resumed run knows what it can trust without reading it), and
 //! staged images.

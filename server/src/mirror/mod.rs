@@ -264,21 +264,28 @@ fn mirror_bundle(
         tracing::warn!("the last complete manifest is unreadable; verifying what is in place");
     }
     image::clean(&dest.work)?;
-    let (snap, staged) = match src {
+    let synced = match src {
         MirrorSource::Image(image) => {
             let fetch = FetchOptions {
                 pace: limit.map(|l| l as Arc<dyn crate::source::verify::Pace>),
                 ..opts.fetch.clone()
             };
-            let (snap, info) =
-                image::sync_image(image, &fetch, &opts.signatures, &dest, &sync_opts)?;
-            (snap, Some(info))
+            image::sync_image(image, &fetch, &opts.signatures, &dest, &sync_opts)
+                .map(|(snap, info)| (snap, Some(info)))
         }
-        MirrorSource::Upstream(url) => {
-            let remote = HttpRemote::new(url, limit)?;
-            (update_from(&dest, &remote, &sync_opts)?, None)
-        }
+        MirrorSource::Upstream(url) => HttpRemote::new(url, limit)
+            .and_then(|remote| update_from(&dest, &remote, &sync_opts))
+            .map(|snap| (snap, None)),
     };
+    // Failing while objects were added leaves the last complete release
+    // servable, rather than the bundle without a manifest.
+    let (snap, staged) = synced.inspect_err(|_| match dest.abandon_update() {
+        Ok(true) => tracing::warn!("the update failed; the bundle is left as it was"),
+        Ok(false) => {}
+        Err(e) => {
+            tracing::warn!("the update failed, and the bundle could not be left as it was: {e:#}")
+        }
+    })?;
     dest.write_commitmeta(&snap)?;
     bundle::write_remote_files(&dest.store, &snap.meta)?;
     let mut history = dest.history(&snap);

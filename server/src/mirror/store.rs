@@ -224,7 +224,8 @@ impl Store {
             .insert(rel.to_owned(), e);
     }
 
-    fn verified_entry(&self, rel: &str) -> Option<FileEntry> {
+    /// What this run verified or wrote at `rel`, if anything.
+    pub fn verified_entry(&self, rel: &str) -> Option<FileEntry> {
         self.verified.lock().expect("store lock").get(rel).cloned()
     }
 

@@ -4,7 +4,7 @@
 //! a body cut mid-transfer is fetched again.
 
 use crate::support::TOOL_TIMEOUT;
-use oscontent_testkit::proxy::{Faults, Proxy};
+use oscontent_testkit::proxy::{Action, Faults, Proxy};
 use oscontent_testkit::*;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -82,4 +82,60 @@ fn mirror_retries_what_may_pass_and_says_what_will_not() {
             }
         }
     }
+}
+
+/// An update of a complete bundle that fails while adding objects (its
+/// upstream says "come back in an hour" for every tree and file) leaves the
+/// bundle complete as it was: the manifest back in place, the summary and
+/// refs untouched, so `serve --bundle` still serves the last release.
+#[test]
+fn a_failed_update_leaves_the_bundle_as_it_was() {
+    require_ostree();
+    let t = tempdir();
+    let upstream = t.path().join("upstream");
+    let repo = Ostree::init(&upstream, "archive").unwrap();
+    let commit = |n: u32| {
+        let tree = t.path().join(format!("tree-{n}"));
+        std::fs::create_dir_all(tree.join("usr/lib")).unwrap();
+        std::fs::write(tree.join("usr/lib/release"), format!("release {n}\n")).unwrap();
+        let tree_arg = format!("--tree=dir={}", tree.display());
+        repo.run(["commit", "-b", "os/stable", "--no-xattrs", &tree_arg])
+            .unwrap();
+        repo.run(["summary", "-u"]).unwrap();
+    };
+    commit(1);
+    let later: oscontent_testkit::proxy::Rule = Arc::new(|path: &str| {
+        (path.ends_with(".dirtree") || path.ends_with(".filez")).then(|| Action::Later {
+            status: 503,
+            retry_after: "3600".into(),
+        })
+    });
+    let origin = Proxy::serve_dir(&upstream, Arc::new(|_: &str| None)).unwrap();
+    let refusing = Proxy::serve_dir(&upstream, later).unwrap();
+    let bundle = t.path().join("bundle");
+    let (o, err) = mirror_to_bundle(&origin.url, &bundle, TOOL_TIMEOUT);
+    assert!(o.status.success(), "first mirror: {err}");
+    let read = |name: &str| std::fs::read(bundle.join(name)).unwrap();
+    let before = (read("oscontent-bundle.json"), read("summary"));
+
+    commit(2);
+    let (o, err) = mirror_to_bundle(&refusing.url, &bundle, TOOL_TIMEOUT);
+    assert!(!o.status.success(), "the update succeeded: {err}");
+    assert!(err.contains("retry after 3600 s"), "{err}");
+    assert!(err.contains("left as it was"), "{err}");
+    assert!(
+        (read("oscontent-bundle.json"), read("summary")) == before,
+        "the bundle changed: {err}"
+    );
+    // What the refs name is whole (the new release's commit object, fetched
+    // to verify it, stays beside it unreferenced for the next run).
+    let node = Ostree::init(&t.path().join("node"), "bare-user").unwrap();
+    let b = bundle.display().to_string();
+    node.run(["pull-local", b.as_str(), "os/stable"]).unwrap();
+    node.fsck().unwrap();
+
+    // The next run completes it.
+    let (o, err) = mirror_to_bundle(&origin.url, &bundle, TOOL_TIMEOUT);
+    assert!(o.status.success(), "second mirror: {err}");
+    assert_ne!(read("summary"), before.1);
 }

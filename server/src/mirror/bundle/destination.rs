@@ -96,6 +96,34 @@ impl Destination {
         Ok(())
     }
 
+    /// After an update that failed: puts the last complete manifest back,
+    /// if the update replaced none of the files it lists (it failed while
+    /// adding objects, before the summary, refs or signatures were
+    /// written). The bundle is then complete as it was, plus files no
+    /// manifest lists, which the next run trusts once verified. Returns
+    /// whether it did; otherwise the bundle stays incomplete until a run
+    /// succeeds.
+    pub fn abandon_update(&self) -> Result<bool> {
+        let parked = self.work.join(PREVIOUS);
+        let Some(prev) = &self.previous else {
+            return Ok(false);
+        };
+        if self.manifest_path.exists() || !parked.is_file() {
+            return Ok(false);
+        }
+        let untouched = prev
+            .files
+            .iter()
+            .all(|(rel, was)| self.store.verified_entry(rel).is_none_or(|now| now == *was));
+        if !untouched {
+            return Ok(false);
+        }
+        std::fs::rename(&parked, &self.manifest_path)
+            .with_context(|| format!("restoring {}", self.manifest_path.display()))?;
+        sync_dir(self.manifest_path.parent().unwrap_or(&self.root))?;
+        Ok(true)
+    }
+
     /// The release history after `snap`: the previous releases (their refs
     /// updated), then the newly published commits, oldest first.
     pub fn history(&self, snap: &Snapshot) -> Vec<ReleaseEntry> {
