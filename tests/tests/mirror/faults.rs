@@ -6,8 +6,23 @@
 use crate::support::TOOL_TIMEOUT;
 use oscontent_testkit::proxy::{Action, Faults, Proxy};
 use oscontent_testkit::*;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+/// Commits `files` (path under the tree, bytes) to `os/stable` of the
+/// archive repo `repo`, staged in `tree`, and updates its summary.
+fn commit_files(repo: &Ostree, tree: &Path, files: &[(&str, &[u8])]) {
+    for (rel, bytes) in files {
+        let p = tree.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, bytes).unwrap();
+    }
+    let tree_arg = format!("--tree=dir={}", tree.display());
+    repo.run(["commit", "-b", "os/stable", "--no-xattrs", &tree_arg])
+        .unwrap();
+    repo.run(["summary", "-u"]).unwrap();
+}
 
 #[test]
 fn mirror_retries_what_may_pass_and_says_what_will_not() {
@@ -15,9 +30,6 @@ fn mirror_retries_what_may_pass_and_says_what_will_not() {
     let t = tempdir();
     let upstream = t.path().join("upstream");
     let repo = Ostree::init(&upstream, "archive").unwrap();
-    let tree = t.path().join("tree");
-    std::fs::create_dir_all(tree.join("usr/lib")).unwrap();
-    std::fs::write(tree.join("usr/lib/README"), "small\n").unwrap();
     // Incompressible, so that its `.filez` is large enough to be cut after
     // its response head has gone out.
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
@@ -29,11 +41,11 @@ fn mirror_retries_what_may_pass_and_says_what_will_not() {
             x as u8
         })
         .collect();
-    std::fs::write(tree.join("usr/lib/blob"), blob).unwrap();
-    let tree_arg = format!("--tree=dir={}", tree.display());
-    repo.run(["commit", "-b", "os/stable", "--no-xattrs", &tree_arg])
-        .unwrap();
-    repo.run(["summary", "-u"]).unwrap();
+    commit_files(
+        &repo,
+        &t.path().join("tree"),
+        &[("usr/lib/README", b"small\n"), ("usr/lib/blob", &blob)],
+    );
     // Served by URL, so that the fault proxy in front can cut bodies.
     let origin = Proxy::serve_dir(&upstream, Arc::new(|_: &str| None)).unwrap();
 
@@ -95,13 +107,9 @@ fn a_failed_update_leaves_the_bundle_as_it_was() {
     let upstream = t.path().join("upstream");
     let repo = Ostree::init(&upstream, "archive").unwrap();
     let commit = |n: u32| {
+        let release = format!("release {n}\n");
         let tree = t.path().join(format!("tree-{n}"));
-        std::fs::create_dir_all(tree.join("usr/lib")).unwrap();
-        std::fs::write(tree.join("usr/lib/release"), format!("release {n}\n")).unwrap();
-        let tree_arg = format!("--tree=dir={}", tree.display());
-        repo.run(["commit", "-b", "os/stable", "--no-xattrs", &tree_arg])
-            .unwrap();
-        repo.run(["summary", "-u"]).unwrap();
+        commit_files(&repo, &tree, &[("usr/lib/release", release.as_bytes())]);
     };
     commit(1);
     let later: oscontent_testkit::proxy::Rule = Arc::new(|path: &str| {
