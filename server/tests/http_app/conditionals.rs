@@ -1,5 +1,5 @@
 //! Validators, preconditions, caching and byte ranges (as
-//! tests/tests/serve/http.rs checks end to end).
+//! tests/tests/serve/conditionals.rs and http.rs check end to end).
 
 use crate::support::*;
 use http::StatusCode;

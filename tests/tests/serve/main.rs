@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod cli;
+mod conditionals;
 mod http;
 mod pull;
 mod repo_mode;
