@@ -210,6 +210,21 @@ fn errors_are_empty_404s_and_only_get_and_head_are_allowed() {
     assert_eq!(server.summary().unwrap().refs[0].commit.to_hex(), v1.commit);
 }
 
+/// The serving process opts out of transparent huge pages: with them, a few
+/// replays of one pull took its RSS from about 275 to 390-570 MiB, over the
+/// deployment's 512 Mi limit (xtask/src/bench/RESULTS.md).
+#[test]
+fn the_serving_process_uses_no_transparent_huge_pages() {
+    let server = Server::release(v1());
+    let pid = server.pid().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let thp = status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .unwrap_or_else(|| panic!("no THP_enabled in /proc/{pid}/status:\n{status}"));
+    assert_eq!(thp.trim(), "0", "THP_enabled of the server");
+}
+
 #[test]
 fn health_ready_and_metrics_endpoints() {
     let server = Server::release(v1());
