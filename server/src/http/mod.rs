@@ -6,6 +6,9 @@
 mod observe;
 mod repo;
 mod respond;
+pub mod sendfile;
+
+pub(crate) use observe::log_date;
 
 use crate::cache::ObjectCache;
 use crate::listen::access_log::AccessLog;

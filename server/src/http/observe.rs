@@ -7,6 +7,7 @@
 //! (`Metrics`' handles); the log line is serialized from borrowed fields and
 //! handed to the writer thread, and only when there is a log.
 
+use super::sendfile::SendFile;
 use super::{classify, refused_head, AppState};
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
@@ -64,10 +65,12 @@ pub(super) async fn observe(State(st): State<AppState>, req: Request, next: Next
         done.finish(0);
         return resp;
     }
+    let sendfile = resp.extensions().get::<SendFile>().cloned();
     resp.map(|inner| {
         Body::new(Counted {
             inner,
             sent: 0,
+            sendfile,
             done: Some(done),
         })
     })
@@ -120,13 +123,16 @@ impl Done {
 struct Counted {
     inner: Body,
     sent: u64,
+    /// A body the connection sends itself, and counts: it drops this body
+    /// once it has.
+    sendfile: Option<SendFile>,
     done: Option<Done>,
 }
 
 impl Counted {
     fn finish(&mut self) {
         if let Some(d) = self.done.take() {
-            d.finish(self.sent);
+            d.finish(self.sent + self.sendfile.as_ref().map_or(0, SendFile::sent));
         }
     }
 }
@@ -200,9 +206,10 @@ fn version_name(v: http::Version) -> &'static str {
     }
 }
 
-/// The log's timestamp (an HTTP date, one-second resolution), formatted
-/// once a second per thread rather than once a request.
-mod log_date {
+/// The log's timestamp and the `Date` of `listen::h1`'s responses (an
+/// HTTP date, one-second resolution), formatted once a second per thread
+/// rather than once a request.
+pub(crate) mod log_date {
     use std::cell::RefCell;
     use std::time::{SystemTime, UNIX_EPOCH};
 

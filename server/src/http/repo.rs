@@ -5,6 +5,7 @@
 //! each read.
 
 use super::respond::{respond_bytes, respond_file};
+use super::sendfile::{CanSendFile, SendFile};
 use super::{classify, AppError, AppState, IMMUTABLE};
 use crate::cache::{CachedObject, Prepared};
 use crate::conditional::Validators;
@@ -12,7 +13,6 @@ use crate::fsutil;
 use crate::served::body::{self, Reopened};
 use crate::served::metadata::{self, digest_etag, MetadataError};
 use crate::served::objects::Loaded;
-use crate::served::streams::StreamPermit;
 use crate::served::{Generation, Layer, Resolved};
 use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
@@ -22,6 +22,13 @@ use oscontent_format::{ObjectName, RepoPath};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
+
+/// Objects at least this large are sent from their file on a connection
+/// that can (`super::sendfile`), whether the object cache holds them or
+/// not; smaller ones are read whole and kept. Copying a large object into
+/// the socket cost more than opening it and letting the kernel send its
+/// pages (xtask/src/bench/RESULTS.md, session 17).
+const SENDFILE_FROM: u64 = 16 * 1024;
 
 /// How a representation may be cached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +56,7 @@ pub(super) async fn repo(State(st): State<AppState>, req: Request) -> Response {
         method: req.method(),
         headers: req.headers(),
         client,
+        sendfile: req.extensions().get::<CanSendFile>().is_some(),
     };
     match serve_repo(&st, &asked, req.uri().path()).await {
         Ok(r) => r,
@@ -61,6 +69,8 @@ struct Asked<'a> {
     method: &'a Method,
     headers: &'a HeaderMap,
     client: IpAddr,
+    /// The connection sends file bodies itself (`super::sendfile`).
+    sendfile: bool,
 }
 
 impl Asked<'_> {
@@ -128,14 +138,13 @@ async fn serve_repo(st: &AppState, asked: &Asked<'_>, path: &str) -> Result<Resp
                     Err(Refused::Metadata(e)) => Err(std::io::Error::other(e)),
                 }
             });
-            let stream = streamed(st, asked, file, &meta, reopen);
-            Ok(respond_file(
-                asked.headers,
-                meta.len(),
+            Ok(respond_streamed(
+                st,
+                asked,
+                (file, &meta),
+                reopen,
                 &Prepared::new(v),
                 cache,
-                asked.head(),
-                stream,
             ))
         }
         Err(Refused::Metadata(e @ MetadataError::TooLarge { .. })) => {
@@ -150,42 +159,57 @@ async fn serve_repo(st: &AppState, asked: &Asked<'_>, path: &str) -> Result<Resp
     }
 }
 
-/// How `file` is streamed: held open with a place in the budget if one is
-/// free for this client, else opened again (`reopen`) for each read, so
-/// that no request waits or fails for a place and the descriptors held
-/// stay within the budget.
-fn streamed(
+/// `file`'s representation, its body sent by the connection itself when
+/// it can (`sendfile`), else streamed: held open with a place in the
+/// budget if one is free for this client, else opened again (`reopen`)
+/// for each read, so that no request waits or fails for a place and the
+/// descriptors held stay within the budget.
+fn respond_streamed(
     st: &AppState,
     asked: &Asked<'_>,
-    file: std::fs::File,
-    meta: &std::fs::Metadata,
+    (file, meta): (std::fs::File, &std::fs::Metadata),
     reopen: body::Reopen,
-) -> impl FnOnce(u64, u64) -> axum::body::Body {
-    enum How {
-        Held(std::fs::File, StreamPermit),
-        Reopened(body::Reopen, std::fs::Metadata, prometheus::IntCounter),
-        Nothing,
-    }
-    let how = if asked.head() {
-        How::Nothing
-    } else {
-        match st.streams.try_take(asked.client) {
-            Some(permit) => How::Held(file, permit),
-            None => How::Reopened(
-                reopen,
-                meta.clone(),
-                st.metrics.connections.streams_reopened.clone(),
-            ),
-        }
+    v: &Prepared,
+    cache: HeaderValue,
+) -> Response {
+    let respond = |stream: &mut dyn FnMut(u64, u64) -> axum::body::Body| {
+        respond_file(
+            asked.headers,
+            meta.len(),
+            v,
+            cache.clone(),
+            asked.head(),
+            stream,
+        )
     };
-    move |start, count| match how {
-        How::Held(file, permit) => body::file_body(file, start, count, Some(permit)),
-        How::Reopened(reopen, meta, counted) => {
-            counted.inc();
-            body::reopening_body(reopen, &meta, start, count)
-        }
-        How::Nothing => axum::body::Body::empty(),
+    if asked.head() {
+        return respond(&mut |_, _| axum::body::Body::empty());
     }
+    let Some(permit) = st.streams.try_take(asked.client) else {
+        return respond(&mut |start, count| {
+            st.metrics.connections.streams_reopened.inc();
+            body::reopening_body(reopen.clone(), meta, start, count)
+        });
+    };
+    if asked.sendfile {
+        let range = std::cell::Cell::new(None);
+        let mut r = respond(&mut |start, count| {
+            range.set(Some((start, count)));
+            axum::body::Body::empty()
+        });
+        // Not asked for (a 304, a 412, an unsatisfiable range): the file
+        // and its place go now.
+        if let Some((start, count)) = range.get() {
+            let send = SendFile::new(file, start, count, permit);
+            r.extensions_mut().insert(send);
+        }
+        return r;
+    }
+    let mut held = Some((file, permit));
+    respond(&mut |start, count| match held.take() {
+        Some((file, permit)) => body::file_body(file, start, count, Some(permit)),
+        None => axum::body::Body::empty(),
+    })
 }
 
 /// What a path other than an immutable object resolved to.
@@ -251,7 +275,13 @@ async fn serve_object(
 ) -> Result<Response, AppError> {
     let immutable = HeaderValue::from_static(IMMUTABLE);
     let key = generation.cache_key;
-    if let Some(hit) = st.cache.get(key, &name) {
+    // A connection that sends files itself gets larger objects from the
+    // page cache without a copy (`SENDFILE_FROM`), even those held here.
+    let hit = st
+        .cache
+        .get(key, &name)
+        .filter(|hit| !asked.sendfile || (hit.bytes.len() as u64) < SENDFILE_FROM);
+    if let Some(hit) = hit {
         return Ok(respond_bytes(
             asked.headers,
             hit.bytes.clone(),
@@ -260,7 +290,11 @@ async fn serve_object(
             asked.head(),
         ));
     }
-    let whole_upto = st.cache.max_entry().max(body::CHUNK) as u64;
+    let whole_upto = if asked.sendfile {
+        SENDFILE_FROM
+    } else {
+        st.cache.max_entry().max(body::CHUNK) as u64
+    };
     let loaded = match generation.load_object(&name, whole_upto, true) {
         Ok(Loaded::WouldBlock) => {
             let g = generation.clone();
@@ -298,14 +332,13 @@ async fn serve_object(
                         Loaded::Missing | Loaded::Whole(..) => Ok(Reopened::Gone),
                     },
                 );
-            let stream = streamed(st, asked, file, &meta, reopen);
-            Ok(respond_file(
-                asked.headers,
-                meta.len(),
+            Ok(respond_streamed(
+                st,
+                asked,
+                (file, &meta),
+                reopen,
                 &v,
                 immutable,
-                asked.head(),
-                stream,
             ))
         }
         Loaded::WouldBlock => Err(anyhow::anyhow!("a blocking load would block").into()),

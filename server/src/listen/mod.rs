@@ -6,6 +6,7 @@
 //! access log's writer lives here too (`access_log.rs`).
 
 pub mod access_log;
+mod h1;
 pub mod limits;
 pub mod watch;
 
@@ -16,7 +17,6 @@ use axum::Router;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use limits::{Admission, Limits, Tracker};
 use std::convert::Infallible;
 use std::future::Future;
@@ -24,8 +24,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
+
+use self::watch::{Activity, Expiry, Watched};
 use tower::ServiceExt;
-use watch::{Activity, Expiry, Watched};
 
 /// The longest HTTP/1.1 request head (request line and headers) read;
 /// ostree's and our client's are a few hundred bytes.
@@ -53,9 +54,10 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let limits = Arc::new(limits);
     let tracker = Tracker::new(limits.clone());
-    let builder = connection_builder(&limits);
-    let reserve_builder = reserve_builder(&limits);
-    let graceful = GracefulShutdown::new();
+    let builder = Arc::new(connection_builder(&limits));
+    let reserve_builder = Arc::new(reserve_builder(&limits));
+    // Every connection holds a receiver: closed once all have ended.
+    let (stop, _) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
@@ -94,22 +96,30 @@ pub async fn serve(
             tracing::debug!("TCP_NODELAY: {e}");
         }
         let act = Activity::new();
-        let io = TokioIo::new(Watched::new(stream, act.clone()));
+        let io = Watched::new(stream, act.clone());
         let probe_only = slot.admission == Admission::ProbeOnly;
-        let router = router.clone();
-        let asked = act.clone();
-        let svc = hyper::service::service_fn(move |req| {
-            asked.requested();
-            respond(router.clone(), probe_only, peer, req)
-        });
-        let (conn, first_byte, idle) = if probe_only {
-            let conn = reserve_builder.serve_connection(io, svc).into_owned();
-            (conn, RESERVE_TIMEOUT, RESERVE_TIMEOUT)
-        } else {
-            let conn = builder.serve_connection(io, svc).into_owned();
-            (conn, limits.first_byte_timeout, limits.idle_timeout)
+        let svc = Svc {
+            router: router.clone(),
+            probe_only,
+            peer,
+            act: act.clone(),
         };
-        let conn = graceful.watch(conn);
+        let (builder, first_byte, idle, h1) = if probe_only {
+            let b = reserve_builder.clone();
+            (b, RESERVE_TIMEOUT, RESERVE_TIMEOUT, None)
+        } else {
+            let h1 = h1::Conn {
+                router: router.clone(),
+                peer,
+                act: act.clone(),
+                header_read_timeout: limits.header_read_timeout,
+                max_head: MAX_HEAD_BYTES,
+                shutdown: stop.subscribe(),
+            };
+            let b = builder.clone();
+            (b, limits.first_byte_timeout, limits.idle_timeout, Some(h1))
+        };
+        let stopping = stop.subscribe();
         let metrics = metrics.clone();
         tokio::spawn(async move {
             let _slot = slot;
@@ -118,7 +128,7 @@ pub async fn serve(
             // answered) before the watchdog judges it idle.
             tokio::select! {
                 biased;
-                r = conn => if let Err(e) = r {
+                r = drive(io, h1, &builder, svc, stopping) => if let Err(e) = r {
                     tracing::debug!(%peer, "connection: {e}");
                     if let Some(why) = Expiry::of_connection_error(&*e, &act) {
                         metrics.connections.expired.with_label_values(&[why.label()]).inc();
@@ -133,8 +143,64 @@ pub async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    // Idle connections close; busy ones finish their request (HTTP/1.1)
+    // or their streams (HTTP/2, after a GOAWAY).
+    let _ = stop.send(true);
+    stop.closed().await;
     Ok(())
+}
+
+/// One connection: plain HTTP/1.1 requests answered by `h1` (given), the
+/// rest of the connection, or all of it, by hyper; until it closes, or
+/// gracefully once `stopping` says so.
+async fn drive(
+    io: Watched<TcpStream>,
+    h1: Option<h1::Conn>,
+    builder: &auto::Builder<TokioExecutor>,
+    svc: Svc,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), h1::BoxError> {
+    let io = match h1 {
+        Some(conn) => match h1::serve(io, conn).await? {
+            h1::Ended::Closed => return Ok(()),
+            h1::Ended::Hyper(io) => io,
+        },
+        None => h1::Prefixed::new(bytes::Bytes::new(), io),
+    };
+    let conn = builder.serve_connection(TokioIo::new(io), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => return r,
+        _ = stopping.wait_for(|stop| *stop) => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    conn.await
+}
+
+/// hyper's service: each request, through [`respond`].
+#[derive(Clone)]
+struct Svc {
+    router: Router,
+    probe_only: bool,
+    peer: SocketAddr,
+    act: Arc<Activity>,
+}
+
+impl hyper::service::Service<Request<hyper::body::Incoming>> for Svc {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future =
+        std::pin::Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<hyper::body::Incoming>) -> Self::Future {
+        self.act.requested();
+        Box::pin(respond(
+            self.router.clone(),
+            self.probe_only,
+            self.peer,
+            req,
+        ))
+    }
 }
 
 /// hyper's per-connection settings from `limits`.

@@ -62,6 +62,9 @@ impl Expiry {
         e: &(dyn std::error::Error + Send + Sync + 'static),
         act: &Activity,
     ) -> Option<Expiry> {
+        if e.is::<super::h1::HeaderReadTimeout>() {
+            return Some(Expiry::HeaderRead);
+        }
         let timed_out = e.downcast_ref::<hyper::Error>()?.is_timeout();
         match (timed_out, act.http2.load(Ordering::Relaxed)) {
             (false, _) => None,
@@ -109,7 +112,7 @@ impl Activity {
     }
 
     /// A write that carried `payload` bytes of responses.
-    fn moved(&self, payload: usize) {
+    pub fn moved(&self, payload: usize) {
         if payload >= MIN_ACTIVITY {
             let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
             self.last_ms.store(ms, Ordering::Relaxed);
@@ -267,6 +270,12 @@ impl<T> Watched<T> {
 }
 
 impl<T> Watched<T> {
+    /// The connection's own socket, for writes made around the wrapper
+    /// (`h1`'s sendfile), which report their activity themselves.
+    pub fn get_ref(&self) -> &T {
+        &self.inner
+    }
+
     fn note_protocol(&self) {
         if matches!(self.outbound, Outbound::Http2(_)) && !self.act.http2.load(Ordering::Relaxed) {
             self.act.http2.store(true, Ordering::Relaxed);
