@@ -1,0 +1,330 @@
+//! Pure parts of the loop: which requests it answers, and the heads it
+//! writes.
+
+use crate::http::log_date;
+use http::header;
+use http::StatusCode;
+
+/// Paths not answered here: probes and scrapes keep hyper's answers (and
+/// rarely share a connection with pulls).
+const NOT_HERE: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+/// What a `Connection` header may name and still be answered here: its
+/// own options, and what an h2c upgrade (ignored) names.
+const H2C_HOP_BY_HOP: [&[u8]; 3] = [b"keep-alive", b"upgrade", b"http2-settings"];
+
+/// What to do with the bytes read so far.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Next<'b> {
+    /// Nothing yet, or a head still arriving: read more.
+    More,
+    /// A plain request whose head is the first `len` bytes.
+    Plain(Plain<'b>),
+    /// Anything else: hyper's.
+    Hyper,
+}
+
+/// A request answered here.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Plain<'b> {
+    pub len: usize,
+    pub head: bool,
+    pub path: &'b str,
+    /// The client asked to close after this answer.
+    pub close: bool,
+}
+
+/// Classifies what has arrived: pure, so that each rule is a table row.
+pub(super) fn next<'b>(
+    buf: &'b [u8],
+    headers: &mut [httparse::Header<'b>],
+    max_head: usize,
+) -> Next<'b> {
+    if buf.is_empty() {
+        return Next::More;
+    }
+    let mut req = httparse::Request::new(headers);
+    // A head too large, or one httparse refuses, is hyper's to answer (431
+    // or 400).
+    let len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(len)) if len <= max_head => len,
+        Ok(httparse::Status::Partial) if buf.len() < max_head => return Next::More,
+        _ => return Next::Hyper,
+    };
+    let (Some(method), Some(path), Some(1)) = (req.method, req.path, req.version) else {
+        return Next::Hyper;
+    };
+    let head = match method {
+        "GET" => false,
+        "HEAD" => true,
+        _ => return Next::Hyper,
+    };
+    if !path.starts_with('/') || NOT_HERE.contains(&path) {
+        return Next::Hyper;
+    }
+    let mut close = false;
+    for h in req.headers.iter() {
+        let name = h.name;
+        if name.eq_ignore_ascii_case("content-length") {
+            if h.value != b"0" {
+                return Next::Hyper;
+            }
+        } else if name.eq_ignore_ascii_case("transfer-encoding")
+            || name.eq_ignore_ascii_case("expect")
+        {
+            return Next::Hyper;
+        } else if name.eq_ignore_ascii_case("upgrade") {
+            // libostree's curl asks for h2c on every request; hyper, like
+            // nginx, answers in HTTP/1.1 (RFC 9110 §7.8 lets a server
+            // ignore an upgrade), and so does this. Any other is hyper's.
+            if !tokens(h.value).all(|t| t.eq_ignore_ascii_case(b"h2c")) {
+                return Next::Hyper;
+            }
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in tokens(h.value) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if !H2C_HOP_BY_HOP.iter().any(|t| token.eq_ignore_ascii_case(t)) {
+                    // Other headers named hop-by-hop: hyper knows them.
+                    return Next::Hyper;
+                }
+            }
+        }
+    }
+    Next::Plain(Plain {
+        len,
+        head,
+        path,
+        close,
+    })
+}
+
+/// A comma-separated header's tokens, empty ones left out.
+pub(super) fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|b| *b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+}
+
+/// Writes a response head: the status line, the router's headers, `Date`,
+/// and `Connection: close` when closing. Pure but for the clock.
+pub(super) fn write_head(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    headers: &http::HeaderMap,
+    close: bool,
+) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if !headers.contains_key(header::DATE) {
+        out.extend_from_slice(b"date: ");
+        log_date::with_now(|d| out.extend_from_slice(d.as_bytes()));
+        out.extend_from_slice(b"\r\n");
+    }
+    if close && !headers.contains_key(header::CONNECTION) {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    const MAX: usize = 16 * 1024;
+    /// What libostree 2022.7 (curl) sends, captured.
+    const OSTREE: &[u8] = b"GET /summary HTTP/1.1\r\nHost: 127.0.0.1:18091\r\n\
+        User-Agent: libostree/2022.7\r\nAccept: */*\r\n\
+        Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n\
+        HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n";
+
+    fn classify(raw: &[u8]) -> Next<'_> {
+        let mut headers = [httparse::EMPTY_HEADER; crate::listen::MAX_HEADERS];
+        next(raw, &mut headers, MAX)
+    }
+
+    fn plain(len: usize, head: bool, path: &str, close: bool) -> Next<'_> {
+        Next::Plain(Plain {
+            len,
+            head,
+            path,
+            close,
+        })
+    }
+
+    #[test]
+    fn only_plain_requests_whose_head_is_whole_are_answered_here() {
+        let get = b"GET /config HTTP/1.1\r\nHost: a\r\n\r\n";
+        let long = format!(
+            "GET /config HTTP/1.1\r\nHost: a\r\nX: {}\r\n\r\n",
+            "y".repeat(MAX)
+        );
+        let pipelined = [&get[..], &get[..]].concat();
+        let cases: Vec<(&str, &[u8], Next<'_>)> = vec![
+            ("nothing yet", b"", Next::More),
+            ("a GET", get, plain(get.len(), false, "/config", false)),
+            (
+                "a HEAD",
+                b"HEAD /summary HTTP/1.1\r\nHost: a\r\n\r\n",
+                plain(35, true, "/summary", false),
+            ),
+            (
+                "two pipelined: the first",
+                &pipelined,
+                plain(get.len(), false, "/config", false),
+            ),
+            (
+                "Connection: close",
+                b"GET /c HTTP/1.1\r\nConnection: close\r\n\r\n",
+                plain(38, false, "/c", true),
+            ),
+            (
+                "close among tokens",
+                b"GET /c HTTP/1.1\r\nConnection: keep-alive, Close\r\n\r\n",
+                plain(50, false, "/c", true),
+            ),
+            (
+                "Content-Length: 0",
+                b"GET /c HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+                plain(38, false, "/c", false),
+            ),
+            (
+                "a head still arriving",
+                b"GET /config HTTP/1.1\r\nHost: a\r\n",
+                Next::More,
+            ),
+            (
+                "still arriving past the limit",
+                &long.as_bytes()[..MAX + 1],
+                Next::Hyper,
+            ),
+            ("HTTP/1.0", b"GET /config HTTP/1.0\r\n\r\n", Next::Hyper),
+            (
+                "POST",
+                b"POST /config HTTP/1.1\r\nHost: a\r\n\r\n",
+                Next::Hyper,
+            ),
+            (
+                "OPTIONS *",
+                b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
+                Next::Hyper,
+            ),
+            (
+                "absolute form",
+                b"GET http://a/config HTTP/1.1\r\nHost: a\r\n\r\n",
+                Next::Hyper,
+            ),
+            ("a probe", b"GET /healthz HTTP/1.1\r\n\r\n", Next::Hyper),
+            ("metrics", b"GET /metrics HTTP/1.1\r\n\r\n", Next::Hyper),
+            (
+                "a body",
+                b"GET /c HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
+                Next::Hyper,
+            ),
+            (
+                "chunked",
+                b"GET /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                Next::Hyper,
+            ),
+            (
+                "Expect",
+                b"GET /c HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
+                Next::Hyper,
+            ),
+            (
+                "libostree's h2c upgrade, ignored",
+                OSTREE,
+                plain(OSTREE.len(), false, "/summary", false),
+            ),
+            (
+                "Upgrade: websocket",
+                b"GET /c HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+                Next::Hyper,
+            ),
+            (
+                "a hop-by-hop header named",
+                b"GET /c HTTP/1.1\r\nConnection: x-foo\r\n\r\n",
+                Next::Hyper,
+            ),
+            (
+                "the HTTP/2 preface",
+                b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+                Next::Hyper,
+            ),
+            (
+                "TLS",
+                b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+                Next::Hyper,
+            ),
+            (
+                "a space in a name",
+                b"GET /c HTTP/1.1\r\nBad Name: x\r\n\r\n",
+                Next::Hyper,
+            ),
+            ("longer than the limit", long.as_bytes(), Next::Hyper),
+        ];
+        for (what, raw, want) in cases {
+            assert_eq!(classify(raw), want, "{what}");
+        }
+        let many: String = (0..crate::listen::MAX_HEADERS + 1)
+            .map(|i| format!("X-{i}: y\r\n"))
+            .collect();
+        let many = format!("GET /c HTTP/1.1\r\n{many}\r\n");
+        assert_eq!(
+            classify(many.as_bytes()),
+            Next::Hyper,
+            "more headers than the limit"
+        );
+    }
+
+    #[test]
+    fn a_head_carries_the_routers_headers_a_date_and_close_when_closing() {
+        let mut h = http::HeaderMap::new();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        h.insert(header::ETAG, HeaderValue::from_static("\"x\""));
+        let cases = [
+            (StatusCode::OK, false, "HTTP/1.1 200 OK\r\n", false),
+            (
+                StatusCode::NOT_MODIFIED,
+                true,
+                "HTTP/1.1 304 Not Modified\r\n",
+                true,
+            ),
+            (
+                StatusCode::NOT_FOUND,
+                false,
+                "HTTP/1.1 404 Not Found\r\n",
+                false,
+            ),
+        ];
+        for (status, close, line, closes) in cases {
+            let mut out = Vec::new();
+            write_head(&mut out, status, &h, close);
+            let text = String::from_utf8(out).unwrap();
+            assert!(text.starts_with(line), "{text}");
+            assert!(
+                text.contains("\r\ncontent-length: 5\r\n") && text.contains("\r\netag: \"x\"\r\n"),
+                "{text}"
+            );
+            assert!(
+                text.contains("\r\ndate: ") && text.ends_with("\r\n\r\n"),
+                "{text}"
+            );
+            assert_eq!(text.contains("connection: close"), closes, "{text}");
+            let mut parsed = [httparse::EMPTY_HEADER; 8];
+            let mut r = httparse::Response::new(&mut parsed);
+            assert!(r.parse(text.as_bytes()).unwrap().is_complete(), "{text}");
+            assert_eq!(r.code, Some(status.as_u16()));
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! HTTP/1.1 connections answered by our own loop, so that a file body goes
+//! out with `sendfile(2)` (`http::sendfile`) and a head with the body
+//! behind it (`MSG_MORE`): through hyper every byte was copied from the
+//! page cache into memory and again into the socket, and that copy was
+//! most of what a request cost over nginx.
+//!
+//! Only the requests stock ostree and our client send are answered here:
+//! HTTP/1.1 GET or HEAD of a repo path, with no body, `Expect` or
+//! `Upgrade`, a head within the limits hyper has (its whole time from the
+//! start of the wait, its size, its count of headers). They go through the
+//! same router as every other request, so conditionals, ranges, errors,
+//! metrics and the access log are the router's. At the first request that
+//! is anything else (or the HTTP/2 preface), the connection and what it
+//! has read are handed to hyper for the rest of its life, so every other
+//! corner of the protocol keeps hyper's answer.
+
+mod head;
+mod prefixed;
+mod respond;
+
+pub(super) use prefixed::Prefixed;
+
+use super::watch::{Activity, Watched};
+use crate::http::sendfile::CanSendFile;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::Router;
+use bytes::{Buf, BytesMut};
+use head::{next, Next, Plain};
+use http::header::{HeaderName, HeaderValue};
+use http::{Method, Request, Uri, Version};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tower::ServiceExt;
+
+/// What one read asks for (a few request heads).
+const READ: usize = 4096;
+
+/// Why the connection ended without an answer: the next request's head
+/// did not arrive in time (what hyper's own header-read timeout is).
+#[derive(Debug, thiserror::Error)]
+#[error("no request head within {0:?}")]
+pub struct HeaderReadTimeout(pub Duration);
+
+pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a connection is served with.
+pub(super) struct Conn {
+    pub router: Router,
+    pub peer: SocketAddr,
+    pub act: Arc<Activity>,
+    /// Bounds the wait for each request's head, as hyper's does.
+    pub header_read_timeout: Duration,
+    pub max_head: usize,
+    /// Signalled once: finish the request in hand, then close.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// How a connection served here ended.
+pub(super) enum Ended {
+    /// Closed (by either side), or a request it could not answer.
+    Closed,
+    /// Hyper's from here: the socket and what was read of it.
+    Hyper(Prefixed<Watched<TcpStream>>),
+}
+
+/// What the bytes in hand call for.
+// A local of one loop turn, never stored: boxing the request would cost an
+// allocation per request for nothing.
+#[allow(clippy::large_enum_variant)]
+enum Step {
+    Read,
+    Answer {
+        req: Request<Body>,
+        head: bool,
+        close: bool,
+        len: usize,
+    },
+    Hyper,
+}
+
+/// Answers plain requests until the connection closes, shutdown is asked,
+/// or a request is not plain.
+pub(super) async fn serve(mut io: Watched<TcpStream>, mut conn: Conn) -> Result<Ended, BoxError> {
+    let mut buf = BytesMut::with_capacity(READ);
+    let mut out = Vec::with_capacity(1024);
+    // When the head being waited for must have arrived by: set when the
+    // wait starts (after the last answer), as hyper's header-read timer is,
+    // so it bounds a keep-alive wait and a head sent a byte at a time alike.
+    let mut deadline = None;
+    loop {
+        let step = {
+            let mut headers = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
+            match next(&buf, &mut headers, conn.max_head) {
+                Next::More => Step::Read,
+                Next::Hyper => Step::Hyper,
+                Next::Plain(p) => match request(&p, &headers, conn.peer) {
+                    Some(req) => Step::Answer {
+                        req,
+                        head: p.head,
+                        close: p.close,
+                        len: p.len,
+                    },
+                    None => Step::Hyper,
+                },
+            }
+        };
+        let (req, head, close_asked) = match step {
+            Step::Hyper => return Ok(Ended::Hyper(Prefixed::new(buf.freeze(), io))),
+            Step::Read => {
+                let by = *deadline
+                    .get_or_insert_with(|| tokio::time::Instant::now() + conn.header_read_timeout);
+                if buf.capacity() - buf.len() < READ / 4 {
+                    buf.reserve(READ);
+                }
+                let read = tokio::select! {
+                    r = tokio::time::timeout_at(by, io.read_buf(&mut buf)) => r,
+                    // Between requests only: a head half read is finished.
+                    _ = conn.shutdown.wait_for(|stop| *stop), if buf.is_empty() => {
+                        return Ok(Ended::Closed)
+                    }
+                };
+                match read {
+                    Err(_) => return Err(Box::new(HeaderReadTimeout(conn.header_read_timeout))),
+                    Ok(Ok(0)) => return Ok(Ended::Closed),
+                    Ok(Ok(_)) => continue,
+                    Ok(Err(e)) => return Err(Box::new(e)),
+                }
+            }
+            Step::Answer {
+                req,
+                head,
+                close,
+                len,
+            } => {
+                buf.advance(len);
+                deadline = None;
+                (req, head, close)
+            }
+        };
+        conn.act.requested();
+        let resp = conn
+            .router
+            .clone()
+            .oneshot(req)
+            .await
+            .unwrap_or_else(|e| match e {});
+        let stop = close_asked || *conn.shutdown.borrow();
+        if respond::respond(&mut io, &conn.act, resp, head, stop, &mut out).await? {
+            io.shutdown().await.ok();
+            return Ok(Ended::Closed);
+        }
+    }
+}
+
+/// The request the router gets; `None` if `http` refuses a part of it
+/// (hyper's to answer).
+fn request(
+    plain: &Plain<'_>,
+    headers: &[httparse::Header<'_>],
+    peer: SocketAddr,
+) -> Option<Request<Body>> {
+    let mut req = Request::new(Body::empty());
+    *req.method_mut() = if plain.head {
+        Method::HEAD
+    } else {
+        Method::GET
+    };
+    *req.uri_mut() = Uri::try_from(plain.path).ok()?;
+    *req.version_mut() = Version::HTTP_11;
+    let map = req.headers_mut();
+    for h in headers.iter().take_while(|h| !h.name.is_empty()) {
+        let name = HeaderName::from_bytes(h.name.as_bytes()).ok()?;
+        map.append(name, HeaderValue::from_bytes(h.value).ok()?);
+    }
+    req.extensions_mut().insert(ConnectInfo(peer));
+    req.extensions_mut().insert(CanSendFile);
+    Some(req)
+}
