@@ -22,6 +22,10 @@ pub struct Faults {
     /// counting from 1; the proxy counts the cuts it made
     /// ([`Proxy::cuts`](super::Proxy::cuts)).
     pub reset_every: usize,
+    /// Cut the first N forwarded matching responses half-way too. With
+    /// `prefix` one large object's path, the cut comes after its head
+    /// has gone out, whatever the order of a client's requests.
+    pub reset_first: usize,
     /// The status injected (503 unless set).
     pub status: u16,
     /// The `Retry-After` the injected answers carry (none if `None`).
@@ -36,6 +40,7 @@ impl Default for Faults {
             fail_path_every: 0,
             fail_each: 0,
             reset_every: 0,
+            reset_first: 0,
             status: 503,
             retry_after: None,
         }
@@ -107,7 +112,7 @@ impl Faults {
             });
         }
         let fwd = stats.forwarded.fetch_add(1, Ordering::SeqCst) + 1;
-        let cut = self.reset_every > 0 && fwd % self.reset_every == 0;
+        let cut = (self.reset_every > 0 && fwd % self.reset_every == 0) || fwd <= self.reset_first;
         Some(if cut { Action::Cut } else { Action::Forward })
     }
 }
@@ -158,6 +163,15 @@ mod tests {
                 },
                 &["/objects/a", "/objects/b", "/objects/c", "/objects/d"],
                 &["Some(Forward)", "Some(Cut)", "Some(Forward)", "Some(Cut)"],
+            ),
+            (
+                Faults {
+                    prefix: "/objects/b".into(),
+                    reset_first: 1,
+                    ..Default::default()
+                },
+                &["/objects/a", "/objects/b", "/objects/b"],
+                &["None", "Some(Cut)", "Some(Forward)"],
             ),
             (
                 Faults {
