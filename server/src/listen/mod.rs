@@ -54,8 +54,11 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let limits = Arc::new(limits);
     let tracker = Tracker::new(limits.clone());
-    let builder = Arc::new(connection_builder(&limits));
-    let reserve_builder = Arc::new(reserve_builder(&limits));
+    let builders = Arc::new(Builders {
+        fresh: connection_builder(&limits),
+        after_h1: connection_builder(&limits).http1_only(),
+        reserve: reserve_builder(&limits),
+    });
     // Every connection holds a receiver: closed once all have ended.
     let (stop, _) = tokio::sync::watch::channel(false);
     tokio::pin!(shutdown);
@@ -104,9 +107,8 @@ pub async fn serve(
             peer,
             act: act.clone(),
         };
-        let (builder, first_byte, idle, h1) = if probe_only {
-            let b = reserve_builder.clone();
-            (b, RESERVE_TIMEOUT, RESERVE_TIMEOUT, None)
+        let (first_byte, idle, h1) = if probe_only {
+            (RESERVE_TIMEOUT, RESERVE_TIMEOUT, None)
         } else {
             let h1 = h1::Conn {
                 router: router.clone(),
@@ -116,9 +118,9 @@ pub async fn serve(
                 max_head: MAX_HEAD_BYTES,
                 shutdown: stop.subscribe(),
             };
-            let b = builder.clone();
-            (b, limits.first_byte_timeout, limits.idle_timeout, Some(h1))
+            (limits.first_byte_timeout, limits.idle_timeout, Some(h1))
         };
+        let builders = builders.clone();
         let stopping = stop.subscribe();
         let metrics = metrics.clone();
         tokio::spawn(async move {
@@ -128,7 +130,7 @@ pub async fn serve(
             // answered) before the watchdog judges it idle.
             tokio::select! {
                 biased;
-                r = drive(io, h1, &builder, svc, stopping) => if let Err(e) = r {
+                r = drive(io, h1, &builders, svc, stopping) => if let Err(e) = r {
                     tracing::debug!(%peer, "connection: {e}");
                     if let Some(why) = Expiry::of_connection_error(&*e, &act) {
                         metrics.connections.expired.with_label_values(&[why.label()]).inc();
@@ -156,16 +158,20 @@ pub async fn serve(
 async fn drive(
     io: Watched<TcpStream>,
     h1: Option<h1::Conn>,
-    builder: &auto::Builder<TokioExecutor>,
+    builders: &Builders,
     svc: Svc,
     mut stopping: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(), h1::BoxError> {
-    let io = match h1 {
+    let (io, builder) = match h1 {
         Some(conn) => match h1::serve(io, conn).await? {
             h1::Ended::Closed => return Ok(()),
-            h1::Ended::Hyper(io) => io,
+            h1::Ended::Hyper { io, answered } if answered => (io, &builders.after_h1),
+            h1::Ended::Hyper { io, .. } => (io, &builders.fresh),
         },
-        None => h1::Prefixed::new(bytes::Bytes::new(), io),
+        None => (
+            h1::Prefixed::new(bytes::Bytes::new(), io),
+            &builders.reserve,
+        ),
     };
     let conn = builder.serve_connection(TokioIo::new(io), svc);
     tokio::pin!(conn);
@@ -201,6 +207,16 @@ impl hyper::service::Service<Request<hyper::body::Incoming>> for Svc {
             req,
         ))
     }
+}
+
+/// hyper's settings for a connection: new (HTTP/1.1 or HTTP/2, by its
+/// first bytes), handed over after HTTP/1.1 requests (HTTP/1.1 only: the
+/// HTTP/2 preface is prior knowledge at a connection's start and nowhere
+/// else, RFC 9113 §3.4), and in the probe reserve.
+struct Builders {
+    fresh: auto::Builder<TokioExecutor>,
+    after_h1: auto::Builder<TokioExecutor>,
+    reserve: auto::Builder<TokioExecutor>,
 }
 
 /// hyper's per-connection settings from `limits`.

@@ -543,3 +543,32 @@ fn http10_and_pipelined_requests_are_answered() {
     assert_eq!(got[1], (404, Vec::new()));
     assert_eq!(got[2], (200, summary));
 }
+
+/// The HTTP/2 preface is prior knowledge at a connection's start only (RFC
+/// 9113 §3.4): after an HTTP/1.1 request it is a bad request, never a
+/// switch to HTTP/2 that would answer whatever frames follow.
+#[test]
+fn the_http2_preface_after_a_request_is_no_switch() {
+    let server = Server::release(v1());
+    let config = server.get("/config").unwrap().body;
+    let settings = [0u8, 0, 0, 4, 0, 0, 0, 0, 0];
+    let mut req = format!("GET /config HTTP/1.1\r\nHost: {}\r\n\r\n", server.addr).into_bytes();
+    req.extend_from_slice(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+    req.extend_from_slice(&settings);
+    // An HTTP/2 connection would stay open, waiting for frames: no EOF.
+    let raw = raw_exchange(server.addr, &req, Duration::from_secs(10)).unwrap();
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a response head")
+        + 4;
+    let head = parse_raw_response(&raw[..end], true).unwrap();
+    assert_eq!(head.status, 200, "{}", head.status_line);
+    let rest = &raw[end + config.len()..];
+    assert_eq!(&raw[end..end + config.len()], &config[..]);
+    assert!(
+        rest.is_empty() || rest.starts_with(b"HTTP/1.1 400"),
+        "after an HTTP/1.1 answer, the preface got {:?}",
+        String::from_utf8_lossy(&rest[..rest.len().min(64)])
+    );
+}

@@ -64,8 +64,13 @@ pub(super) struct Conn {
 pub(super) enum Ended {
     /// Closed (by either side), or a request it could not answer.
     Closed,
-    /// Hyper's from here: the socket and what was read of it.
-    Hyper(Prefixed<Watched<TcpStream>>),
+    /// Hyper's from here: the socket and what was read of it, and whether
+    /// requests were answered on it before (then the HTTP/2 preface is no
+    /// longer a way to switch protocols, only a bad request).
+    Hyper {
+        io: Prefixed<Watched<TcpStream>>,
+        answered: bool,
+    },
 }
 
 /// What the bytes in hand call for.
@@ -92,6 +97,7 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, mut conn: Conn) -> Result<
     // wait starts (after the last answer), as hyper's header-read timer is,
     // so it bounds a keep-alive wait and a head sent a byte at a time alike.
     let mut deadline = None;
+    let mut answered = false;
     loop {
         let step = {
             let mut headers = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
@@ -110,7 +116,10 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, mut conn: Conn) -> Result<
             }
         };
         let (req, head, close_asked) = match step {
-            Step::Hyper => return Ok(Ended::Hyper(Prefixed::new(buf.freeze(), io))),
+            Step::Hyper => {
+                let io = Prefixed::new(buf.freeze(), io);
+                return Ok(Ended::Hyper { io, answered });
+            }
             Step::Read => {
                 let by = *deadline
                     .get_or_insert_with(|| tokio::time::Instant::now() + conn.header_read_timeout);
@@ -150,6 +159,7 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, mut conn: Conn) -> Result<
             .await
             .unwrap_or_else(|e| match e {});
         let stop = close_asked || *conn.shutdown.borrow();
+        answered = true;
         if respond::respond(&mut io, &conn.act, resp, head, stop, &mut out).await? {
             io.shutdown().await.ok();
             return Ok(Ended::Closed);
