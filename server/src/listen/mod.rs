@@ -24,9 +24,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
-
-use self::watch::{Activity, Expiry, Watched};
 use tower::ServiceExt;
+use watch::{Activity, Expiry, Watched};
 
 /// The longest HTTP/1.1 request head (request line and headers) read;
 /// ostree's and our client's are a few hundred bytes.
@@ -115,7 +114,6 @@ pub async fn serve(
                 peer,
                 act: act.clone(),
                 header_read_timeout: limits.header_read_timeout,
-                max_head: MAX_HEAD_BYTES,
                 shutdown: stop.subscribe(),
             };
             (limits.first_byte_timeout, limits.idle_timeout, Some(h1))

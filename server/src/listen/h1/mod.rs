@@ -55,7 +55,6 @@ pub(super) struct Conn {
     pub act: Arc<Activity>,
     /// Bounds the wait for each request's head, as hyper's does.
     pub header_read_timeout: Duration,
-    pub max_head: usize,
     /// Signalled once: finish the request in hand, then close.
     pub shutdown: watch::Receiver<bool>,
 }
@@ -101,7 +100,7 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, mut conn: Conn) -> Result<
     loop {
         let step = {
             let mut headers = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
-            match next(&buf, &mut headers, conn.max_head) {
+            match next(&buf, &mut headers, super::MAX_HEAD_BYTES) {
                 Next::More => Step::Read,
                 Next::Hyper => Step::Hyper,
                 Next::Plain(p) => match request(&p, &headers, conn.peer) {
