@@ -27,7 +27,7 @@ pub(super) async fn respond(
     stop: bool,
     out: &mut Vec<u8>,
 ) -> io::Result<bool> {
-    let (mut parts, body) = resp.into_parts();
+    let (mut parts, mut body) = resp.into_parts();
     let close = stop
         || parts
             .headers
@@ -54,20 +54,16 @@ pub(super) async fn respond(
     }
     // The router's repo answers all carry a length; anything else is read
     // whole first to get one.
-    let (first, rest) = if parts.headers.contains_key(header::CONTENT_LENGTH) {
-        (Bytes::new(), Some(body))
-    } else {
+    if !parts.headers.contains_key(header::CONTENT_LENGTH) {
         let whole = body.collect().await.map_err(io::Error::other)?.to_bytes();
         parts
             .headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(whole.len()));
-        (whole, None)
-    };
-    write_head(out, parts.status, &parts.headers, close);
-    let Some(mut body) = rest else {
-        write_with_head(io, out, first).await?;
+        write_head(out, parts.status, &parts.headers, close);
+        write_with_head(io, out, whole).await?;
         return Ok(close);
-    };
+    }
+    write_head(out, parts.status, &parts.headers, close);
     let mut head_sent = false;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(io::Error::other)?;
