@@ -76,6 +76,9 @@ pub struct Metrics {
     /// became visible (`cache::warm`).
     pub cache_warmed_bytes: IntGauge,
     pub cache_warmed_objects: IntGauge,
+    /// What the object cache holds, set when `/metrics` is read.
+    pub cache_bytes: IntGauge,
+    pub cache_objects: IntGauge,
     handles: Handles,
 }
 
@@ -184,6 +187,14 @@ impl Metrics {
             "oscontent_cache_warmed_objects",
             "Objects the last publication put into the object cache before it became visible",
         );
+        let cache_bytes = r.gauge(
+            "oscontent_cache_bytes",
+            "Bytes the object cache holds now, bodies and per-entry overhead (at most --cache-size)",
+        );
+        let cache_objects = r.gauge(
+            "oscontent_cache_objects",
+            "Objects the object cache holds now",
+        );
         Self {
             registry: r.0,
             requests,
@@ -203,6 +214,8 @@ impl Metrics {
             image_refusals,
             cache_warmed_bytes,
             cache_warmed_objects,
+            cache_bytes,
+            cache_objects,
             handles: Handles {
                 requests: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
                 bytes: std::array::from_fn(|_| OnceLock::new()),

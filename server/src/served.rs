@@ -7,7 +7,7 @@
 //! overlay, where publication snapshotted them, so what other tools add to
 //! a `--repo` waits for the next publication. What the server derives (the
 //! summary, when the repo has none) is cached under a fingerprint of its
-//! inputs and rebuilt only when they change.
+//! inputs, taken at most once a second, and rebuilt only when they change.
 
 pub mod body;
 pub mod metadata;
@@ -27,7 +27,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 /// Signature bundle files and delta superblocks read whole; anything
 /// larger is refused rather than read into memory. What the HTTP surface
@@ -74,7 +74,17 @@ pub enum Resolved {
 struct SummaryCache {
     fingerprint: [u8; 32],
     summary: Generated,
+    /// When the fingerprint was last taken.
+    checked: Instant,
 }
+
+/// How long a generated summary is served before its inputs are looked at
+/// again. Taking the fingerprint lists refs and deltas and reads the config
+/// (tens of syscalls); every node asks for the summary, and for its
+/// signature, which names it, so at a fleet's rate that listing was a
+/// third of a node's update. A second is far below what clients may cache
+/// it for (`--metadata-max-age`).
+const SUMMARY_RECHECK: Duration = Duration::from_secs(1);
 
 /// One published generation.
 #[derive(Debug)]
@@ -487,6 +497,11 @@ impl Generation {
     /// depend only on the refs, their commits and the deltas (see
     /// [`summary_for`]), never on the clock.
     pub fn generated_summary(&self) -> Result<Generated> {
+        if let Some(c) = self.summary.lock().expect("poisoned").as_ref() {
+            if c.checked.elapsed() < SUMMARY_RECHECK {
+                return Ok(c.summary.clone());
+            }
+        }
         let refs = self.refs()?;
         let mut deltas = BTreeMap::new();
         for root in self.all_roots().collect::<Vec<_>>().into_iter().rev() {
@@ -515,7 +530,8 @@ impl Generation {
         h.update(format!("{collection_id:?}"));
         let fingerprint: [u8; 32] = h.finalize().into();
         let mut cache = self.summary.lock().expect("poisoned");
-        if let Some(c) = cache.as_ref().filter(|c| c.fingerprint == fingerprint) {
+        if let Some(c) = cache.as_mut().filter(|c| c.fingerprint == fingerprint) {
+            c.checked = Instant::now();
             return Ok(c.summary.clone());
         }
         let mut summary_deltas = Vec::new();
@@ -537,6 +553,7 @@ impl Generation {
         *cache = Some(SummaryCache {
             fingerprint,
             summary: generated.clone(),
+            checked: Instant::now(),
         });
         Ok(generated)
     }

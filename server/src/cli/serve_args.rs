@@ -175,11 +175,12 @@ pub struct ServeArgs {
     /// detached metadata and deltas. Objects are cached forever.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub metadata_max_age: u64,
-    /// Memory for immutable objects served from RAM (each up to 1 MiB and
-    /// an eighth of this), e.g. 128M, 1G; 0 turns the cache off. Each
-    /// publication first fills up to half of it with what the new release
-    /// brings over its parent commit, when that is served too. The
-    /// default fits the deployment's 512 MiB limit.
+    /// Memory for immutable objects served from RAM, e.g. 128M, 1G; 0
+    /// turns the cache off. Requests keep objects under 16 KiB (larger
+    /// ones are sent from the page cache). Each publication first fills up
+    /// to half of it with what the new release brings over its parent
+    /// commit, when that is served too, objects up to 1 MiB and an eighth
+    /// of this. The default fits the deployment's 512 MiB limit.
     #[arg(long, default_value = "128M", value_name = "BYTES", value_parser = parse_size)]
     pub cache_size: usize,
     /// Check the --image references for a new digest this often (reading

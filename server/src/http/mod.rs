@@ -181,6 +181,13 @@ async fn metrics(State(st): State<AppState>) -> Response {
         .connections
         .streamed_files
         .set(i64::try_from(st.streams.in_use()).unwrap_or(i64::MAX));
+    let (bytes, objects) = st.cache.usage();
+    st.metrics
+        .cache_bytes
+        .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    st.metrics
+        .cache_objects
+        .set(i64::try_from(objects).unwrap_or(i64::MAX));
     let (text, ctype) = st.metrics.render();
     ([(header::CONTENT_TYPE, ctype)], text).into_response()
 }

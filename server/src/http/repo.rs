@@ -310,7 +310,14 @@ async fn serve_object(
         Loaded::Whole(bytes, meta) => {
             let v = Prepared::for_object(&name, bytes.len() as u64, &meta);
             let obj = CachedObject::new(bytes, v);
-            st.cache.insert(key, name, obj.clone());
+            // A large object read for a connection that cannot sendfile
+            // is not kept: each object of a pull is asked once, so it
+            // would only push out the small ones that every connection
+            // answers from here. Publication warms the large ones a fleet
+            // update asks for.
+            if (obj.bytes.len() as u64) < SENDFILE_FROM {
+                st.cache.insert(key, name, obj.clone());
+            }
             Ok(respond_bytes(
                 asked.headers,
                 obj.bytes.clone(),

@@ -1,5 +1,6 @@
 //! The object cache (`--cache-size`): what it answers is what the disk
-//! holds, with the same validators, conditionals, ranges and HEAD; it
+//! holds, with the same validators, conditionals, ranges and HEAD; requests
+//! keep only small objects; it
 //! stays within its budget; a new generation never sees the entries of
 //! the old one; and publication warms it with what a release brings new,
 //! only what it verified, within half the budget.
@@ -94,8 +95,19 @@ async fn answers_from_memory_as_from_disk_conditionals_ranges_and_head_included(
             );
         }
     }
+    // In-process requests cannot sendfile, as on HTTP/2: objects under
+    // 16 KiB are kept, the larger ones only read (a pull asks for each
+    // once, and they would push the small ones out).
+    let small = paths
+        .iter()
+        .filter(|p| fx.v1.disk(p).len() < 16 * 1024)
+        .count();
+    assert!(small < paths.len(), "the fixture has a large object");
     let (used, entries) = server.state.cache.usage();
-    assert_eq!(entries, paths.len(), "every object cached once");
+    assert_eq!(
+        entries, small,
+        "every small object cached once, no large one"
+    );
     assert!(used <= server.state.cache.capacity());
 }
 

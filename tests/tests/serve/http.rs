@@ -571,3 +571,58 @@ fn the_http2_preface_after_a_request_is_no_switch() {
         String::from_utf8_lossy(&rest[..rest.len().min(64)])
     );
 }
+
+/// Over HTTP/2 (no sendfile) every object is read into memory, but only
+/// small ones stay in the object cache: a pull asks for each object once,
+/// and keeping the large ones only pushed out the small ones every
+/// connection is answered from (RESULTS.md, session 18).
+#[test]
+fn the_object_cache_keeps_small_objects_not_large_ones() {
+    let v1 = v1();
+    let server = Server::release(v1);
+    // Sized so that the cache would take either (up to 1 MiB each).
+    let sized = |range: std::ops::Range<u64>| {
+        list_objects(&v1.repo)
+            .unwrap()
+            .get(CONTENT)
+            .into_iter()
+            .map(|c| {
+                let len = std::fs::metadata(object_path(&v1.repo, &c, "filez"))
+                    .unwrap()
+                    .len();
+                (c, len)
+            })
+            .find(|(_, len)| range.contains(len))
+            .unwrap_or_else(|| panic!("the fixture has no content object of {range:?} bytes"))
+    };
+    let (big, big_len) = sized(64 << 10..512 << 10);
+    let (small, small_len) = sized(1000..8192);
+    let usage = || {
+        let m = server.get("/metrics").unwrap();
+        let m = Metrics::parse(&String::from_utf8(m.body).unwrap()).unwrap();
+        let get = |name| m.get(name, &[]).unwrap_or_else(|| panic!("no {name}"));
+        (get("oscontent_cache_bytes"), get("oscontent_cache_objects"))
+    };
+    assert_eq!(usage(), (0.0, 0.0), "nothing cached before a request");
+
+    let h2 = http2();
+    let got = fetch(&h2, &server.url_for(&object_url_path(&big, "filez")), &[]).unwrap();
+    assert_eq!((got.version, got.status), (reqwest::Version::HTTP_2, 200));
+    assert_eq!(got.body.len() as u64, big_len);
+    assert_eq!(
+        usage(),
+        (0.0, 0.0),
+        "a large object read over HTTP/2 is not kept"
+    );
+
+    for _ in 0..2 {
+        let got = fetch(&h2, &server.url_for(&object_url_path(&small, "filez")), &[]).unwrap();
+        assert_eq!((got.status, got.body.len() as u64), (200, small_len));
+    }
+    let (bytes, objects) = usage();
+    assert_eq!(objects, 1.0, "the small object is kept, once");
+    assert!(
+        (small_len as f64..small_len as f64 + 4096.0).contains(&bytes),
+        "{bytes} bytes cached for one object of {small_len}"
+    );
+}
