@@ -81,8 +81,8 @@ struct SummaryCache {
 /// How long a generated summary is served before its inputs are looked at
 /// again. Taking the fingerprint lists refs and deltas and reads the config
 /// (tens of syscalls); every node asks for the summary, and for its
-/// signature, which names it, so at a fleet's rate that listing was a
-/// third of a node's update. A second is far below what clients may cache
+/// signature, which names it, so in a delta update of a few requests that
+/// listing was a fifth of the server's work for a node. A second is far below what clients may cache
 /// it for (`--metadata-max-age`).
 const SUMMARY_RECHECK: Duration = Duration::from_secs(1);
 

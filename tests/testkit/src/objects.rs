@@ -82,10 +82,11 @@ pub fn object_url_path(checksum: &str, ext: &str) -> String {
     format!("/objects/{}/{}.{ext}", &checksum[..2], &checksum[2..])
 }
 
-/// The largest `.filez` object of an archive repo: (checksum, size).
-pub fn largest_filez(repo: &Path) -> Result<(String, u64)> {
+/// The `.filez` objects of an archive repo: (checksum, size).
+pub fn filez_sizes(repo: &Path) -> Result<Vec<(String, u64)>> {
     let objs = list_objects(repo)?;
-    objs.get(CONTENT)
+    Ok(objs
+        .get(CONTENT)
         .into_iter()
         .map(|c| {
             let len = std::fs::metadata(object_path(repo, &c, "filez"))
@@ -93,6 +94,13 @@ pub fn largest_filez(repo: &Path) -> Result<(String, u64)> {
                 .unwrap_or(0);
             (c, len)
         })
+        .collect())
+}
+
+/// The largest `.filez` object of an archive repo: (checksum, size).
+pub fn largest_filez(repo: &Path) -> Result<(String, u64)> {
+    filez_sizes(repo)?
+        .into_iter()
         .max_by_key(|(_, l)| *l)
         .ok_or_else(|| anyhow!("{} has no content objects", repo.display()))
 }

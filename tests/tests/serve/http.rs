@@ -582,16 +582,9 @@ fn the_object_cache_keeps_small_objects_not_large_ones() {
     let server = Server::release(v1);
     // Sized so that the cache would take either (up to 1 MiB each).
     let sized = |range: std::ops::Range<u64>| {
-        list_objects(&v1.repo)
+        filez_sizes(&v1.repo)
             .unwrap()
-            .get(CONTENT)
             .into_iter()
-            .map(|c| {
-                let len = std::fs::metadata(object_path(&v1.repo, &c, "filez"))
-                    .unwrap()
-                    .len();
-                (c, len)
-            })
             .find(|(_, len)| range.contains(len))
             .unwrap_or_else(|| panic!("the fixture has no content object of {range:?} bytes"))
     };
