@@ -43,6 +43,12 @@ const LATENCY_BUCKETS: [f64; 18] = [
     5.0, 10.0, 30.0, 60.0,
 ];
 
+/// A count as a gauge's value: Prometheus gauges here are `i64`, and a
+/// count past it shows as the largest value rather than wrapping.
+pub fn gauge_value<T: TryInto<i64>>(n: T) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
+}
+
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,

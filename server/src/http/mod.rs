@@ -12,7 +12,7 @@ pub(crate) use observe::log_date;
 
 use crate::cache::ObjectCache;
 use crate::listen::access_log::AccessLog;
-use crate::metrics::Metrics;
+use crate::metrics::{gauge_value, Metrics};
 use crate::serve::sink::Sink;
 use crate::served::streams::StreamBudget;
 use axum::body::Body;
@@ -177,17 +177,13 @@ async fn readyz(State(st): State<AppState>) -> Response {
 }
 
 async fn metrics(State(st): State<AppState>) -> Response {
-    st.metrics
-        .connections
+    let m = &st.metrics;
+    m.connections
         .streamed_files
-        .set(i64::try_from(st.streams.in_use()).unwrap_or(i64::MAX));
+        .set(gauge_value(st.streams.in_use()));
     let (bytes, objects) = st.cache.usage();
-    st.metrics
-        .cache_bytes
-        .set(i64::try_from(bytes).unwrap_or(i64::MAX));
-    st.metrics
-        .cache_objects
-        .set(i64::try_from(objects).unwrap_or(i64::MAX));
+    m.cache_bytes.set(gauge_value(bytes));
+    m.cache_objects.set(gauge_value(objects));
     let (text, ctype) = st.metrics.render();
     ([(header::CONTENT_TYPE, ctype)], text).into_response()
 }

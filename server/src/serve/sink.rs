@@ -5,7 +5,7 @@
 //! (`cache::warm`), so the first wave of a fleet update finds it there.
 
 use crate::cache::{warm, ObjectCache};
-use crate::metrics::Metrics;
+use crate::metrics::{gauge_value, Metrics};
 use crate::served::Generation;
 use arc_swap::ArcSwapOption;
 use std::sync::{Arc, OnceLock};
@@ -74,11 +74,12 @@ impl Sink {
         let generation = Arc::new(generation);
         if let Some(cache) = self.cache.get() {
             let warmed = warm::warm_for(cache.clone(), generation.clone()).await;
-            let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-            self.metrics.cache_warmed_bytes.set(gauge(warmed.bytes));
+            self.metrics
+                .cache_warmed_bytes
+                .set(gauge_value(warmed.bytes));
             self.metrics
                 .cache_warmed_objects
-                .set(gauge(warmed.objects as u64));
+                .set(gauge_value(warmed.objects));
         }
         self.store(generation.clone());
         self.published.send_replace(Some(generation));
