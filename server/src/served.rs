@@ -25,6 +25,7 @@ use oscontent_format::{
 };
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -56,6 +57,47 @@ pub struct Generated {
     pub bytes: bytes::Bytes,
     /// When these exact bytes were first produced (for Last-Modified).
     pub produced: SystemTime,
+}
+
+/// A request path as [`Generation::locate`] found it.
+#[derive(Debug)]
+pub enum Located {
+    File {
+        layer: Layer,
+        root: PathBuf,
+        rel: String,
+        file: std::fs::File,
+        meta: std::fs::Metadata,
+    },
+    Generated(Generated),
+    Missing,
+    /// Asked not to wait, it would have: ask again from a thread that may.
+    WouldBlock,
+}
+
+/// Opens `rel` beneath `dir` (the fd of `root`, a `layer`).
+fn open_in(
+    layer: Layer,
+    root: &Path,
+    dir: BorrowedFd<'_>,
+    rel: &str,
+    nonblocking: bool,
+) -> Result<Located> {
+    Ok(
+        match fsutil::open_beneath(dir, rel, nonblocking)
+            .with_context(|| format!("opening {rel} in {}", root.display()))?
+        {
+            fsutil::Opened::File(file, meta) => Located::File {
+                layer,
+                root: root.to_owned(),
+                rel: rel.to_owned(),
+                file,
+                meta,
+            },
+            fsutil::Opened::Absent => Located::Missing,
+            fsutil::Opened::WouldBlock => Located::WouldBlock,
+        },
+    )
 }
 
 /// How a request path is answered.
@@ -196,57 +238,73 @@ impl Generation {
         g
     }
 
-    /// Every root of one layer kind, in precedence order.
-    fn roots(&self, layer: Layer) -> Vec<&Path> {
-        match layer {
-            Layer::Source => self.sources.iter().map(PathBuf::as_path).collect(),
-            Layer::Overlay => vec![self.overlay.as_path()],
-        }
-    }
-
-    fn first_file(&self, rel: &str, order: &[Layer]) -> Result<Resolved> {
-        let layers = order
-            .iter()
-            .flat_map(|&l| self.roots(l).into_iter().map(move |r| (l, r)));
-        for (layer, root) in layers {
-            // Existence check only; the HTTP layer reopens by the same safe
-            // walk, so a file replaced in between is still read safely.
-            if fsutil::open_file(root, rel)
-                .with_context(|| format!("opening {rel}"))?
-                .is_some()
-            {
-                return Ok(Resolved::File {
-                    layer,
-                    root: root.to_owned(),
-                    rel: rel.to_owned(),
-                });
+    /// The first of `order`'s roots holding `rel`, opened: one `openat2`
+    /// beneath each root's directory fd (`fsutil::open_beneath`).
+    fn first_file(&self, rel: &str, order: &[Layer], nonblocking: bool) -> Result<Located> {
+        for &want in order {
+            let roots = self.root_fds().iter().zip(self.all_roots());
+            for ((layer, dir), root) in roots.filter(|((l, _), _)| *l == want) {
+                let Some(dir) = dir else { continue };
+                let found = open_in(*layer, root, dir.as_fd(), rel, nonblocking)?;
+                if !matches!(found, Located::Missing) {
+                    return Ok(found);
+                }
             }
         }
-        Ok(Resolved::Missing)
+        Ok(Located::Missing)
     }
 
     /// Resolves a request path against source and overlay.
     pub fn resolve(&self, path: &RepoPath) -> Result<Resolved> {
+        Ok(match self.locate(path, false)? {
+            Located::File {
+                layer, root, rel, ..
+            } => Resolved::File { layer, root, rel },
+            Located::Generated(g) => Resolved::Generated(g),
+            Located::Missing => Resolved::Missing,
+            Located::WouldBlock => anyhow::bail!("resolving {path:?} without waiting"),
+        })
+    }
+
+    /// As [`Self::resolve`], with the file it names open: the request
+    /// path. With `nonblocking`, nothing waits on the disk (lookups only
+    /// from the dentry cache, a summary only as last generated), and
+    /// [`Located::WouldBlock`] says to ask again from the blocking pool.
+    pub fn locate(&self, path: &RepoPath, nonblocking: bool) -> Result<Located> {
         // Generated deltas were verified before they were published, and
         // their indexes are made from what verified.
         if let Some(d) = &self.deltas {
-            if let Some(r) = d.resolve(path) {
-                return Ok(r);
+            match d.resolve(path) {
+                Some(Resolved::File { layer, root, rel }) => {
+                    let Some(dir) = d.dir_fd(path) else {
+                        return Ok(Located::Missing);
+                    };
+                    return open_in(layer, &root, dir, &rel, nonblocking);
+                }
+                Some(Resolved::Generated(g)) => return Ok(Located::Generated(g)),
+                Some(Resolved::Missing) => return Ok(Located::Missing),
+                None => {}
             }
         }
         // The one check on the request path: an object or delta the
         // publication did not verify does not exist (invariant 1).
         if !self.gate.allows(path) {
-            return Ok(Resolved::Missing);
+            return Ok(Located::Missing);
         }
         const SOURCE_FIRST: &[Layer] = &[Layer::Source, Layer::Overlay];
         const OVERLAY_FIRST: &[Layer] = &[Layer::Overlay, Layer::Source];
         match path {
             RepoPath::Summary => {
-                if let Some(r) = self.source_summary()? {
-                    return Ok(r);
+                match self.source_summary(nonblocking)? {
+                    Located::Missing => {}
+                    pinned => return Ok(pinned),
                 }
-                Ok(Resolved::Generated(self.generated_summary()?))
+                if nonblocking {
+                    return Ok(self
+                        .fresh_generated_summary()
+                        .map_or(Located::WouldBlock, Located::Generated));
+                }
+                Ok(Located::Generated(self.generated_summary()?))
             }
             RepoPath::SummarySig => {
                 // summary.sig must sign the summary actually served, or
@@ -254,24 +312,33 @@ impl Generation {
                 // server installed (a bundle's, or its own with --sign-key)
                 // is keyed by the digest of the summary it signs, so it is
                 // served only next to exactly that summary.
-                let rel = summary_sig_path(&Checksum::digest(&self.served_summary()?));
-                if let r @ Resolved::File { .. } = self.first_file(&rel, &[Layer::Overlay])? {
-                    return Ok(r);
+                let Some(served) = self.served_summary_with(nonblocking)? else {
+                    return Ok(Located::WouldBlock);
+                };
+                let rel = summary_sig_path(&Checksum::digest(&served));
+                match self.first_file(&rel, &[Layer::Overlay], nonblocking)? {
+                    Located::Missing => {}
+                    found => return Ok(found),
                 }
-                if let Some(Resolved::File { layer, .. }) = self.source_summary()? {
-                    return self.first_file("summary.sig", &[layer]);
+                match self.source_summary(nonblocking)? {
+                    Located::File { layer, .. } => {
+                        self.first_file("summary.sig", &[layer], nonblocking)
+                    }
+                    Located::WouldBlock => Ok(Located::WouldBlock),
+                    _ => Ok(Located::Missing),
                 }
-                Ok(Resolved::Missing)
             }
             // Refs only as publication snapshotted them.
-            RepoPath::Ref { .. } => self.first_file(&path.to_path(), &[Layer::Overlay]),
+            RepoPath::Ref { .. } => {
+                self.first_file(&path.to_path(), &[Layer::Overlay], nonblocking)
+            }
             // Detached metadata from the server (signature bundles) wins
             // over what the source carries: it is the merged superset.
             RepoPath::Object(ObjectName {
                 kind: ObjectKind::CommitMeta,
                 ..
-            }) => self.first_file(&path.to_path(), OVERLAY_FIRST),
-            _ => self.first_file(&path.to_path(), SOURCE_FIRST),
+            }) => self.first_file(&path.to_path(), OVERLAY_FIRST, nonblocking),
+            _ => self.first_file(&path.to_path(), SOURCE_FIRST, nonblocking),
         }
     }
 
@@ -279,29 +346,44 @@ impl Generation {
     /// or a `--repo`'s own as the publication snapshotted it, republished
     /// byte for byte with its signature). A source's live summary is never
     /// served: it may name refs no publication verified.
-    fn source_summary(&self) -> Result<Option<Resolved>> {
-        match self.first_file(PINNED_SUMMARY, &[Layer::Overlay])? {
-            r @ Resolved::File { .. } => Ok(Some(r)),
-            _ => Ok(None),
-        }
+    fn source_summary(&self, nonblocking: bool) -> Result<Located> {
+        self.first_file(PINNED_SUMMARY, &[Layer::Overlay], nonblocking)
     }
 
     /// Whether the summary served is one publication pinned (not generated).
     pub fn has_pinned_summary(&self) -> Result<bool> {
-        Ok(self.source_summary()?.is_some())
+        Ok(matches!(self.source_summary(false)?, Located::File { .. }))
     }
 
     /// The exact summary bytes served: the source's own, else the generated
     /// one. This is what `summary.sig` must sign.
     pub fn served_summary(&self) -> Result<bytes::Bytes> {
-        if let Some(Resolved::File { root, rel, .. }) = self.source_summary()? {
-            let cap = format::summary::MAX_SUMMARY_SIZE as u64;
-            let f = self
-                .read_metadata(&root, &rel, cap)?
-                .with_context(|| format!("{}/{rel} vanished", root.display()))?;
-            return Ok(f.bytes);
+        Ok(self
+            .served_summary_with(false)?
+            .expect("a blocking read does not ask to block"))
+    }
+
+    /// [`Self::served_summary`]; with `nonblocking`, `None` if that would
+    /// wait on the disk or on generating the summary.
+    fn served_summary_with(&self, nonblocking: bool) -> Result<Option<bytes::Bytes>> {
+        match self.source_summary(nonblocking)? {
+            Located::File {
+                root,
+                rel,
+                file,
+                meta,
+                ..
+            } => {
+                let cap = format::summary::MAX_SUMMARY_SIZE as u64;
+                let read =
+                    self.metadata
+                        .read_opened(&root, &rel, (&file, &meta), cap, nonblocking)?;
+                Ok(read.map(|f| f.bytes))
+            }
+            Located::WouldBlock => Ok(None),
+            _ if nonblocking => Ok(self.fresh_generated_summary().map(|g| g.bytes)),
+            _ => Ok(Some(self.generated_summary()?.bytes)),
         }
-        Ok(self.generated_summary()?.bytes)
     }
 
     /// A metadata file served whole (`metadata::cap` gives its cap), read
@@ -313,6 +395,19 @@ impl Generation {
         cap: u64,
     ) -> Result<Option<MetadataFile>, metadata::MetadataError> {
         self.metadata.read(root, rel, cap)
+    }
+
+    /// As [`Self::read_metadata`], for a file [`Self::locate`] opened;
+    /// `Ok(None)` if `nonblocking` and the bytes are not in memory.
+    pub fn read_located(
+        &self,
+        (root, rel): (&Path, &str),
+        opened: (&std::fs::File, &std::fs::Metadata),
+        cap: u64,
+        nonblocking: bool,
+    ) -> Result<Option<MetadataFile>, metadata::MetadataError> {
+        self.metadata
+            .read_opened(root, rel, opened, cap, nonblocking)
     }
 
     /// The exact bytes of a commit object, checked to hash to its name:
@@ -493,14 +588,20 @@ impl Generation {
         Ok(false)
     }
 
+    /// The generated summary if its inputs were looked at within
+    /// [`SUMMARY_RECHECK`]: what a request may answer without a look.
+    fn fresh_generated_summary(&self) -> Option<Generated> {
+        let cache = self.summary.lock().expect("poisoned");
+        let c = cache.as_ref()?;
+        (c.checked.elapsed() < SUMMARY_RECHECK).then(|| c.summary.clone())
+    }
+
     /// The summary the server publishes when the source has none. Its bytes
     /// depend only on the refs, their commits and the deltas (see
     /// [`summary_for`]), never on the clock.
     pub fn generated_summary(&self) -> Result<Generated> {
-        if let Some(c) = self.summary.lock().expect("poisoned").as_ref() {
-            if c.checked.elapsed() < SUMMARY_RECHECK {
-                return Ok(c.summary.clone());
-            }
+        if let Some(g) = self.fresh_generated_summary() {
+            return Ok(g);
         }
         let refs = self.refs()?;
         let mut deltas = BTreeMap::new();

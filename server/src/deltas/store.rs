@@ -17,8 +17,9 @@ use oscontent_format::{
     build_delta_index, Checksum, DeltaName, RepoPath, SummaryDelta, Superblock,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::SystemTime;
 
 /// Under the state dir.
@@ -37,6 +38,22 @@ pub struct StoredDelta {
     pub superblock: Checksum,
     /// Bytes of its superblock and parts.
     pub bytes: u64,
+    /// `dir`, opened by the first request for one of its files.
+    fd: OnceLock<Option<OwnedFd>>,
+}
+
+impl StoredDelta {
+    /// `dir` as a directory fd (`None` if it cannot be opened: its files
+    /// are then not found, and a warning says why).
+    fn dir_fd(&self) -> Option<BorrowedFd<'_>> {
+        let fd = self.fd.get_or_init(|| {
+            crate::fsutil::open_dir(&self.dir).unwrap_or_else(|e| {
+                tracing::warn!(dir = %self.dir.display(), "opening a stored delta: {e}");
+                None
+            })
+        });
+        fd.as_ref().map(AsFd::as_fd)
+    }
 }
 
 /// The deltas directory.
@@ -169,6 +186,7 @@ fn check(dir: &Path, name: &DeltaName) -> Result<StoredDelta> {
         dir: dir.to_owned(),
         superblock: Checksum::digest(&bytes),
         bytes: total.saturating_add(bytes.len() as u64),
+        fd: OnceLock::new(),
     })
 }
 
@@ -231,6 +249,14 @@ impl PublishedDeltas {
             _ => None,
         }
     }
+
+    /// The directory fd of the stored delta holding `path`.
+    pub fn dir_fd(&self, path: &RepoPath) -> Option<BorrowedFd<'_>> {
+        match path {
+            RepoPath::Delta { name, .. } => self.deltas.get(name)?.dir_fd(),
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -251,6 +277,7 @@ mod tests {
             dir: PathBuf::from(format!("/state/deltas/{from}-{to}")),
             superblock: c(100 + from),
             bytes: 1,
+            fd: OnceLock::new(),
         })
     }
 

@@ -9,11 +9,10 @@ use super::sendfile::{CanSendFile, SendFile};
 use super::{classify, AppError, AppState, IMMUTABLE};
 use crate::cache::{CachedObject, Prepared};
 use crate::conditional::Validators;
-use crate::fsutil;
 use crate::served::body::{self, Reopened};
 use crate::served::metadata::{self, digest_etag, MetadataError};
 use crate::served::objects::Loaded;
-use crate::served::{Generation, Layer, Resolved};
+use crate::served::{Generation, Layer, Located};
 use axum::extract::{ConnectInfo, Request, State};
 use axum::response::{IntoResponse, Response};
 use http::header::{HeaderMap, HeaderValue};
@@ -96,13 +95,18 @@ async fn serve_repo(st: &AppState, asked: &Asked<'_>, path: &str) -> Result<Resp
     }
     let cache = st.short_lived.clone();
     let cap = metadata::cap(&rp);
-    // One trip to the blocking pool resolves the path and reads (or opens)
-    // what it names.
-    let g = generation.clone();
-    let asked_path = rp.clone();
-    let found = tokio::task::spawn_blocking(move || find(&g, &asked_path, cap))
-        .await
-        .map_err(|e| anyhow::anyhow!("resolver task: {e}"))?;
+    // Found and read on this thread when the kernel has the lookup and the
+    // bytes cached; else in one trip to the blocking pool.
+    let found = match find(&generation, &rp, cap, true) {
+        Ok(Found::WouldBlock) => {
+            let g = generation.clone();
+            let asked_path = rp.clone();
+            tokio::task::spawn_blocking(move || find(&g, &asked_path, cap, false))
+                .await
+                .map_err(|e| anyhow::anyhow!("resolver task: {e}"))?
+        }
+        other => other,
+    };
     match found {
         Ok(Found::Missing) => Err(AppError::NotFound),
         Ok(Found::Bytes(bytes, v)) => Ok(respond_bytes(
@@ -126,18 +130,14 @@ async fn serve_repo(st: &AppState, asked: &Asked<'_>, path: &str) -> Result<Resp
                 exact_date: true,
             };
             let g = generation.clone();
-            // Resolving may wait on the disk: always from the blocking pool.
-            let reopen: body::Reopen = Arc::new(move |nonblocking| {
-                if nonblocking {
-                    return Ok(Reopened::WouldBlock);
-                }
-                match find(&g, &rp, None) {
+            let reopen: body::Reopen =
+                Arc::new(move |nonblocking| match find(&g, &rp, None, nonblocking) {
                     Ok(Found::File(f, _, _)) => Ok(Reopened::File(f)),
+                    Ok(Found::WouldBlock) => Ok(Reopened::WouldBlock),
                     Ok(_) => Ok(Reopened::Gone),
                     Err(Refused::Other(e)) => Err(std::io::Error::other(e)),
                     Err(Refused::Metadata(e)) => Err(std::io::Error::other(e)),
-                }
-            });
+                });
             Ok(respond_streamed(
                 st,
                 asked,
@@ -155,6 +155,7 @@ async fn serve_repo(st: &AppState, asked: &Asked<'_>, path: &str) -> Result<Resp
             Err(anyhow::Error::from(e).into())
         }
         Err(Refused::Metadata(e)) => Err(anyhow::Error::from(e).into()),
+        Ok(Found::WouldBlock) => Err(anyhow::anyhow!("a blocking lookup would block").into()),
         Err(Refused::Other(e)) => Err(e.context(format!("serving {path}")).into()),
     }
 }
@@ -219,6 +220,8 @@ enum Found {
     Bytes(bytes::Bytes, Validators),
     /// Streamed (deltas, and objects named by detached metadata's kind).
     File(std::fs::File, std::fs::Metadata, Layer),
+    /// Asked not to wait, it would have.
+    WouldBlock,
 }
 
 enum Refused {
@@ -226,12 +229,19 @@ enum Refused {
     Other(anyhow::Error),
 }
 
-/// Resolves and reads `rp` (blocking): metadata with a `cap` read whole,
-/// anything else opened.
-fn find(g: &Generation, rp: &RepoPath, cap: Option<u64>) -> Result<Found, Refused> {
-    match g.resolve(rp).map_err(Refused::Other)? {
-        Resolved::Missing => Ok(Found::Missing),
-        Resolved::Generated(gen) => {
+/// Finds `rp` and, for metadata with a `cap`, reads it whole; anything
+/// else is left open. With `nonblocking`, [`Found::WouldBlock`] rather
+/// than wait on the disk.
+fn find(
+    g: &Generation,
+    rp: &RepoPath,
+    cap: Option<u64>,
+    nonblocking: bool,
+) -> Result<Found, Refused> {
+    match g.locate(rp, nonblocking).map_err(Refused::Other)? {
+        Located::Missing => Ok(Found::Missing),
+        Located::WouldBlock => Ok(Found::WouldBlock),
+        Located::Generated(gen) => {
             let v = Validators {
                 etag: digest_etag(&gen.bytes),
                 last_modified: Some(gen.produced),
@@ -239,10 +249,14 @@ fn find(g: &Generation, rp: &RepoPath, cap: Option<u64>) -> Result<Found, Refuse
             };
             Ok(Found::Bytes(gen.bytes, v))
         }
-        Resolved::File { layer, root, rel } => match cap {
-            // Gone between resolve and read (a tool replacing it): 404,
-            // and the client retries.
-            Some(cap) => match g.read_metadata(&root, &rel, cap) {
+        Located::File {
+            layer,
+            root,
+            rel,
+            file,
+            meta,
+        } => match cap {
+            Some(cap) => match g.read_located((&root, &rel), (&file, &meta), cap, nonblocking) {
                 Ok(Some(f)) => Ok(Found::Bytes(
                     f.bytes,
                     Validators {
@@ -251,14 +265,10 @@ fn find(g: &Generation, rp: &RepoPath, cap: Option<u64>) -> Result<Found, Refuse
                         exact_date: true,
                     },
                 )),
-                Ok(None) => Ok(Found::Missing),
+                Ok(None) => Ok(Found::WouldBlock),
                 Err(e) => Err(Refused::Metadata(e)),
             },
-            None => match fsutil::open_file(&root, &rel) {
-                Ok(Some((f, m))) => Ok(Found::File(f, m, layer)),
-                Ok(None) => Ok(Found::Missing),
-                Err(e) => Err(Refused::Other(anyhow::anyhow!("opening {rel}: {e}"))),
-            },
+            None => Ok(Found::File(file, meta, layer)),
         },
     }
 }

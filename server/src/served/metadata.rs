@@ -8,7 +8,6 @@ use crate::fsutil;
 use bytes::Bytes;
 use oscontent_format::{summary::MAX_SUMMARY_SIZE, Checksum, ObjectKind, RepoPath};
 use std::collections::HashMap;
-use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
@@ -111,35 +110,63 @@ impl MetadataCache {
         rel: &str,
         cap: u64,
     ) -> Result<Option<MetadataFile>, MetadataError> {
+        let Some((file, meta)) =
+            fsutil::open_file(root, rel).map_err(|source| MetadataError::Io {
+                root: root.to_owned(),
+                rel: rel.to_owned(),
+                source,
+            })?
+        else {
+            return Ok(None);
+        };
+        let read = self.read_opened(root, rel, (&file, &meta), cap, false)?;
+        Ok(Some(read.expect("a blocking read does not ask to block")))
+    }
+
+    /// As [`Self::read`], for `root/rel` already open. With `nonblocking`,
+    /// a file not in the cache is read only from the page cache, and
+    /// `Ok(None)` says it would have waited on the disk: ask again from a
+    /// thread that may block.
+    pub fn read_opened(
+        &self,
+        root: &Path,
+        rel: &str,
+        (file, meta): (&std::fs::File, &std::fs::Metadata),
+        cap: u64,
+        nonblocking: bool,
+    ) -> Result<Option<MetadataFile>, MetadataError> {
         let io = |source| MetadataError::Io {
             root: root.to_owned(),
             rel: rel.to_owned(),
             source,
         };
-        let too_large = |len| MetadataError::TooLarge {
-            root: root.to_owned(),
-            rel: rel.to_owned(),
-            len,
-            cap,
-        };
-        let Some((file, meta)) = fsutil::open_file(root, rel).map_err(io)? else {
-            return Ok(None);
-        };
         if meta.len() > cap {
-            return Err(too_large(meta.len()));
+            return Err(MetadataError::TooLarge {
+                root: root.to_owned(),
+                rel: rel.to_owned(),
+                len: meta.len(),
+                cap,
+            });
         }
-        let id = identity(&meta);
+        let id = identity(meta);
         let key = (root.to_owned(), rel.to_owned());
         if let Some((_, hit)) = self.lock().map.get(&key).filter(|(i, _)| *i == id) {
             return Ok(Some(hit.clone()));
         }
         // Read outside the lock: a big summary must not stall every other
-        // metadata request of the generation.
-        let mut buf = Vec::with_capacity(meta.len() as usize);
-        file.take(cap + 1).read_to_end(&mut buf).map_err(io)?;
-        if buf.len() as u64 > cap {
-            return Err(too_large(buf.len() as u64));
-        }
+        // metadata request of the generation. The length is the one just
+        // checked against the cap; a file that changes meanwhile is read
+        // as it was when opened or refused by the identity next time.
+        let mut buf = vec![0u8; meta.len() as usize];
+        let n = if nonblocking {
+            match fsutil::read_cached(file, &mut buf, 0).map_err(io)? {
+                Some(n) if n == buf.len() => n,
+                _ => return Ok(None),
+            }
+        } else {
+            fsutil::read_at(file, &mut buf, 0).map_err(io)?
+        };
+        buf.truncate(n);
         let entry = MetadataFile {
             etag: digest_etag(&buf),
             bytes: buf.into(),

@@ -58,6 +58,13 @@ fn open_dirs(g: &Generation) -> Vec<(Layer, Option<OwnedFd>)> {
 }
 
 impl Generation {
+    /// The generation's roots as directory fds, opened on first use:
+    /// sources in precedence order, then the overlay (`None` for a root
+    /// that did not exist then).
+    pub(super) fn root_fds(&self) -> &[(Layer, Option<OwnedFd>)] {
+        self.objects.dirs.get_or_init(|| open_dirs(self))
+    }
+
     /// The one place a request for an immutable object (commit, dirtree,
     /// dirmeta, content) finds its file: sources first, then the overlay,
     /// and only if the publication verified it. Objects of `whole_upto` bytes or fewer
@@ -78,7 +85,7 @@ impl Generation {
         if !self.gate.allows(&RepoPath::Object(*name)) {
             return Ok(Loaded::Missing);
         }
-        let dirs = self.objects.dirs.get_or_init(|| open_dirs(self));
+        let dirs = self.root_fds();
         let rel = name.path();
         let remember = dirs.len() > 2;
         let hint = if remember {

@@ -258,3 +258,86 @@ async fn an_expectation_other_than_100_continue_is_417() {
         }
     }
 }
+
+/// What a request finds without waiting, once the first request of a
+/// path has brought it into the kernel's caches: the same as the
+/// resolver's blocking answer, opened once; and a generated summary
+/// older than its recheck interval is left to the blocking pool, which
+/// answers the same bytes.
+#[tokio::test]
+async fn a_cached_path_is_found_without_waiting_and_as_the_resolver_finds_it() {
+    use oscontent_format::RepoPath;
+    use oscontent_server::served::{Located, Resolved};
+    use std::io::Read;
+    let (fx, server) = serving_v1().await;
+    let v1 = &fx.v1;
+    let c = &v1.commit;
+    let deltas = v1.files("deltas");
+    let superblock = deltas.iter().find(|f| f.ends_with("/superblock")).unwrap();
+    let part = deltas.iter().find(|f| f.ends_with("/0")).unwrap();
+    let index = &v1.files("delta-indexes")[0];
+    // (path, 200 from the source's file, 200 generated, or 404)
+    let cases: Vec<(String, &str)> = vec![
+        ("config".into(), "file"),
+        (format!("refs/heads/{REF}"), "overlay"),
+        (
+            format!("objects/{}/{}.commitmeta", &c[..2], &c[2..]),
+            "file",
+        ),
+        (superblock.clone(), "file"),
+        (part.clone(), "file"),
+        (index.clone(), "file"),
+        ("summary".into(), "generated"),
+        ("summary.sig".into(), "missing"),
+        ("refs/heads/no/such/ref".into(), "missing"),
+        (
+            format!("objects/{}/{}.commitmeta", &ABSENT[..2], &ABSENT[2..]),
+            "missing",
+        ),
+    ];
+    let g = server.current();
+    for (path, want) in &cases {
+        let status = if *want == "missing" { 404 } else { 200 };
+        let served = server.get(&format!("/{path}")).await;
+        assert_eq!(served.status, status, "{path}");
+        let rp = RepoPath::parse(path).unwrap();
+        let located = g.locate(&rp, true).unwrap();
+        match (located, *want) {
+            (Located::File { mut file, rel, .. }, "file" | "overlay") => {
+                assert_eq!(&rel, path);
+                let mut bytes = Vec::new();
+                file.read_to_end(&mut bytes).unwrap();
+                if *want == "file" {
+                    assert!(bytes == v1.disk(path), "{path}: the source's bytes");
+                }
+                assert!(bytes == served.body, "{path}: what was served");
+            }
+            (Located::Generated(gen), "generated") => {
+                assert!(gen.bytes[..] == served.body[..], "{path}");
+            }
+            (Located::Missing, "missing") => {}
+            (other, want) => panic!("{path}: {other:?}, expected {want}"),
+        }
+        let resolved = g.resolve(&rp).unwrap();
+        let agree = matches!(
+            (&resolved, *want),
+            (Resolved::File { .. }, "file" | "overlay")
+                | (Resolved::Generated(_), "generated")
+                | (Resolved::Missing, "missing")
+        );
+        assert!(agree, "{path}: the resolver says {resolved:?}");
+    }
+    // Past the recheck interval (a second) the generated summary's inputs
+    // are looked at again, which may wait on the disk: not without waiting.
+    let summary = RepoPath::parse("summary").unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert!(
+        matches!(g.locate(&summary, true).unwrap(), Located::WouldBlock),
+        "a stale summary found without waiting"
+    );
+    let before = server.get("/summary").await.body;
+    match g.locate(&summary, true).unwrap() {
+        Located::Generated(gen) => assert!(gen.bytes[..] == before[..]),
+        other => panic!("the summary the request just checked: {other:?}"),
+    }
+}
