@@ -118,8 +118,9 @@ pub struct PullArgs {
     /// resumes.
     #[arg(long, default_value = "1h", value_parser = parse_timeout)]
     pub timeout: Duration,
-    /// Use HTTP/1.1 only (by default HTTP/2 with prior knowledge is tried
-    /// first on http:// URLs).
+    /// Use HTTP/1.1 only (by default, on http:// URLs, the object walk
+    /// tries HTTP/2 with prior knowledge; config, summary, commit and
+    /// static deltas always come over HTTP/1.1).
     #[arg(long)]
     pub http1: bool,
     /// Line-delimited JSON events on stdout instead of a progress bar.

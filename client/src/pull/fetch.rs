@@ -1,7 +1,14 @@
-//! HTTP: one reqwest client (HTTP/2 with prior knowledge when the server
-//! speaks it, else HTTP/1.1 keep-alive), a semaphore bounding requests in
-//! flight, retries with backoff, size caps, and streaming of large bodies
-//! into a blocking writer through a bounded channel.
+//! HTTP: one reqwest client per fetcher (HTTP/1.1 keep-alive, or HTTP/2
+//! with prior knowledge when the server speaks it), a semaphore bounding
+//! requests in flight, retries with backoff, size caps, and streaming of
+//! large bodies into a blocking writer through a bounded channel.
+//!
+//! A pull begins over HTTP/1.1: config, summary, commit and a static delta
+//! are a handful of requests one after the other, which one keep-alive
+//! connection carries at less cost to the server than an HTTP/2 one (and
+//! a delta part goes out by `sendfile`). HTTP/2 is tried only when the
+//! object walk needs objects ([`Fetcher::for_objects`]): hundreds of
+//! requests in flight at once are where multiplexing pays.
 
 use super::error::{PullError, PullResult};
 use super::origin;
@@ -125,6 +132,9 @@ pub struct Fetcher {
     /// `base` with any credentials redacted: the only form that is shown.
     shown: String,
     pub protocol: Protocol,
+    /// HTTP/2 may still be tried: `http://`, and not `--http1`. The object
+    /// walk tries it ([`Fetcher::for_objects`]).
+    h2_untried: bool,
     /// Requests in flight at most (`permits`' size).
     concurrency: usize,
     permits: Arc<Semaphore>,
@@ -132,13 +142,10 @@ pub struct Fetcher {
     reporter: Arc<Reporter>,
 }
 
-/// An HTTP/2 prior-knowledge client and its answer to `GET base/config`,
-/// if `base` is `http://`, HTTP/1.1 was not asked for, and the server
-/// answers HTTP/2 at all; otherwise `None` (HTTP/1.1 it is).
-async fn probe_h2(
-    base: &str,
-    http1_only: bool,
-) -> PullResult<Option<(reqwest::Client, reqwest::Response)>> {
+/// An HTTP/2 prior-knowledge client, if `base` is `http://`, HTTP/1.1 was
+/// not asked for, and the server answers `GET base/config` over HTTP/2 at
+/// all (any status); otherwise `None` (HTTP/1.1 it is).
+async fn probe_h2(base: &str, http1_only: bool) -> PullResult<Option<reqwest::Client>> {
     if http1_only || !base.starts_with("http://") {
         return Ok(None);
     }
@@ -152,7 +159,7 @@ async fn probe_h2(
         .send()
         .await;
     match probe {
-        Ok(resp) => Ok(Some((h2, resp))),
+        Ok(_) => Ok(Some(h2)),
         Err(e) => {
             tracing::debug!("HTTP/2 prior knowledge failed ({e}); using HTTP/1.1");
             Ok(None)
@@ -178,8 +185,9 @@ fn builder() -> reqwest::ClientBuilder {
 }
 
 impl Fetcher {
-    /// Connects to `base`, trying HTTP/2 with prior knowledge first (unless
-    /// `http1_only`), and returns the fetcher and the remote's `config`.
+    /// Connects to `base` over HTTP/1.1 and returns the fetcher and the
+    /// remote's `config`. HTTP/2 is left for the object walk to try
+    /// ([`Self::for_objects`]), unless `http1_only`.
     pub async fn connect(
         base: &str,
         concurrency: usize,
@@ -187,41 +195,28 @@ impl Fetcher {
         reporter: Arc<Reporter>,
     ) -> PullResult<(Self, Bytes)> {
         let base = base.trim_end_matches('/').to_owned();
-        let shown = origin::redact(&base);
         origin::check_remote_url(&base).map_err(PullError::Usage)?;
         let concurrency = concurrency.max(1);
-        let make = |client, protocol| Self {
-            client,
-            base: base.clone(),
-            shown: shown.clone(),
-            protocol,
+        let f = Self {
+            client: h1_client(concurrency)?,
+            shown: origin::redact(&base),
+            h2_untried: !http1_only && base.starts_with("http://"),
+            base,
+            protocol: Protocol::Http11,
             concurrency,
             permits: Arc::new(Semaphore::new(concurrency)),
             counters: Arc::new(Counters::default()),
-            reporter: reporter.clone(),
+            reporter,
         };
-        match probe_h2(&base, http1_only).await? {
-            Some((h2, resp)) if resp.status().is_success() => {
-                if let Ok(body) = resp.bytes().await {
-                    return Ok((make(h2, Protocol::Http2), body));
-                }
-            }
-            Some((h2, resp)) => {
-                // The server speaks HTTP/2; the status is the answer.
-                let f = make(h2, Protocol::Http2);
-                let status = resp.status().as_u16();
-                let config = f.finish_config(status).await?;
-                return Ok((f, config));
-            }
-            None => {}
-        }
-        let f = make(h1_client(concurrency)?, Protocol::Http11);
         let config = f
             .get_bytes("config", MAX_CONFIG_SIZE)
             .await
             .map_err(FetchError::into_pull)?
             .ok_or_else(|| {
-                PullError::Network(anyhow!("{shown}/config: not found: not an ostree remote"))
+                PullError::Network(anyhow!(
+                    "{}/config: not found: not an ostree remote",
+                    f.shown
+                ))
             })?;
         Ok((f, config))
     }
@@ -230,38 +225,42 @@ impl Fetcher {
     /// this one's bound on requests in flight and its counters, so that
     /// concurrency and totals cover both origins. The content origin need
     /// not serve `config` (an object cache does not), so any answer to the
-    /// HTTP/2 probe proves HTTP/2, and none is required.
+    /// HTTP/2 probe proves HTTP/2, and none is required. Deltas and objects
+    /// both come from there, so HTTP/2 is decided at once.
     pub async fn connect_content(&self, base: &str, http1_only: bool) -> PullResult<Self> {
         let base = base.trim_end_matches('/').to_owned();
         origin::check_remote_url(&base)
             .map_err(|e| PullError::Usage(e.context("the remote's contenturl")))?;
-        let (client, protocol) = match probe_h2(&base, http1_only).await? {
-            Some((h2, _)) => (h2, Protocol::Http2),
-            None => (h1_client(self.concurrency)?, Protocol::Http11),
-        };
-        Ok(Self {
+        Ok(match probe_h2(&base, http1_only).await? {
+            Some(h2) => self.sharing(base, h2, Protocol::Http2),
+            None => self.sharing(base, h1_client(self.concurrency)?, Protocol::Http11),
+        })
+    }
+
+    /// The fetcher the object walk uses: an HTTP/2 one on the same base
+    /// when HTTP/2 was left untried and the server speaks it (sharing the
+    /// bound on requests and the counters), else `None`: this one.
+    pub async fn for_objects(&self) -> PullResult<Option<Self>> {
+        if !self.h2_untried {
+            return Ok(None);
+        }
+        Ok(probe_h2(&self.base, false)
+            .await?
+            .map(|h2| self.sharing(self.base.clone(), h2, Protocol::Http2)))
+    }
+
+    fn sharing(&self, base: String, client: reqwest::Client, protocol: Protocol) -> Self {
+        Self {
             client,
             shown: origin::redact(&base),
             base,
             protocol,
+            h2_untried: false,
             concurrency: self.concurrency,
             permits: self.permits.clone(),
             counters: self.counters.clone(),
             reporter: self.reporter.clone(),
-        })
-    }
-
-    async fn finish_config(&self, status: u16) -> PullResult<Bytes> {
-        if status == 404 {
-            return Err(PullError::Network(anyhow!(
-                "{}/config: not found: not an ostree remote",
-                self.shown
-            )));
         }
-        self.get_bytes("config", MAX_CONFIG_SIZE)
-            .await
-            .map_err(FetchError::into_pull)?
-            .ok_or_else(|| PullError::Network(anyhow!("{}/config: not found", self.shown)))
     }
 
     /// The URL of `path`, for messages: credentials redacted.

@@ -101,6 +101,7 @@ fn report_done(req: &PullRequest<'_>, ctx: &Ctx, target: &Target, written: &Writ
             "requests": c.requests.load(Ordering::Relaxed),
             "retries": c.retries.load(Ordering::Relaxed),
             "protocol": ctx.meta.protocol.as_str(),
+            "objects_protocol": ctx.objects_protocol().map(|p| p.as_str()),
             "delta": written.delta,
             "governor": req.governor.stats(),
         }),

@@ -115,7 +115,9 @@ async fn commit_bytes(ctx: &Ctx, c: &Checksum) -> PullResult<(Vec<u8>, bool)> {
     if ctx.present(ObjectKind::Commit, c).await? {
         return Ok((ctx.store().load(ObjectKind::Commit, c).local()?, true));
     }
-    let b = walk::fetch_metadata(ctx, ObjectKind::Commit, c, MAX_COMMIT_SIZE).await?;
+    // Over the connection the pull began on: the object walk may never
+    // need another (see `Fetcher::for_objects`).
+    let b = walk::fetch_metadata(&ctx.content, ObjectKind::Commit, c, MAX_COMMIT_SIZE).await?;
     Ok((b, false))
 }
 

@@ -12,7 +12,7 @@
 //! bytes per object seen (the dedup sets and the content list).
 
 use super::error::{PullError, PullResult, Tag};
-use super::fetch::{ConsumeError, FetchError, Fetcher};
+use super::fetch::{ConsumeError, FetchError, Fetcher, Protocol};
 use super::report::Progress;
 use super::space::SpaceGuard;
 use super::store::{Store, MAX_CONTENT_SIZE};
@@ -31,6 +31,10 @@ pub struct Ctx {
     /// Objects and deltas: the remote's `contenturl` if it has one, else
     /// `meta` itself.
     pub content: Arc<Fetcher>,
+    /// What the walk fetches objects with, decided at its first fetch
+    /// ([`Fetcher::for_objects`]; `None`: `content` itself). A pull that a
+    /// static delta completes never decides it.
+    objects: tokio::sync::OnceCell<Option<Fetcher>>,
     /// The remote's `url`: what decides or proves the target (`.commitmeta`
     /// here; config, summary and refs before the context exists).
     pub meta: Arc<Fetcher>,
@@ -80,7 +84,23 @@ impl Ctx {
             suspect_since,
             space,
             sizes: OnceLock::new(),
+            objects: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// The fetcher for the walk's objects (see `objects`).
+    pub async fn objects(&self) -> PullResult<&Fetcher> {
+        let f = self
+            .objects
+            .get_or_try_init(|| self.content.for_objects())
+            .await?;
+        Ok(f.as_ref().unwrap_or(&self.content))
+    }
+
+    /// The protocol the walk fetched objects over, if it fetched any.
+    pub fn objects_protocol(&self) -> Option<Protocol> {
+        let f = self.objects.get()?;
+        Some(f.as_ref().unwrap_or(&self.content).protocol)
     }
 
     /// Records the verified target commit's declared sizes (only the
@@ -148,31 +168,27 @@ fn join_err(e: tokio::task::JoinError) -> PullError {
     PullError::LocalRepo(anyhow!("internal task failed: {e}"))
 }
 
-/// Fetches a metadata object, checks it hashes to its name, and returns
-/// the bytes (not yet written).
+/// Fetches a metadata object with `fetcher`, checks it hashes to its
+/// name, and returns the bytes (not yet written).
 pub async fn fetch_metadata(
-    ctx: &Ctx,
+    fetcher: &Fetcher,
     kind: ObjectKind,
     c: &Checksum,
     max: usize,
 ) -> PullResult<Vec<u8>> {
     let path = ObjectName::new(*c, kind).path();
-    let bytes = ctx
-        .content
+    let bytes = fetcher
         .get_bytes(&path, max)
         .await
         .map_err(FetchError::into_pull)?
         .ok_or_else(|| {
-            PullError::Network(anyhow!(
-                "{}: not found on the remote",
-                ctx.content.url(&path)
-            ))
+            PullError::Network(anyhow!("{}: not found on the remote", fetcher.url(&path)))
         })?;
     let got = Checksum::digest(&bytes);
     if &got != c {
         return Err(PullError::Verification(anyhow!(
             "{}: checksum mismatch: the bytes hash to {got}",
-            ctx.content.url(&path)
+            fetcher.url(&path)
         )));
     }
     Ok(bytes.to_vec())
@@ -212,7 +228,7 @@ async fn ensure_dirmeta(ctx: &Ctx, m: Checksum) -> PullResult<()> {
     }
     ctx.progress.needed.fetch_add(1, Ordering::Relaxed);
     let bytes = fetch_metadata(
-        ctx,
+        ctx.objects().await?,
         ObjectKind::DirMeta,
         &m,
         ctx.metadata_cap(&m, MAX_DIRMETA_SIZE),
@@ -240,7 +256,7 @@ async fn dirtree(ctx: &Ctx, t: Checksum) -> PullResult<DirTree> {
     } else {
         ctx.progress.needed.fetch_add(1, Ordering::Relaxed);
         let bytes = fetch_metadata(
-            ctx,
+            ctx.objects().await?,
             ObjectKind::DirTree,
             &t,
             ctx.metadata_cap(&t, MAX_DIRTREE_SIZE),
@@ -284,7 +300,8 @@ async fn content_job(ctx: Arc<Ctx>, c: Checksum) -> PullResult<()> {
     let space = ctx.space.clone();
     let max_size = ctx.content_size(&c);
     let written = ctx
-        .content
+        .objects()
+        .await?
         .get_streamed(&path, MAX_CONTENT_SIZE, move |body, _len| {
             store.write_content(&c, body, &space, max_size)?;
             let f = store

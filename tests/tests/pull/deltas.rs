@@ -11,6 +11,7 @@ use oscontent_testkit::checkout::{
 use oscontent_testkit::proxy::{only, Action, Proxy};
 use oscontent_testkit::signing::{self, add_signed_remote, keygen, sign};
 use oscontent_testkit::*;
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -197,6 +198,12 @@ fn both_clients_update_through_the_generated_delta_and_the_summary_does_not_chan
         tally(&log)
     );
     assert!(log.len() <= 10, "{} requests: {:?}", log.len(), tally(&log));
+    // A few requests in a row: one HTTP/1.1 keep-alive connection, the part
+    // sent by sendfile. HTTP/2 is never tried, as no object is fetched.
+    let versions: BTreeSet<&str> = log.iter().map(|e| e.version.as_str()).collect();
+    assert_eq!(versions, BTreeSet::from(["HTTP/1.1"]), "{log:?}");
+    assert_eq!(event(&evs, "start")["protocol"], "HTTP/1.1");
+    assert!(event(&evs, "done")["objects_protocol"].is_null());
     let loose = objects_new_bytes(&server);
     let delta: u64 = log
         .iter()
