@@ -35,7 +35,10 @@ fn protocols(log: &[AccessEntry]) -> Protocols<'_> {
     }
     (
         log.iter().filter(config).map(version).collect(),
-        log.iter().filter(|e| !walk(e) && !config(e)).map(version).collect(),
+        log.iter()
+            .filter(|e| !walk(e) && !config(e))
+            .map(version)
+            .collect(),
         log.iter().filter(walk).map(version).collect(),
     )
 }
@@ -210,7 +213,11 @@ fn every_repo_mode_matches_a_stock_pull_over_http1_and_http2() {
         };
         assert_eq!(
             protocols(&log),
-            (config, BTreeSet::from(["HTTP/1.1"]), BTreeSet::from([objects])),
+            (
+                config,
+                BTreeSet::from(["HTTP/1.1"]),
+                BTreeSet::from([objects])
+            ),
             "{mode}: (config, other metadata, objects) over"
         );
         // The ref is the remote's, as `ostree pull REMOTE REF` writes it.
