@@ -132,7 +132,18 @@ pub struct Fixture {
 
 impl Fixture {
     pub fn new() -> Self {
-        let work = tempfile::tempdir().unwrap();
+        Self::in_dir(tempfile::tempdir().unwrap())
+    }
+
+    /// In the target dir's scratch space, which is on disk where the
+    /// default temporary dir may be a tmpfs (as the test runner makes it):
+    /// tmpfs keeps no negative dentries, so a path found after a miss in
+    /// the overlay is never resolved from the dentry cache alone there.
+    pub fn on_disk() -> Self {
+        Self::in_dir(tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap())
+    }
+
+    fn in_dir(work: tempfile::TempDir) -> Self {
         let v1 = Repo::build(work.path(), "1.0");
         let state =
             StateDir::open(&work.path().join("state"), std::slice::from_ref(&v1.dir)).unwrap();
