@@ -43,8 +43,9 @@ fn protocols(log: &[AccessEntry]) -> Protocols<'_> {
     )
 }
 
-/// Pulls v1 with our client into the empty `ours`, over HTTP/2, and checks
-/// that it fetched every object of the commit exactly once.
+/// Pulls v1 with our client into the empty `ours` (its objects over
+/// HTTP/2), and checks that it fetched every object of the commit exactly
+/// once.
 fn pull_v1_fetches_each_object_once(server: &Server, ours: &Ostree, v1: &Release) {
     let before = server.access_log().unwrap().len();
     let out = run_client(&pull_args(&ours.repo, &server.url, fixture_ref(), &[]));
