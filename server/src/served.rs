@@ -7,7 +7,9 @@
 //! overlay, where publication snapshotted them, so what other tools add to
 //! a `--repo` waits for the next publication. What the server derives (the
 //! summary, when the repo has none) is cached under a fingerprint of its
-//! inputs, taken at most once a second, and rebuilt only when they change.
+//! inputs, taken at most once a second, and rebuilt only when they change;
+//! of those inputs the overlay's refs are listed once, as an overlay is
+//! never written after it is published.
 
 pub mod body;
 pub mod metadata;
@@ -149,6 +151,11 @@ pub struct Generation {
     /// publication verified (closed until one sets it).
     pub gate: ObjectGate,
     summary: Mutex<Option<SummaryCache>>,
+    /// The overlay's refs, listed once. An overlay is written while it is
+    /// being built (refs, config, signatures: `state::Building`) and never
+    /// once a `Generation` serves it, so one listing holds for its life;
+    /// listing again was most of a generated summary's recheck.
+    refs: std::sync::OnceLock<Vec<FoundRef>>,
     commits: Mutex<BTreeMap<Checksum, Commit>>,
     metadata: MetadataCache,
     objects: objects::ObjectRoots,
@@ -208,6 +215,7 @@ impl Generation {
             signatures: Default::default(),
             gate: ObjectGate::default(),
             summary: Mutex::new(None),
+            refs: std::sync::OnceLock::new(),
             commits: Mutex::new(BTreeMap::new()),
             metadata: MetadataCache::default(),
             objects: Default::default(),
@@ -509,7 +517,12 @@ impl Generation {
     /// verified their commits. A source's live refs are read only by
     /// publication (`publish.rs` snapshots them).
     pub fn refs(&self) -> Result<Vec<FoundRef>> {
-        Self::list_refs(&self.overlay)
+        if let Some(r) = self.refs.get() {
+            return Ok(r.clone());
+        }
+        // A failed listing is not kept: the next caller lists again.
+        let listed = Self::list_refs(&self.overlay)?;
+        Ok(self.refs.get_or_init(|| listed).clone())
     }
 
     /// Loads and verifies a commit object (its bytes must hash to its name).
