@@ -210,6 +210,13 @@ fn arm_summary(
         update_s,
         sync_s: of(&with, &|t, _| t.sync_s),
         cpu_s: of(&with, &|t, _| if pulling { t.cpu_s } else { f64::NAN }),
+        server_cpu_s: of(&with, &|t, _| {
+            if pulling {
+                t.server_cpu_s
+            } else {
+                f64::NAN
+            }
+        }),
         new_objects: of(&with, &|t, _| t.new_objects.count as f64),
         new_apparent_bytes: of(&with, &|t, _| t.new_objects.apparent_bytes as f64),
         new_allocated_bytes: of(&with, &|t, _| t.new_objects.allocated_bytes as f64),

@@ -1,8 +1,13 @@
 //! The baseline's CPU load: threads that burn as much CPU per second as a
-//! pull does, at its nice value, for the baseline window. Without it the
-//! baseline runs beside idle vCPUs, which on a VM wake late for the
-//! neighbour's I/O completions and make the neighbour *slower* alone than
-//! beside a pull; a pull then looks harmless (issue 16).
+//! pull does, for the baseline window. Without it the baseline runs beside
+//! idle vCPUs, which on a VM wake late for the neighbour's I/O completions
+//! and make the neighbour *slower* alone than beside a pull; a pull then
+//! looks harmless (issue 16). A pull's load is two processes: the client,
+//! at its nice, and the server answering it on the same machine, at nice
+//! 0. Both are matched, each at its own nice: matched to the client alone,
+//! the baseline left the server's share of the CPU idle, and the in-RAM
+//! twins, which write nothing to the neighbour's disk, still came out at
+//! 1.7-3.0× its p99.
 
 use anyhow::{Context, Result};
 use std::time::{Duration, Instant};
@@ -10,24 +15,40 @@ use std::time::{Duration, Instant};
 /// How the baseline loads the CPU.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Load {
-    /// CPU seconds per second (0: idle baseline).
+    /// The client's CPU seconds per second (0: none).
     pub cpu_per_s: f64,
+    /// The client's nice.
     pub nice: i32,
+    /// The server's CPU seconds per second, burned at [`SERVER_NICE`].
+    pub server_cpu_per_s: f64,
 }
 
 impl Load {
     pub const IDLE: Load = Load {
         cpu_per_s: 0.0,
         nice: 0,
+        server_cpu_per_s: 0.0,
     };
 }
+
+/// The bench's server runs at the default nice.
+const SERVER_NICE: i32 = 0;
 
 /// Each burner thread checks its own CPU time this often.
 const TICK: Duration = Duration::from_millis(2);
 
-/// The load matching pulls that used `cpu_s` CPU seconds over `wall_s`
-/// seconds each (medians), at `nice`; idle when nothing was measured.
-pub fn matched(cpu_s: &[f64], wall_s: &[f64], nice: i32) -> Load {
+/// The load matching pulls whose client used `cpu_s` and whose server used
+/// `server_cpu_s` CPU seconds over `wall_s` seconds each (median rates),
+/// the client's at `nice`; idle when nothing was measured.
+pub fn matched(cpu_s: &[f64], server_cpu_s: &[f64], wall_s: &[f64], nice: i32) -> Load {
+    Load {
+        cpu_per_s: median_rate(cpu_s, wall_s),
+        nice,
+        server_cpu_per_s: median_rate(server_cpu_s, wall_s),
+    }
+}
+
+fn median_rate(cpu_s: &[f64], wall_s: &[f64]) -> f64 {
     let rates: Vec<f64> = cpu_s
         .iter()
         .zip(wall_s)
@@ -35,24 +56,34 @@ pub fn matched(cpu_s: &[f64], wall_s: &[f64], nice: i32) -> Load {
         .map(|(c, w)| c / w)
         .collect();
     let rate = super::bootstrap::median(&rates);
-    Load {
-        cpu_per_s: if rate.is_finite() { rate.max(0.0) } else { 0.0 },
-        nice,
+    if rate.is_finite() {
+        rate.max(0.0)
+    } else {
+        0.0
     }
 }
 
-/// Burns `load` for `window`; returns the CPU seconds burned.
+/// Burns `load` for `window`, the client's share and the server's each
+/// packed onto their own threads; returns the CPU seconds burned.
 pub fn burn(load: Load, window: Duration) -> Result<f64> {
-    let duties = duties(load.cpu_per_s);
+    let threads: Vec<(f64, i32)> = duties(load.cpu_per_s)
+        .into_iter()
+        .map(|d| (d, load.nice))
+        .chain(
+            duties(load.server_cpu_per_s)
+                .into_iter()
+                .map(|d| (d, SERVER_NICE)),
+        )
+        .collect();
     // The window lasts as long whether or not anything burns in it.
-    if duties.is_empty() {
+    if threads.is_empty() {
         crate::bench::sleep(window)?;
         return Ok(0.0);
     }
     let start = Instant::now();
-    let handles: Vec<_> = duties
+    let handles: Vec<_> = threads
         .into_iter()
-        .map(|duty| std::thread::spawn(move || burn_thread(duty, load.nice, start, window)))
+        .map(|(duty, nice)| std::thread::spawn(move || burn_thread(duty, nice, start, window)))
         .collect();
     let mut total = 0.0;
     for h in handles {
@@ -122,21 +153,30 @@ mod tests {
 
     #[test]
     fn matched_load() {
-        // (cpu s, wall s, expected cpu per s)
-        let cases: &[(&[f64], &[f64], f64)] = &[
-            (&[], &[], 0.0),
-            (&[2.0], &[4.0], 0.5),
-            (&[2.0, 6.0, 3.0], &[2.0, 2.0, 2.0], 1.5),
-            (&[1.0], &[0.0], 0.0),
+        // (client cpu s, server cpu s, wall s, expected client and server
+        // cpu per s)
+        type Case<'a> = (&'a [f64], &'a [f64], &'a [f64], f64, f64);
+        let cases: &[Case] = &[
+            (&[], &[], &[], 0.0, 0.0),
+            (&[2.0], &[1.0], &[4.0], 0.5, 0.25),
+            (
+                &[2.0, 6.0, 3.0],
+                &[0.2, 0.4, 0.6],
+                &[2.0, 2.0, 2.0],
+                1.5,
+                0.2,
+            ),
+            (&[1.0], &[1.0], &[0.0], 0.0, 0.0),
         ];
-        for &(c, w, want) in cases {
+        for &(c, sc, w, want, want_server) in cases {
             assert_eq!(
-                matched(c, w, 10),
+                matched(c, sc, w, 10),
                 Load {
                     cpu_per_s: want,
-                    nice: 10
+                    nice: 10,
+                    server_cpu_per_s: want_server,
                 },
-                "{c:?} {w:?}"
+                "{c:?} {sc:?} {w:?}"
             );
         }
     }
@@ -169,30 +209,22 @@ mod tests {
             Load {
                 cpu_per_s: 0.5,
                 nice: 19,
+                server_cpu_per_s: 0.25,
             },
             window,
         )
         .unwrap();
         // Procfs counts in 10 ms ticks; a loaded machine may starve the
-        // thread (nice 19), so only an upper bound is firm.
-        assert!(burned <= 0.5 * 0.6 + 0.05, "burned {burned}");
+        // threads, so only an upper bound is firm: both shares, no more.
+        assert!(burned <= 0.75 * 0.6 + 0.05, "burned {burned}");
         assert!(burned > 0.0, "burned nothing");
-        assert_eq!(
-            burn(
-                Load {
-                    cpu_per_s: 0.0,
-                    nice: 0
-                },
-                Duration::ZERO
-            )
-            .unwrap(),
-            0.0
-        );
+        assert_eq!(burn(Load::IDLE, Duration::ZERO).unwrap(), 0.0);
         // A rate too small for a thread still lasts the window.
         let t = Instant::now();
         let idle = Load {
             cpu_per_s: 0.005,
             nice: 0,
+            server_cpu_per_s: 0.005,
         };
         assert_eq!(burn(idle, Duration::from_millis(100)).unwrap(), 0.0);
         assert!(

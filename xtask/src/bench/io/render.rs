@@ -39,6 +39,7 @@ pub fn render(r: &Report) -> String {
         s += &judged_table(&u.judgements);
         s += &twins_table(&u.judgements);
         s += &cost_table(&u.summaries);
+        s += &burner_line(&u.trials);
         s += &etcd_table(&u.summaries);
         s += "\n";
         for t in &u.targets {
@@ -178,12 +179,13 @@ fn twins_table(judged: &[ArmJudgement]) -> String {
 fn cost_table(summaries: &[ArmSummary]) -> String {
     let mut s = String::from("\nupdate cost (medians; bytes are device bytes from the window's start to the end of the post-pull sync)\n");
     s += &format!(
-        "{:<26} {:>9} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>10}\n",
+        "{:<26} {:>9} {:>8} {:>8} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>10}\n",
         "arm",
         "update s",
         "x ostree",
         "sync s",
         "cpu s",
+        "srv cpu",
         "w/alloc",
         "w/alloc",
         "w/alloc",
@@ -193,17 +195,18 @@ fn cost_table(summaries: &[ArmSummary]) -> String {
         "p99x+sync"
     );
     s += &format!(
-        "{:<26} {:>9} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>10}\n",
-        "", "", "", "", "", "raw", "corr.", "solo", "solo", "", "", ""
+        "{:<26} {:>9} {:>8} {:>8} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>10}\n",
+        "", "", "", "", "", "", "raw", "corr.", "solo", "solo", "", "", ""
     );
     for a in summaries.iter().filter(|a| a.arm != "baseline") {
         s += &format!(
-            "{:<26} {:>9} {:>8} {:>8} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>10}\n",
+            "{:<26} {:>9} {:>8} {:>8} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8} {:>10}\n",
             a.arm,
             num(a.update_s.median, 2),
             num(a.time_vs_ostree, 3),
             num(a.sync_s.median, 2),
             num(a.cpu_s.median, 1),
+            num(a.server_cpu_s.median, 1),
             num(a.written_over_allocated_raw.median, 3),
             num(a.written_over_allocated_corrected.median, 3),
             num(a.written_over_allocated_solo.median, 3),
@@ -214,6 +217,27 @@ fn cost_table(summaries: &[ArmSummary]) -> String {
         );
     }
     s
+}
+
+/// What the baseline's burner ran, trial by trial (it follows the pulls
+/// measured before it).
+fn burner_line(trials: &[Trial]) -> String {
+    let loads: Vec<String> = trials
+        .iter()
+        .filter_map(|t| t.baseline_load)
+        .map(|l| format!("{:.2}+{:.2}", l.cpu_per_s, l.server_cpu_per_s))
+        .collect();
+    let nice = trials
+        .iter()
+        .find_map(|t| t.baseline_load)
+        .map_or(0, |l| l.nice);
+    if loads.is_empty() {
+        return String::new();
+    }
+    format!(
+        "baseline burner, CPU/s client (nice {nice}) + server (nice 0), by trial: {}\n",
+        loads.join(", ")
+    )
 }
 
 /// The etcd neighbour's figures (`--etcd`), or nothing.

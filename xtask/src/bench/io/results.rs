@@ -97,6 +97,9 @@ pub struct ArmSummary {
     pub time_vs_ostree: f64,
     pub sync_s: Summary,
     pub cpu_s: Summary,
+    /// The server's, over the same windows (what the baseline's burner
+    /// matches beside the client's).
+    pub server_cpu_s: Summary,
     pub new_objects: Summary,
     pub new_apparent_bytes: Summary,
     pub new_allocated_bytes: Summary,

@@ -117,8 +117,8 @@ impl Ctx<'_> {
         Ok((trials, direct_io))
     }
 
-    /// The baseline's CPU load: the matched arm's median CPU rate so far,
-    /// at its nice.
+    /// The baseline's CPU load: the matched arm's median CPU rates so far,
+    /// its client's at its nice and its server's.
     fn baseline_load(&self, trials: &[(Trial, NeighbourLog)]) -> Load {
         let pulls: Vec<&Trial> = trials
             .iter()
@@ -127,12 +127,13 @@ impl Ctx<'_> {
             .filter(|t| self.cpu_match.as_ref().is_none_or(|m| &t.arm == m))
             .collect();
         let cpu: Vec<f64> = pulls.iter().map(|t| t.cpu_s).collect();
+        let server_cpu: Vec<f64> = pulls.iter().map(|t| t.server_cpu_s).collect();
         let wall: Vec<f64> = pulls.iter().map(|t| t.update_s).collect();
         let nice = match &self.cpu_match {
             Some(m) if m == "oscontent:paced" => PACED_NICE,
             _ => 0,
         };
-        burner::matched(&cpu, &wall, nice)
+        burner::matched(&cpu, &server_cpu, &wall, nice)
     }
 
     /// One arm of one repetition: a fresh filesystem from the template,
