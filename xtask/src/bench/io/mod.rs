@@ -24,7 +24,8 @@
 //! 3. The neighbour starts ([`neighbour`]: 2300-byte writes + fdatasync,
 //!    each timed), and runs alone for `--warmup`.
 //! 4. The update window: the pull, bounded by `--arm-timeout` (the
-//!    baseline arm just waits as long as a typical update). Device counters
+//!    baseline arm burns the CPU a typical update's client and server
+//!    used, as long as a typical update took). Device counters
 //!    are read at its start and end.
 //! 5. `syncfs` on the loop fs, timed: the work the pull left behind.
 //! 6. One more second of neighbour, then it stops; the ref is checked, and
