@@ -5,9 +5,8 @@
 //! looks harmless (issue 16). A pull's load is two processes: the client,
 //! at its nice, and the server answering it on the same machine, at nice
 //! 0. Both are matched, each at its own nice: matched to the client alone,
-//! the baseline left the server's share of the CPU idle, and the in-RAM
-//! twins, which write nothing to the neighbour's disk, still came out at
-//! 1.7-3.0× its p99.
+//! the baseline left the server's share of the CPU idle, which the pulling
+//! arms (and their in-RAM twins) did not.
 
 use anyhow::{Context, Result};
 use std::time::{Duration, Instant};
