@@ -263,7 +263,7 @@ async fn an_expectation_other_than_100_continue_is_417() {
 /// path has brought it into the kernel's caches: the same as the
 /// resolver's blocking answer, opened once; and a generated summary
 /// older than its recheck interval is left to the blocking pool, which
-/// answers the same bytes.
+/// answers the same bytes, with the refs as published.
 #[tokio::test]
 async fn a_cached_path_is_found_without_waiting_and_as_the_resolver_finds_it() {
     use oscontent_format::RepoPath;
@@ -332,13 +332,24 @@ async fn a_cached_path_is_found_without_waiting_and_as_the_resolver_finds_it() {
     }
     // Past the recheck interval (a second) the generated summary's inputs
     // are looked at again, which may wait on the disk: not without waiting.
+    // The refs are not among them: they were listed once, as a published
+    // overlay is never written. A ref planted there now (nothing of ours
+    // ever does) stays out of the summary; listing the refs again at each
+    // recheck was most of its cost.
     let summary = RepoPath::parse("summary").unwrap();
+    let published = server.get("/summary").await.body;
+    std::fs::write(
+        server.overlay().join("refs/heads/planted"),
+        format!("{c}\n"),
+    )
+    .unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     assert!(
         matches!(g.locate(&summary, true).unwrap(), Located::WouldBlock),
         "a stale summary found without waiting"
     );
     let before = server.get("/summary").await.body;
+    assert!(before == published, "the summary changed with the overlay");
     match g.locate(&summary, true).unwrap() {
         Located::Generated(gen) => assert!(gen.bytes[..] == before[..]),
         other => panic!("the summary the request just checked: {other:?}"),
