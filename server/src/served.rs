@@ -6,7 +6,7 @@
 //! publication verified (`ObjectGate`); refs and summaries come from the
 //! overlay, where publication snapshotted them, so what other tools add to
 //! a `--repo` waits for the next publication. What the server derives (the
-//! summary, when the repo has none) is cached under a fingerprint of its
+//! summary, when the repo has none: `summary.rs`) is cached under a fingerprint of its
 //! inputs, taken at most once a second, and rebuilt only when they change;
 //! of those inputs the overlay's refs are listed once, as an overlay is
 //! never written after it is published.
@@ -15,22 +15,24 @@ pub mod body;
 pub mod metadata;
 pub mod objects;
 pub mod streams;
+mod summary;
+
+use summary::SummaryCache;
+pub use summary::{summary_for, summary_sig_path};
 
 use crate::fsutil;
 use crate::verify::ObjectGate;
 use anyhow::{Context, Result};
-use metadata::{MetadataCache, MetadataFile, MAX_COMMITMETA, MAX_CONFIG, MAX_REF};
+use metadata::{MetadataCache, MetadataFile, MAX_COMMITMETA, MAX_REF};
 use oscontent_format::openpgp::VerifiedSig;
 use oscontent_format::{
-    self as format, build_summary, Checksum, Commit, DeltaName, ObjectKind, ObjectName,
-    RefNamespace, RepoPath, Summary, SummaryDelta, SummaryRef,
+    self as format, Checksum, Commit, DeltaName, ObjectKind, ObjectName, RefNamespace, RepoPath,
 };
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::SystemTime;
 
 /// Signature bundle files and delta superblocks read whole; anything
 /// larger is refused rather than read into memory. What the HTTP surface
@@ -113,22 +115,6 @@ pub enum Resolved {
     Generated(Generated),
     Missing,
 }
-
-#[derive(Debug)]
-struct SummaryCache {
-    fingerprint: [u8; 32],
-    summary: Generated,
-    /// When the fingerprint was last taken.
-    checked: Instant,
-}
-
-/// How long a generated summary is served before its inputs are looked at
-/// again. Taking the fingerprint lists refs and deltas and reads the config
-/// (tens of syscalls); every node asks for the summary, and for its
-/// signature, which names it, so in a delta update of a few requests that
-/// listing was a fifth of the server's work for a node. A second is far below what clients may cache
-/// it for (`--metadata-max-age`).
-const SUMMARY_RECHECK: Duration = Duration::from_secs(1);
 
 /// One published generation.
 #[derive(Debug)]
@@ -575,157 +561,6 @@ impl Generation {
         }
         Ok(out)
     }
-
-    /// `core.collection-id` of the served config (source, else overlay).
-    fn collection_id(&self) -> Result<Option<String>> {
-        for root in self.all_roots() {
-            if let Some((cfg, _)) = fsutil::read_file(root, "config", MAX_CONFIG)? {
-                // An unreadable config, like an invalid ID, advertises none.
-                let cid = format::RepoConfig::parse(&cfg).map(|c| c.collection_id);
-                return Ok(cid
-                    .unwrap_or_default()
-                    .filter(|c| format::validate_collection_id(c).is_ok()));
-            }
-        }
-        Ok(None)
-    }
-
-    fn has_delta_indexes(&self) -> Result<bool> {
-        for root in self.all_roots() {
-            if let Some(e) = fsutil::list_dir(root, "delta-indexes", MAX_DIR_ENTRIES)? {
-                if e.iter().any(|e| e.is_dir) {
-                    return Ok(true);
-                }
-            }
-        }
-        Ok(false)
-    }
-
-    /// The generated summary if its inputs were looked at within
-    /// [`SUMMARY_RECHECK`]: what a request may answer without a look.
-    fn fresh_generated_summary(&self) -> Option<Generated> {
-        let cache = self.summary.lock().expect("poisoned");
-        let c = cache.as_ref()?;
-        (c.checked.elapsed() < SUMMARY_RECHECK).then(|| c.summary.clone())
-    }
-
-    /// The summary the server publishes when the source has none. Its bytes
-    /// depend only on the refs, their commits and the deltas (see
-    /// [`summary_for`]), never on the clock.
-    pub fn generated_summary(&self) -> Result<Generated> {
-        if let Some(g) = self.fresh_generated_summary() {
-            return Ok(g);
-        }
-        let refs = self.refs()?;
-        let mut deltas = BTreeMap::new();
-        for root in self.all_roots().collect::<Vec<_>>().into_iter().rev() {
-            for (name, rel) in Self::list_deltas(root)? {
-                if self.gate.allows_delta(&name) {
-                    deltas.insert(name, (root.clone(), rel));
-                }
-            }
-        }
-        let indexed = self.index_deltas || self.has_delta_indexes()?;
-        let collection_id = self.collection_id()?;
-        // Cheap fingerprint of the inputs: ref targets plus each superblock's
-        // identity. Contents are hashed only when it changes.
-        let mut h = Sha256::new();
-        for r in &refs {
-            h.update(format!("{:?}\0{}\0{}\n", r.namespace, r.name, r.commit));
-        }
-        for (name, (root, rel)) in &deltas {
-            let id = fsutil::open_file(root, rel)?.map(|(_, m)| {
-                use std::os::unix::fs::MetadataExt;
-                (m.ino(), m.len(), m.mtime(), m.mtime_nsec())
-            });
-            h.update(format!("{}\0{id:?}\n", name.summary_name()));
-        }
-        h.update([u8::from(indexed)]);
-        h.update(format!("{collection_id:?}"));
-        let fingerprint: [u8; 32] = h.finalize().into();
-        let mut cache = self.summary.lock().expect("poisoned");
-        if let Some(c) = cache.as_mut().filter(|c| c.fingerprint == fingerprint) {
-            c.checked = Instant::now();
-            return Ok(c.summary.clone());
-        }
-        let mut summary_deltas = Vec::new();
-        for (name, (root, rel)) in &deltas {
-            let Some((bytes, _)) = fsutil::read_file(root, rel, MAX_METADATA_FILE)? else {
-                continue;
-            };
-            summary_deltas.push(SummaryDelta {
-                name: *name,
-                superblock: Checksum::digest(&bytes),
-            });
-        }
-        let mut summary = summary_for(&refs, summary_deltas, indexed, |c| self.commit(c))?;
-        summary.collection_id = collection_id;
-        let generated = Generated {
-            bytes: build_summary(&summary)?.into(),
-            produced: SystemTime::now(),
-        };
-        *cache = Some(SummaryCache {
-            fingerprint,
-            summary: generated.clone(),
-            checked: Instant::now(),
-        });
-        Ok(generated)
-    }
-}
-
-/// Where a signature over the generated summary with this digest lives in
-/// the overlay. Keyed by digest so a signature can never be served next to a
-/// summary it does not sign.
-pub fn summary_sig_path(summary_digest: &Checksum) -> String {
-    format!("summary-sigs/{}.sig", summary_digest.to_hex())
-}
-
-/// The deterministic summary for a set of refs: `last-modified` is the
-/// newest commit timestamp, not the wall clock, so the signer and every
-/// server compute identical bytes. Refs whose commit cannot be loaded are
-/// left out (and logged), as a remote with one broken ref should still
-/// serve the others.
-pub fn summary_for(
-    refs: &[FoundRef],
-    deltas: Vec<SummaryDelta>,
-    indexed_deltas: bool,
-    mut load: impl FnMut(&Checksum) -> Result<Commit>,
-) -> Result<Summary> {
-    let mut s = Summary {
-        mode: Some(format::ARCHIVE_MODE.into()),
-        deltas,
-        indexed_deltas,
-        ..Default::default()
-    };
-    for r in refs {
-        let commit = match load(&r.commit) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::error!(r#ref = %r.name, commit = %r.commit, "leaving ref out of the summary: {e:#}");
-                continue;
-            }
-        };
-        s.last_modified = s.last_modified.max(Some(commit.timestamp));
-        let mut entry = SummaryRef {
-            name: r.name.clone(),
-            commit: r.commit,
-            commit_size: commit.size,
-            timestamp: Some(commit.timestamp),
-            version: commit.version(),
-        };
-        match r.namespace {
-            RefNamespace::Heads => s.refs.push(entry),
-            RefNamespace::Mirrors => {
-                let (cid, name) = r.name.split_once('/').expect("validated mirror ref");
-                entry.name = name.to_owned();
-                s.collection_map
-                    .entry(cid.to_owned())
-                    .or_default()
-                    .push(entry);
-            }
-        }
-    }
-    Ok(s)
 }
 
 fn read_ref(root: &Path, ns: RefNamespace, name: &str) -> Option<FoundRef> {
