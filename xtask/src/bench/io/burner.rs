@@ -3,11 +3,12 @@
 //! idle vCPUs, which on a VM wake late for the neighbour's I/O completions
 //! and make the neighbour *slower* alone than beside a pull; a pull then
 //! looks harmless (issue 16). A pull's load is two processes: the client,
-//! at its nice, and the server answering it on the same machine, at nice
-//! 0. Both are matched, each at its own nice: matched to the client alone,
-//! the baseline left the server's share of the CPU idle, which the pulling
-//! arms (and their in-RAM twins) did not.
+//! at its nice, and the server answering it on the same machine, at
+//! [`SERVER_NICE`]. Both are matched, each at its own nice: matched to the
+//! client alone, the baseline left the server's share of the CPU idle,
+//! which the pulling arms (and their in-RAM twins) did not.
 
+use super::repo::SERVER_NICE;
 use anyhow::{Context, Result};
 use std::time::{Duration, Instant};
 
@@ -29,9 +30,6 @@ impl Load {
         server_cpu_per_s: 0.0,
     };
 }
-
-/// The bench's server runs at the default nice.
-const SERVER_NICE: i32 = 0;
 
 /// Each burner thread checks its own CPU time this often.
 const TICK: Duration = Duration::from_millis(2);

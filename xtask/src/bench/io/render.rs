@@ -235,7 +235,8 @@ fn burner_line(trials: &[Trial]) -> String {
         return String::new();
     }
     format!(
-        "baseline burner, CPU/s client (nice {nice}) + server (nice 0), by trial: {}\n",
+        "baseline burner, CPU/s client (nice {nice}) + server (nice {}), by trial: {}\n",
+        super::repo::SERVER_NICE,
         loads.join(", ")
     )
 }

@@ -87,6 +87,11 @@ pub fn ref_commit(repo: &Path, ref_name: &str) -> Option<String> {
 // The server
 // ---------------------------------------------------------------------------
 
+/// The nice of the bench's server, which stands for another machine: its
+/// CPU time should not compete with the node's neighbour, in every arm
+/// alike (and the baseline's burner burns the server's share at it).
+pub const SERVER_NICE: i32 = 19;
+
 /// A running `oscontent-server serve --oscontainer`, stopped on drop.
 #[derive(Debug)]
 pub struct Server {
@@ -102,10 +107,8 @@ impl Server {
     pub fn start(bin: &Path, oscontainer: &Path, state: &Path, log: &Path) -> Result<Server> {
         let err =
             std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
-        // The server stands for another machine: at nice 19 its CPU time
-        // does not compete with the node's neighbour, in every arm alike.
         let child = Command::new("nice")
-            .args(["-n", "19"])
+            .args(["-n", &SERVER_NICE.to_string()])
             .arg(bin)
             .arg("serve")
             .arg("--oscontainer")
