@@ -55,11 +55,14 @@ impl AimdConfig {
     /// 8 MiB/s (of cost) with a 128 KiB chunk, grow by a quarter per fast
     /// flush in slow start (about a doubling every 3 flushes, so seconds,
     /// not minutes, to full speed on an idle disk), then by 4 MiB/s, and
-    /// halve on a slow tail. The chunk stays between 64 KiB and 1 MiB: it
-    /// is what the neighbour may find queued ahead of it. An object costs
-    /// 16 KiB on top of its length: an XFS inode cluster write, its
-    /// directory entry and their journal share. The rate floor (1 MiB/s)
-    /// keeps the pull moving even on a saturated device.
+    /// halve on a slow tail. The chunk stays between 64 KiB and 256 KiB: it
+    /// is what the neighbour may find queued ahead of it (with a 1 MiB
+    /// ceiling, its p99 on a 30% update was 1.7x its baseline and its
+    /// worst stall 2.9x; with 256 KiB, 1.4x and 1.0x: RESULTS.md, session
+    /// 22). An object costs 16 KiB on top of its length: an XFS inode
+    /// cluster write, its directory entry and their journal share. The
+    /// rate floor (1 MiB/s) keeps the pull moving even on a saturated
+    /// device.
     pub fn new(target: Duration) -> Self {
         Self {
             target,
@@ -71,7 +74,7 @@ impl AimdConfig {
             decrease: 0.5,
             initial_batch: 128 << 10,
             min_batch: 64 << 10,
-            max_batch: 1 << 20,
+            max_batch: 256 << 10,
             batch_step: 64 << 10,
             idle_share: 1.0,
             object_cost: 16 << 10,
@@ -237,11 +240,12 @@ mod tests {
             (
                 &[(1, BIG), (1, BIG), (1, BIG), (1, BIG), (100, 1 << 20)],
                 5.0,
-                192,
+                128,
                 false,
             ),
             (&[(1000, 1 << 20)], 1.0, 64, false),
-            (&[(1, BIG); 200], 1024.0, 1024, true),
+            // Both grow to their ceilings (the chunk's: 256 KiB).
+            (&[(1, BIG); 200], 1024.0, 256, true),
         ];
         for (flushes, rate, batch, slow) in cases {
             let mut a = Aimd::new(cfg.clone());

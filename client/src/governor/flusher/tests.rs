@@ -111,11 +111,12 @@ fn flushes_everything_submitted() {
     }
     f.drain().unwrap();
     let (s, _) = f.stats();
-    // 6000 KiB and 220 creates in chunks of at most the 1 MiB ceiling
+    // 6000 KiB and 220 creates in chunks of at most the chunk ceiling
     // and CHUNK_MAX_FILES files.
     let most = CHUNK_MAX_FILES as u64;
+    let ceiling_kib = AimdConfig::new(Duration::from_millis(10)).max_batch >> 10;
     assert!(
-        s.flushes >= 6000 / 1024 + 200 / most,
+        s.flushes >= 6000 / ceiling_kib + 200 / most,
         "{} flushes",
         s.flushes
     );
