@@ -99,8 +99,9 @@ fn chunks_split_big_files_and_group_small_ones() {
 #[test]
 fn flushes_everything_submitted() {
     let dir = tempfile::tempdir().unwrap();
-    let f = Flusher::start_with_gap(AimdConfig::new(Duration::from_millis(10)), Duration::ZERO)
-        .unwrap();
+    let config = AimdConfig::new(Duration::from_millis(10));
+    let ceiling_kib = config.max_batch >> 10;
+    let f = Flusher::start_with_gap(config, Duration::ZERO).unwrap();
     for i in 0..20 {
         f.submit(file_of(dir.path(), &i.to_string(), 300 << 10), 300 << 10)
             .unwrap();
@@ -114,7 +115,6 @@ fn flushes_everything_submitted() {
     // 6000 KiB and 220 creates in chunks of at most the chunk ceiling
     // and CHUNK_MAX_FILES files.
     let most = CHUNK_MAX_FILES as u64;
-    let ceiling_kib = AimdConfig::new(Duration::from_millis(10)).max_batch >> 10;
     assert!(
         s.flushes >= 6000 / ceiling_kib + 200 / most,
         "{} flushes",
