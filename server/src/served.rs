@@ -6,10 +6,10 @@
 //! publication verified (`ObjectGate`); refs and summaries come from the
 //! overlay, where publication snapshotted them, so what other tools add to
 //! a `--repo` waits for the next publication. What the server derives (the
-//! summary, when the repo has none: `summary.rs`) is cached under a fingerprint of its
-//! inputs, taken at most once a second, and rebuilt only when they change;
-//! of those inputs the overlay's refs are listed once, as an overlay is
-//! never written after it is published.
+//! summary, when the repo has none: `summary.rs`) is cached under a
+//! fingerprint of its inputs, taken at most once a second, and rebuilt only
+//! when they change; of those inputs the overlay's refs are listed once, as
+//! an overlay is never written after it is published.
 
 pub mod body;
 pub mod metadata;

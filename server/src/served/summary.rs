@@ -27,8 +27,8 @@ pub(super) struct SummaryCache {
 /// again. Taking the fingerprint lists refs and deltas and reads the config
 /// (tens of syscalls); every node asks for the summary, and for its
 /// signature, which names it, so in a delta update of a few requests that
-/// listing was a fifth of the server's work for a node. A second is far below what clients may cache
-/// it for (`--metadata-max-age`).
+/// listing was a fifth of the server's work for a node. A second is far
+/// below what clients may cache it for (`--metadata-max-age`).
 const SUMMARY_RECHECK: Duration = Duration::from_secs(1);
 
 impl Generation {
