@@ -34,6 +34,18 @@ impl Load {
 /// Each burner thread checks its own CPU time this often.
 const TICK: Duration = Duration::from_millis(2);
 
+/// A spinning burner thread offers its CPU back (`sched_yield`) this
+/// often. Without it, on a kernel that does not preempt on wake-up (this
+/// machine's: a woken task waits for the tick, 4 ms at HZ=250, even
+/// beside a `SCHED_IDLE` spinner), the burner delays every wake-up in the
+/// neighbour's `fdatasync` chain that lands on its core: two spinning
+/// threads at nice 10 took a 2300-byte `O_DSYNC` writer's p99 from 0.97 to
+/// 8.8 ms, yielding every 100 µs to 1.0-1.3 ms (RESULTS.md, "Issue 16,
+/// session 23"). The baseline would then carry a harm of its own, and
+/// every ratio to it would credit the pulls with it. Yielding keeps the
+/// vCPU busy, which is what the burner is for.
+const YIELD_EVERY: Duration = Duration::from_micros(100);
+
 /// The load matching pulls whose client used `cpu_s` and whose server used
 /// `server_cpu_s` CPU seconds over `wall_s` seconds each (median rates),
 /// the client's at `nice`; idle when nothing was measured.
@@ -125,7 +137,16 @@ fn burn_thread(duty: f64, nice: i32, start: Instant, window: Duration) -> Result
         }
         if thread_cpu()? - cpu0 < duty * el.as_secs_f64() {
             let until = Instant::now() + TICK;
-            while Instant::now() < until {
+            let mut yielded = Instant::now();
+            loop {
+                let now = Instant::now();
+                if now >= until {
+                    break;
+                }
+                if now.duration_since(yielded) >= YIELD_EVERY {
+                    std::thread::yield_now();
+                    yielded = Instant::now();
+                }
                 x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
             }
         } else {
