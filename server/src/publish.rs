@@ -585,7 +585,10 @@ pub fn publish_releases_signed(
             set,
         ))
     })();
-    finish_generation(result, sources, building, sigs)
+    let mut generation = finish_generation(result, sources, building, sigs)?;
+    // Staged by the server, and never written again while served.
+    generation.fixed_sources = true;
+    Ok(generation)
 }
 
 /// What a generation of `releases` serves: each labelled commit's closure,

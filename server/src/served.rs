@@ -157,6 +157,11 @@ pub struct Generation {
     /// listed only in their delta indexes; `None` in a generation as
     /// published from its source.
     pub deltas: Option<Arc<crate::deltas::PublishedDeltas>>,
+    /// Its sources are images the server staged, which nothing writes once
+    /// they are published, so the generated summary's inputs are fixed for
+    /// its life: it is generated once, never rechecked. A `--repo` or an
+    /// `--oscontainer` is a directory someone else owns, and is rechecked.
+    pub fixed_sources: bool,
 }
 
 /// What publication did with signatures (`crate::signing::apply`), kept
@@ -208,6 +213,7 @@ impl Generation {
             cache_key: NEXT_CACHE_KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             index_deltas: false,
             deltas: None,
+            fixed_sources: false,
         }
     }
 
@@ -228,6 +234,7 @@ impl Generation {
         g.cache_key = base.cache_key;
         g.index_deltas = base.index_deltas;
         g.deltas = Some(Arc::new(deltas));
+        g.fixed_sources = base.fixed_sources;
         g.keepalive.push(Box::new(base));
         g
     }

@@ -1,7 +1,8 @@
 //! The summary a generation serves when its source has none: built from
 //! the overlay's refs, the deltas and the config, deterministically (the
-//! signer and every server compute the same bytes), and cached under a
-//! fingerprint of those inputs taken at most once a second.
+//! signer and every server compute the same bytes), and cached: for good
+//! when the sources are images the server staged, else under a fingerprint
+//! of those inputs taken at most once a second.
 
 use super::metadata::MAX_CONFIG;
 use super::{FoundRef, Generated, Generation, MAX_DIR_ENTRIES, MAX_METADATA_FILE};
@@ -58,11 +59,13 @@ impl Generation {
     }
 
     /// The generated summary if its inputs were looked at within
-    /// [`SUMMARY_RECHECK`]: what a request may answer without a look.
+    /// [`SUMMARY_RECHECK`], or ever when they cannot change
+    /// ([`Generation::fixed_sources`]): what a request may answer without a
+    /// look.
     pub(super) fn fresh_generated_summary(&self) -> Option<Generated> {
         let cache = self.summary.lock().expect("poisoned");
         let c = cache.as_ref()?;
-        (c.checked.elapsed() < SUMMARY_RECHECK).then(|| c.summary.clone())
+        (self.fixed_sources || c.checked.elapsed() < SUMMARY_RECHECK).then(|| c.summary.clone())
     }
 
     /// The summary the server publishes when the source has none. Its bytes

@@ -355,3 +355,36 @@ async fn a_cached_path_is_found_without_waiting_and_as_the_resolver_finds_it() {
         other => panic!("the summary the request just checked: {other:?}"),
     }
 }
+
+/// A generated summary is looked at again, past its recheck interval, only
+/// where its inputs can change: a `--repo` someone else owns. An image's
+/// staged repo is never written once published, so its summary is answered
+/// without waiting for the generation's life, the same bytes.
+#[tokio::test]
+async fn a_generated_summary_is_rechecked_only_where_its_sources_can_change() {
+    use oscontent_format::RepoPath;
+    use oscontent_server::served::Located;
+    let fx = Fixture::on_disk();
+    // (published as, its generation, rechecked)
+    let cases = [
+        ("a --repo", fx.publish(&fx.v1), true),
+        ("an image", fx.publish_release(&fx.v1), false),
+    ];
+    let mut served = Vec::new();
+    for (name, generation, rechecked) in cases {
+        let server = Server::new();
+        server.publish(generation).await;
+        let body = server.get("/summary").await.body;
+        served.push((name, server, body, rechecked));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let summary = RepoPath::parse("summary").unwrap();
+    for (name, server, body, rechecked) in &served {
+        match (server.current().locate(&summary, true).unwrap(), rechecked) {
+            (Located::WouldBlock, true) => {}
+            (Located::Generated(g), false) => assert!(g.bytes[..] == body[..], "{name}"),
+            (other, _) => panic!("{name}: {other:?}, rechecked: {rechecked}"),
+        }
+        assert!(server.get("/summary").await.body == *body, "{name}");
+    }
+}

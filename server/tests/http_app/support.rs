@@ -207,6 +207,19 @@ impl Fixture {
         publish::publish(&req, &self.state).unwrap()
     }
 
+    /// `repo` published as an image's staged repo is (`--image`): a
+    /// release, with its ref from the commit's binding.
+    pub fn publish_release(&self, repo: &Repo) -> Generation {
+        let release = publish::Release {
+            image: format!("oci:{}", repo.dir.display()),
+            repo: repo.dir.clone(),
+            commit: repo.commit.parse().unwrap(),
+            version: None,
+            preverified: false,
+        };
+        publish::publish_releases(&[release], &self.state).unwrap()
+    }
+
     pub fn try_publish(&self, repo: &Repo) -> anyhow::Result<Generation> {
         let req = PublishRequest {
             source: Source::Repo(repo.dir.clone()),
