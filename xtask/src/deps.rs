@@ -50,7 +50,7 @@ pub const PACKAGES: &[(&str, &str)] = &[
     ),
     (
         "libzstd-dev",
-        "ostree-ext's zstd (pkg-config) in xtask/encapsulate",
+        "the zstd crate's system libzstd (pkg-config): the server's zstd layers, the suites', and ostree-ext's in xtask/encapsulate",
     ),
     ("libssl-dev", "ostree-ext's openssl in xtask/encapsulate"),
     (

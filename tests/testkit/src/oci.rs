@@ -212,8 +212,14 @@ pub fn gzip(data: &[u8]) -> Vec<u8> {
     gzip_with(|w| w.write_all(data))
 }
 
+#[cfg(feature = "zstd")]
 pub fn zstd(data: &[u8]) -> Vec<u8> {
     zstd::encode_all(data, 3).expect("writing to memory")
+}
+
+#[cfg(not(feature = "zstd"))]
+pub fn zstd(_: &[u8]) -> Vec<u8> {
+    panic!("a zstd layer needs oscontent-testkit's zstd feature")
 }
 
 /// `sha256:HEX`.
