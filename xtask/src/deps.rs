@@ -1,75 +1,29 @@
-//! The system packages the project needs, in one place: `.ci/run`, `cargo
-//! xtask test` and `cargo xtask demo` all install from this list, so a fresh
-//! Debian 12 machine needs nothing by hand.
+//! The system packages the project needs. The list is `xtask/packages.txt`,
+//! in one place for the shell and for xtask: `.ci/run` starts installing it
+//! before xtask is built, and `cargo xtask deps`, `test` and `demo` install
+//! whatever is still missing, so a fresh Debian 12 machine needs nothing by
+//! hand.
 
 use anyhow::{bail, Context, Result};
 use std::process::Command;
 
-/// Debian packages, each with why it is here.
-pub const PACKAGES: &[(&str, &str)] = &[
-    ("libostree-dev", "the ostree crate links libostree 2022.7"),
-    ("libglib2.0-dev", "glib/gio for the ostree crate"),
-    ("pkg-config", "locating libostree, glib and nettle"),
-    (
-        "clang",
-        "sequoia-openpgp's nettle backend generates bindings",
-    ),
-    ("nettle-dev", "sequoia-openpgp crypto-nettle backend"),
-    (
-        "ostree",
-        "the stock client and independent verifier in tests",
-    ),
-    (
-        "gnupg",
-        "cross-checks sequoia signatures; ostree's gpgme backend",
-    ),
-    ("curl", "raw HTTP probes in tests"),
-    ("umoci", "builds OCI image layouts of the fixtures"),
-    ("skopeo", "pushes fixture images to the test registry"),
-    (
-        "docker-registry",
-        "a real OCI distribution registry on loopback",
-    ),
-    ("apache2-utils", "htpasswd for registry basic auth"),
-    (
-        "python3-venv",
-        "check-deploy installs checkov from PyPI into a venv",
-    ),
-    (
-        "openssl",
-        "a throwaway CA and TLS certificate for the deploy test's registry",
-    ),
-    ("fio", "the latency-sensitive neighbour in I/O benchmarks"),
-    (
-        "iproute2",
-        "ip netns and veth pairs for the air-gap (mirror) e2e suite",
-    ),
-    (
-        "etcd-server",
-        "a real etcd as an optional benchmark neighbour",
-    ),
-    (
-        "libzstd-dev",
-        "the zstd crate's system libzstd (pkg-config): the server's zstd layers, the suites', and ostree-ext's in xtask/encapsulate",
-    ),
-    ("libssl-dev", "ostree-ext's openssl in xtask/encapsulate"),
-    (
-        "nghttp2-client",
-        "h2load, the load generator of `bench serve`",
-    ),
-    (
-        "ostree-tests",
-        "ostree-trivial-httpd, stock ostree's test server, in `bench serve`",
-    ),
-    (
-        "nginx",
-        "the HTTP peer: deploy/object-cache's cache in the deploy suite, the anchor of `bench serve` and `bench fleet`",
-    ),
-    (
-        "xfsprogs",
-        "isolated XFS filesystems on loop devices for benchmarks",
-    ),
-];
+const LIST: &str = include_str!("../packages.txt");
+
+/// The Debian packages, each with why it is here: `NAME  REASON` lines of
+/// `packages.txt`, blank lines and `#` comments skipped.
+pub fn packages() -> impl Iterator<Item = (&'static str, &'static str)> {
+    parse(LIST)
+}
+
+fn parse(list: &str) -> impl Iterator<Item = (&str, &str)> {
+    list.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| match l.split_once(char::is_whitespace) {
+            Some((name, why)) => (name, why.trim()),
+            None => (l, ""),
+        })
+}
 
 fn installed(pkg: &str) -> bool {
     Command::new("dpkg-query")
@@ -82,11 +36,10 @@ fn installed(pkg: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// Packages from [`PACKAGES`] that are not installed.
+/// Packages from [`packages`] that are not installed.
 pub fn missing() -> Vec<&'static str> {
-    PACKAGES
-        .iter()
-        .map(|(p, _)| *p)
+    packages()
+        .map(|(p, _)| p)
         .filter(|p| !installed(p))
         .collect()
 }
@@ -195,4 +148,46 @@ pub fn which(name: &str) -> Option<std::path::PathBuf> {
     std::env::split_paths(&path)
         .map(|d| d.join(name))
         .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_parse_into_names_and_reasons() {
+        let cases: &[(&str, &[(&str, &str)])] = &[
+            ("", &[]),
+            ("# a comment\n\n", &[]),
+            ("fio  the neighbour", &[("fio", "the neighbour")]),
+            ("  nginx\tthe peer  \n", &[("nginx", "the peer")]),
+            ("curl", &[("curl", "")]),
+            (
+                "a  one\n# b  not this\nc  three",
+                &[("a", "one"), ("c", "three")],
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse(text).collect::<Vec<_>>(), *want, "{text:?}");
+        }
+    }
+
+    /// What `.ci/run` hands apt-get must be names it accepts, each once,
+    /// each with its reason.
+    #[test]
+    fn the_list_is_well_formed() {
+        let mut seen = std::collections::BTreeSet::new();
+        for (name, why) in packages() {
+            assert!(
+                name.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "+-.".contains(c)),
+                "{name:?} is not a Debian package name"
+            );
+            assert!(!why.is_empty(), "{name} has no reason");
+            assert!(seen.insert(name), "{name} is listed twice");
+        }
+        for needed in ["libostree-dev", "nettle-dev", "libzstd-dev", "ostree"] {
+            assert!(seen.contains(needed), "{needed} is missing");
+        }
+    }
 }
