@@ -211,6 +211,7 @@ impl Prober {
         let (flag, count) = (stop.clone(), done.clone());
         let thread = std::thread::spawn(move || {
             let client = reqwest::blocking::Client::builder()
+                .tls_built_in_root_certs(false)
                 .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap();

@@ -175,8 +175,10 @@ impl ProxyBuilder {
             upstream: self.upstream,
             rule: self.rule,
             // Transparent: no redirects followed, no decompression, no
-            // proxy from the environment.
+            // proxy from the environment; plain HTTP upstream, so no CA
+            // roots to load.
             client: reqwest::Client::builder()
+                .tls_built_in_root_certs(false)
                 .no_proxy()
                 .redirect(reqwest::redirect::Policy::none())
                 .timeout(FORWARD_TIMEOUT)
