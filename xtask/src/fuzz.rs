@@ -177,6 +177,7 @@ fn build_as(group: Option<&AtomicI32>) -> Result<PathBuf> {
         .args(["--codegen-units", "16"])
         .arg("--target-dir")
         .arg(&work)
+        .env("RUSTFLAGS", deny_warnings())
         .current_dir(fixtures::workspace_root())
         // The outer cargo's (stable) toolchain must not leak into the
         // nightly one rustup selects.
@@ -192,6 +193,18 @@ fn build_as(group: Option<&AtomicI32>) -> Result<PathBuf> {
         start.elapsed().as_secs_f64()
     );
     Ok(work.join(TRIPLE).join("release"))
+}
+
+/// `-D warnings` after any RUSTFLAGS of the caller's (cargo-fuzz appends
+/// its own). This is the one build of oscontent-format without openpgp
+/// that `cargo xtask test` makes, so a warning only that configuration
+/// has fails it here. Cargo caps the lints of registry dependencies, so
+/// only our path crates are held to it.
+fn deny_warnings() -> String {
+    match std::env::var("RUSTFLAGS") {
+        Ok(f) if !f.trim().is_empty() => format!("{f} -D warnings"),
+        _ => "-D warnings".to_owned(),
+    }
 }
 
 /// Runs `cmd` in its own process group, output appended to `log`, and
