@@ -52,7 +52,8 @@ fn clippy_without_openpgp() -> Result<()> {
 /// runs every test.
 pub fn test() -> Result<()> {
     deps::ensure()?;
-    if fuzz_in_tests() {
+    let fuzz = fuzz_in_tests();
+    if fuzz {
         crate::fuzz::prebuild();
     }
     // checkov's install is mostly network wait (minutes on a fresh
@@ -65,7 +66,7 @@ pub fn test() -> Result<()> {
     // which covers that configuration (rustc's warnings, not clippy's)
     // without a separate clippy of it: 57 CPU-seconds of a cold run.
     let checked = fmt().and_then(|()| {
-        if fuzz_in_tests() {
+        if fuzz {
             Ok(())
         } else {
             clippy_without_openpgp()
@@ -96,7 +97,7 @@ pub fn test() -> Result<()> {
         "--target-dir",
         &target,
     ])?;
-    suites::run(test_jobs(), fuzz_in_tests())
+    suites::run(test_jobs(), fuzz)
 }
 
 /// Whether the fuzz job (every target built, then run briefly) joins the
