@@ -2,9 +2,12 @@
 //! a cargo project of its own): where its binary is, building it on demand,
 //! and its two commands with their JSON outputs typed.
 //!
-//! It is built by a separate `cargo build` into `<target>/encapsulate`, never
-//! in the build graph of the suites or xtask: ostree-ext needs another
-//! version of the ostree crate, whose `-sys` crate declares `links`.
+//! It is built by a separate `cargo build`, never in the build graph of the
+//! suites or xtask: ostree-ext needs another version of the ostree crate,
+//! whose `-sys` crate declares `links`. It shares the workspace's target
+//! dir all the same: `links` binds one graph, not a directory, and the
+//! units both graphs build alike (syn, serde, thiserror and some 80 more)
+//! are then compiled once.
 
 use crate::process::{check_output, local_only};
 use anyhow::{anyhow, Context, Result};
@@ -53,7 +56,7 @@ pub struct Imported {
 
 /// The `oscontent-encapsulate` binary: `$OSCONTENT_ENCAPSULATE`, or built
 /// (once per process; cargo makes it a no-op when up to date) into
-/// `$CARGO_TARGET_DIR/encapsulate` (default `target/encapsulate`).
+/// `$CARGO_TARGET_DIR` (default `target`).
 pub fn encapsulator() -> Result<PathBuf> {
     static BIN: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
     BIN.get_or_init(|| locate_or_build().map_err(|e| format!("{e:#}")))
@@ -68,8 +71,7 @@ fn locate_or_build() -> Result<PathBuf> {
     let root = crate::fixtures::workspace_root();
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .filter(|d| !d.is_empty())
-        .map_or_else(|| root.join("target"), PathBuf::from)
-        .join("encapsulate");
+        .map_or_else(|| root.join("target"), PathBuf::from);
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let manifest = root.join("xtask/encapsulate/Cargo.toml");
     eprintln!(

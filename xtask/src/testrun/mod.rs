@@ -83,11 +83,12 @@ pub fn test() -> Result<()> {
     crate::cargo::linted(&["build", "--workspace", "--bins", "--tests"])?;
     let f = fixtures::small().context("building the small fixtures")?;
     eprintln!("xtask: fixtures ready at {}", f.root.display());
-    // Builds xtask/encapsulate (ostree-ext) too, in its own target dir.
+    // Builds xtask/encapsulate (ostree-ext) too, its own graph in the same
+    // target dir.
     let n = fixtures::native_small().context("building the small native fixtures")?;
     eprintln!("xtask: native fixtures ready at {}", n.root.display());
     // Its unit tests reuse the dependencies the fixtures just built.
-    let target = crate::cargo::target_dir().join("encapsulate");
+    let target = crate::cargo::target_dir();
     let target = target.to_string_lossy();
     cargo(&[
         "test",
