@@ -6,12 +6,7 @@ use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::process::Command;
 
-/// Where cargo puts build outputs for this workspace.
-pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| fixtures::workspace_root().join("target"))
-}
+pub use fixtures::target_dir;
 
 /// The directory holding the debug binaries.
 pub fn bin_dir() -> PathBuf {

@@ -69,9 +69,7 @@ fn locate_or_build() -> Result<PathBuf> {
         return Ok(PathBuf::from(p));
     }
     let root = crate::fixtures::workspace_root();
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .filter(|d| !d.is_empty())
-        .map_or_else(|| root.join("target"), PathBuf::from);
+    let target = crate::fixtures::target_dir();
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let manifest = root.join("xtask/encapsulate/Cargo.toml");
     eprintln!(

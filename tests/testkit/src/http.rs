@@ -6,10 +6,11 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-/// Every client here talks plain HTTP to loopback, so none loads the
-/// system's CA roots: reqwest parses all of them at each `build()`, and at
-/// the suites' opt-level that was half the CPU of a test polling its server.
-fn client_builder() -> reqwest::blocking::ClientBuilder {
+/// A blocking client for plain HTTP to loopback: no proxy from the
+/// environment, no redirects followed, and no CA roots loaded (reqwest
+/// parses all of them at each `build()`, and at the suites' opt-level that
+/// was half the CPU of a test polling its server).
+pub fn client_builder() -> reqwest::blocking::ClientBuilder {
     reqwest::blocking::Client::builder()
         .tls_built_in_root_certs(false)
         .no_proxy()

@@ -210,8 +210,7 @@ impl Prober {
         let done = Arc::new(AtomicUsize::new(0));
         let (flag, count) = (stop.clone(), done.clone());
         let thread = std::thread::spawn(move || {
-            let client = reqwest::blocking::Client::builder()
-                .tls_built_in_root_certs(false)
+            let client = oscontent_testkit::http::client_builder()
                 .timeout(Duration::from_secs(10))
                 .build()
                 .unwrap();
