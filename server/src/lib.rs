@@ -26,14 +26,16 @@ pub use http::{app, AppState, HttpConfig};
 use std::future::Future;
 
 /// Serves `state` on `listener` (HTTP/1.1 keep-alive, and HTTP/2 with prior
-/// knowledge on the same port) under `limits` until `shutdown` resolves,
-/// then stops accepting and lets in-flight requests finish.
+/// knowledge on the same port) from `workers` threads under `limits` until
+/// `shutdown` resolves, then stops accepting and lets in-flight requests
+/// finish.
 pub async fn run(
     listener: tokio::net::TcpListener,
+    workers: std::num::NonZeroUsize,
     state: AppState,
     limits: listen::limits::Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let metrics = state.metrics.clone();
-    listen::serve(listener, app(state), limits, metrics, shutdown).await
+    listen::serve(listener, workers, app(state), limits, metrics, shutdown).await
 }

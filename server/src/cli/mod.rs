@@ -32,7 +32,7 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Cmd {
     /// Serve a repo over HTTP until SIGTERM.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Make an OpenPGP signing key (v4, which GnuPG 2.2 and stock ostree
     /// accept).
     Keygen(KeygenArgs),
@@ -74,6 +74,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Keygen(args) => sign::keygen(args),
         Cmd::Sign(args) => sign::sign(args),
         Cmd::Mirror(args) => mirror::mirror(args),
-        Cmd::Serve(args) => crate::serve::run(args),
+        Cmd::Serve(args) => crate::serve::run(*args),
     }
 }

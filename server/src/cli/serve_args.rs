@@ -224,6 +224,11 @@ pub struct ServeArgs {
 /// pod within its 512 MiB limit under abuse (README, "Abusive clients").
 #[derive(Debug, Args)]
 pub struct ConnectionArgs {
+    /// Threads that accept and serve connections, each serving the
+    /// connections it accepted [default: one per CPU this process may use,
+    /// within its cgroup's CPU limit].
+    #[arg(long, value_name = "N")]
+    pub workers: Option<std::num::NonZeroUsize>,
     /// Connections served at once; more are refused at accept (lowered at
     /// start to what the open-file limit allows).
     #[arg(long, default_value_t = 4096, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -273,6 +278,13 @@ pub struct ConnectionArgs {
 }
 
 impl ConnectionArgs {
+    /// `--workers`, or one per usable CPU.
+    pub fn workers(&self) -> std::num::NonZeroUsize {
+        self.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN)
+        })
+    }
+
     pub fn limits(&self) -> Limits {
         use std::time::Duration;
         Limits {

@@ -9,6 +9,7 @@ pub mod access_log;
 mod h1;
 pub mod limits;
 pub mod watch;
+mod workers;
 
 use crate::metrics::Metrics;
 use axum::body::Body;
@@ -21,6 +22,7 @@ use limits::{Admission, Limits, Tracker};
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
@@ -44,27 +46,62 @@ const RESERVE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Serves `router` on `listener` under `limits` until `shutdown` resolves,
 /// then stops accepting and lets open connections finish their requests.
+/// `workers` threads accept from the listener, each serving the
+/// connections it accepted on a single-threaded runtime of its own
+/// (`workers.rs`); the caps hold across them all.
 pub async fn serve(
     listener: TcpListener,
+    workers: NonZeroUsize,
     router: Router,
     limits: Limits,
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let limits = Arc::new(limits);
-    let tracker = Tracker::new(limits.clone());
-    let builders = Arc::new(Builders {
-        fresh: connection_builder(&limits),
-        after_h1: connection_builder(&limits).http1_only(),
-        reserve: reserve_builder(&limits),
+    let shared = Arc::new(Shared {
+        tracker: Tracker::new(limits.clone()),
+        builders: Arc::new(Builders {
+            fresh: connection_builder(&limits),
+            after_h1: connection_builder(&limits).http1_only(),
+            reserve: reserve_builder(&limits),
+        }),
+        limits,
+        router,
+        metrics,
     });
+    workers::run(listener, workers, shared, shutdown).await
+}
+
+/// What every worker's accept loop serves with.
+struct Shared {
+    limits: Arc<Limits>,
+    /// One count of open connections for all workers.
+    tracker: Tracker,
+    builders: Arc<Builders>,
+    router: Router,
+    metrics: Arc<Metrics>,
+}
+
+/// Accepts and serves connections on `listener` until `shutdown` says
+/// so, then waits for the connections it accepted to finish.
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let Shared {
+        limits,
+        tracker,
+        builders,
+        router,
+        metrics,
+    } = &*shared;
     // Every connection holds a receiver: closed once all have ended.
     let (stop, _) = tokio::sync::watch::channel(false);
-    tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
-            () = &mut shutdown => break,
+            _ = shutdown.wait_for(|stop| *stop) => break,
         };
         let (stream, peer) = match accepted {
             Ok(a) => a,
@@ -147,7 +184,6 @@ pub async fn serve(
     // or their streams (HTTP/2, after a GOAWAY).
     let _ = stop.send(true);
     stop.closed().await;
-    Ok(())
 }
 
 /// One connection: plain HTTP/1.1 requests answered by `h1` (given), the

@@ -68,6 +68,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .transpose()?;
     let sink = Arc::new(Sink::default());
     let limits = listener_limits(&args)?;
+    let workers = args.connections.workers();
     let state = AppState::new(
         HttpConfig {
             metadata_max_age: Duration::from_secs(args.metadata_max_age),
@@ -96,9 +97,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
     // `--access-log -` too: the deploy's tests read it there).
     println!("listening on http://{addr}");
     std::io::stdout().flush().ok();
-    tracing::info!(%addr, "serving");
     let timeout = Duration::from_secs(args.shutdown_timeout);
-    serve_until_stopped(listener, state, limits, signals, publisher, timeout).await
+    tracing::info!(%addr, workers, "serving");
+    serve_until_stopped(
+        listener, workers, state, limits, signals, publisher, timeout,
+    )
+    .await
 }
 
 /// The listener's caps, within the open-file limit (raised first to the
@@ -257,6 +261,7 @@ fn site_publisher(
 /// `/readyz` and lets in-flight requests finish (up to `timeout`).
 async fn serve_until_stopped(
     listener: tokio::net::TcpListener,
+    workers: std::num::NonZeroUsize,
     state: AppState,
     limits: crate::listen::limits::Limits,
     signals: Signals,
@@ -265,7 +270,7 @@ async fn serve_until_stopped(
 ) -> Result<()> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let drain_state = state.clone();
-    let server = tokio::spawn(crate::run(listener, state, limits, async move {
+    let server = tokio::spawn(crate::run(listener, workers, state, limits, async move {
         let _ = rx.await;
     }));
     signals.stopped().await;

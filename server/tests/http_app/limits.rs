@@ -54,8 +54,11 @@ async fn listen(server: &Server, limits: Limits) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let state = server.state.clone();
+    // Two workers, as on a 2-core node: the caps hold across them.
+    let workers = std::num::NonZeroUsize::new(2).unwrap();
     tokio::spawn(oscontent_server::run(
         listener,
+        workers,
         state,
         limits,
         std::future::pending(),

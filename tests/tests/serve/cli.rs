@@ -201,3 +201,20 @@ fn refuses_a_state_dir_that_contains_the_served_repo() {
         );
     }
 }
+
+/// A second server on a port that one already serves fails to bind and
+/// says which address: the first's workers share one socket rather than
+/// `SO_REUSEPORT`, with which the second would bind and silently take a
+/// share of the connections. The first then still answers.
+#[test]
+fn a_second_server_on_a_port_in_use_is_refused() {
+    let first = Server::release(v1());
+    let addr = first.addr.to_string();
+    let r = assert_refused(
+        Server::oscontainer(&v1().oscontainer).listen(&addr),
+        &[&format!("binding {addr}"), "in use"],
+    );
+    assert!(!r.status.success());
+    let got = fetch(&http1(), &first.url_for("/config"), &[]).unwrap();
+    assert_eq!(got.status, 200);
+}

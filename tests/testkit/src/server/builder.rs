@@ -13,7 +13,7 @@ use crate::process::{local_only, run_bounded, strip_ansi};
 use crate::tools::{server_bin, tempdir};
 
 /// Arguments for [`Server`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ServerBuilder {
     source: Vec<OsString>,
     extra: Vec<OsString>,
@@ -23,6 +23,8 @@ pub struct ServerBuilder {
     /// Run exactly `oscontent-server SOURCE...` in an empty environment
     /// plus `env` ([`Server::verbatim`]).
     verbatim: bool,
+    /// `--listen`; `None`: a free loopback port.
+    listen: Option<String>,
 }
 
 impl ServerBuilder {
@@ -35,6 +37,12 @@ impl ServerBuilder {
     pub fn args<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(mut self, args: I) -> Self {
         self.extra
             .extend(args.into_iter().map(|a| a.as_ref().to_owned()));
+        self
+    }
+
+    /// Listens on `addr` instead of a free loopback port.
+    pub fn listen(mut self, addr: impl ToString) -> Self {
+        self.listen = Some(addr.to_string());
         self
     }
 
@@ -76,7 +84,8 @@ impl ServerBuilder {
             .args(&self.source)
             .arg("--state-dir")
             .arg(&state)
-            .args(["--listen", "127.0.0.1:0"])
+            .arg("--listen")
+            .arg(self.listen.as_deref().unwrap_or("127.0.0.1:0"))
             .arg("--access-log")
             .arg(&log)
             .args(&self.extra)
@@ -167,24 +176,12 @@ impl Refusal {
 impl Server {
     /// `serve --oscontainer DIR`.
     pub fn oscontainer(dir: &Path) -> ServerBuilder {
-        ServerBuilder {
-            source: vec!["--oscontainer".into(), dir.into()],
-            extra: Vec::new(),
-            state_dir: None,
-            env: Vec::new(),
-            verbatim: false,
-        }
+        Self::source(vec!["--oscontainer".into(), dir.into()])
     }
 
     /// `serve --repo DIR`.
     pub fn repo(dir: &Path) -> ServerBuilder {
-        ServerBuilder {
-            source: vec!["--repo".into(), dir.into()],
-            extra: Vec::new(),
-            state_dir: None,
-            env: Vec::new(),
-            verbatim: false,
-        }
+        Self::source(vec!["--repo".into(), dir.into()])
     }
 
     /// `serve --upstream URL`.
@@ -200,10 +197,7 @@ impl Server {
     fn source(source: Vec<OsString>) -> ServerBuilder {
         ServerBuilder {
             source,
-            extra: Vec::new(),
-            state_dir: None,
-            env: Vec::new(),
-            verbatim: false,
+            ..Default::default()
         }
     }
 
@@ -217,10 +211,8 @@ impl Server {
         }
         ServerBuilder {
             source,
-            extra: Vec::new(),
-            state_dir: None,
             env: vec![("REGISTRY_AUTH_FILE".into(), None)],
-            verbatim: false,
+            ..Default::default()
         }
     }
 
@@ -236,13 +228,12 @@ impl Server {
     {
         ServerBuilder {
             source: args.into_iter().map(|a| a.as_ref().to_owned()).collect(),
-            extra: Vec::new(),
-            state_dir: None,
             env: env
                 .iter()
                 .map(|(k, v)| (OsString::from(k), Some(OsString::from(v))))
                 .collect(),
             verbatim: true,
+            ..Default::default()
         }
     }
 
