@@ -30,7 +30,7 @@ const MIN_BLOCKING_THREADS: usize = 16;
 
 /// Serves on `workers` threads until `shutdown`, then has each stop
 /// accepting and waits for all their connections to finish. A worker that
-/// ends early (it could not start) stops the others and is the error.
+/// ends before that (it could not start, or panicked) is the error at once.
 pub(super) async fn run(
     listener: TcpListener,
     workers: NonZeroUsize,
@@ -61,20 +61,23 @@ pub(super) async fn run(
     drop(done_tx);
     drop(listener);
     tokio::pin!(shutdown);
-    let early = tokio::select! {
-        () = &mut shutdown => None,
-        r = done.recv() => r,
-    };
+    tokio::select! {
+        () = &mut shutdown => {}
+        Some(r) = done.recv() => {
+            // It could not start, or it panicked: serving on fewer threads
+            // than asked is not what was asked. Returning drops `stop`,
+            // which has the others stop accepting too.
+            return Err(r.err().unwrap_or_else(|| {
+                std::io::Error::other("an HTTP worker stopped unasked")
+            }));
+        }
+    }
     let _ = stop.send(true);
-    let mut result = match early {
-        None => Ok(()),
-        Some(Err(e)) => Err(e),
-        Some(Ok(())) => Err(std::io::Error::other("an HTTP worker stopped unasked")),
-    };
     // Every worker reports once, after its last connection closed.
+    let mut result = Ok(());
     while let Some(r) = done.recv().await {
-        if let (Err(e), Ok(())) = (r, &result) {
-            result = Err(e);
+        if result.is_ok() {
+            result = r;
         }
     }
     result

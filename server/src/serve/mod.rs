@@ -270,10 +270,19 @@ async fn serve_until_stopped(
 ) -> Result<()> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let drain_state = state.clone();
-    let server = tokio::spawn(crate::run(listener, workers, state, limits, async move {
+    let mut server = tokio::spawn(crate::run(listener, workers, state, limits, async move {
         let _ = rx.await;
     }));
-    signals.stopped().await;
+    tokio::select! {
+        () = signals.stopped() => {}
+        // Only a worker that failed ends it unasked: exit, so that the
+        // pod restarts rather than stays up without serving.
+        r = &mut server => {
+            publisher.abort();
+            r.context("server task")?.context("serving")?;
+            anyhow::bail!("the HTTP listener stopped unasked");
+        }
+    }
     tracing::info!("shutting down: finishing in-flight requests");
     // A fetch in progress stops at its next read and removes its staging.
     publisher.abort();
