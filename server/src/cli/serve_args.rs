@@ -220,15 +220,20 @@ pub struct ServeArgs {
     pub connections: ConnectionArgs,
 }
 
+/// The most `--workers`: each is a thread, a runtime and an epoll
+/// instance, and a machine with more cores than this is better served by
+/// more replicas.
+const MAX_WORKERS: usize = 1024;
+
 /// Connection caps and timeouts of the HTTP listener. The defaults keep a
 /// pod within its 512 MiB limit under abuse (README, "Abusive clients").
 #[derive(Debug, Args)]
 pub struct ConnectionArgs {
     /// Threads that accept and serve connections, each serving the
-    /// connections it accepted [default: one per CPU this process may use,
-    /// within its cgroup's CPU limit].
-    #[arg(long, value_name = "N")]
-    pub workers: Option<std::num::NonZeroUsize>,
+    /// connections it accepted, at most 1024 [default: one per CPU this
+    /// process may use, within its cgroup's CPU limit].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=MAX_WORKERS as i64))]
+    pub workers: Option<u16>,
     /// Connections served at once; more are refused at accept (lowered at
     /// start to what the open-file limit allows).
     #[arg(long, default_value_t = 4096, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -278,11 +283,14 @@ pub struct ConnectionArgs {
 }
 
 impl ConnectionArgs {
-    /// `--workers`, or one per usable CPU.
+    /// `--workers`, or one per usable CPU, at most [`MAX_WORKERS`].
     pub fn workers(&self) -> std::num::NonZeroUsize {
-        self.workers.unwrap_or_else(|| {
-            std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN)
-        })
+        use std::num::NonZeroUsize;
+        let n = match self.workers {
+            Some(n) => usize::from(n),
+            None => std::thread::available_parallelism().map_or(1, NonZeroUsize::get),
+        };
+        NonZeroUsize::new(n.clamp(1, MAX_WORKERS)).unwrap_or(NonZeroUsize::MIN)
     }
 
     pub fn limits(&self) -> Limits {
@@ -407,6 +415,37 @@ mod delta_flag_tests {
             let parsed = Cli::try_parse_from(argv.iter().chain(extra.iter()));
             let got = parsed.ok().map(|c| match c.cmd {
                 Cmd::Serve(a) => (a.deltas, a.delta_timeout),
+                other => panic!("{other:?}"),
+            });
+            assert_eq!(got, *want, "{extra:?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod workers_flag_tests {
+    use crate::cli::{Cli, Cmd};
+    use clap::Parser;
+
+    #[test]
+    fn workers() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get().min(1024));
+        #[rustfmt::skip]
+        let cases: &[(&[&str], Option<usize>)] = &[
+            (&[], Some(cpus)),
+            (&["--workers", "1"], Some(1)),
+            (&["--workers=4"], Some(4)),
+            (&["--workers", "1024"], Some(1024)),
+            (&["--workers", "0"], None),
+            (&["--workers", "1025"], None),
+            (&["--workers", "-2"], None),
+            (&["--workers", "two"], None),
+        ];
+        for (extra, want) in cases {
+            let argv = ["oscontent-server", "serve", "--repo", "/srv/repo"];
+            let parsed = Cli::try_parse_from(argv.iter().chain(extra.iter()));
+            let got = parsed.ok().map(|c| match c.cmd {
+                Cmd::Serve(a) => a.connections.workers().get(),
                 other => panic!("{other:?}"),
             });
             assert_eq!(got, *want, "{extra:?}");

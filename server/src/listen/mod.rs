@@ -60,11 +60,11 @@ pub async fn serve(
     let limits = Arc::new(limits);
     let shared = Arc::new(Shared {
         tracker: Tracker::new(limits.clone()),
-        builders: Arc::new(Builders {
+        builders: Builders {
             fresh: connection_builder(&limits),
             after_h1: connection_builder(&limits).http1_only(),
             reserve: reserve_builder(&limits),
-        }),
+        },
         limits,
         router,
         metrics,
@@ -77,7 +77,7 @@ struct Shared {
     limits: Arc<Limits>,
     /// One count of open connections for all workers.
     tracker: Tracker,
-    builders: Arc<Builders>,
+    builders: Builders,
     router: Router,
     metrics: Arc<Metrics>,
 }
@@ -92,9 +92,9 @@ async fn accept_loop(
     let Shared {
         limits,
         tracker,
-        builders,
         router,
         metrics,
+        ..
     } = &*shared;
     // Every connection holds a receiver: closed once all have ended.
     let (stop, _) = tokio::sync::watch::channel(false);
@@ -155,7 +155,7 @@ async fn accept_loop(
             };
             (limits.first_byte_timeout, limits.idle_timeout, Some(h1))
         };
-        let builders = builders.clone();
+        let shared = shared.clone();
         let stopping = stop.subscribe();
         let metrics = metrics.clone();
         tokio::spawn(async move {
@@ -165,7 +165,7 @@ async fn accept_loop(
             // answered) before the watchdog judges it idle.
             tokio::select! {
                 biased;
-                r = drive(io, h1, &builders, svc, stopping) => if let Err(e) = r {
+                r = drive(io, h1, &shared.builders, svc, stopping) => if let Err(e) = r {
                     tracing::debug!(%peer, "connection: {e}");
                     if let Some(why) = Expiry::of_connection_error(&*e, &act) {
                         metrics.connections.expired.with_label_values(&[why.label()]).inc();

@@ -23,7 +23,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
 /// tokio's default for one runtime's blocking pool, here split across the
-/// workers so that the process's bound stays what it was.
+/// workers so that the process's bound stays what it was (up to 32
+/// workers; past that, each keeps the floor below).
 const BLOCKING_THREADS: usize = 512;
 /// The least blocking pool a worker gets, however many there are.
 const MIN_BLOCKING_THREADS: usize = 16;
