@@ -93,8 +93,11 @@ fn worker(
     shared: Arc<Shared>,
     stopping: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
+    // Sockets and timers only: the signal and process drivers (the main
+    // runtime's, `serve::signals`) would be checked at every wake.
     let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
+        .enable_io()
+        .enable_time()
         .max_blocking_threads(blocking)
         .thread_name(format!("http-{i}-blocking"))
         .build()?;
