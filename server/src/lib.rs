@@ -24,6 +24,7 @@ pub mod verify;
 pub use http::{app, AppState, HttpConfig};
 
 use std::future::Future;
+use std::sync::Arc;
 
 /// Serves `state` on `listener` (HTTP/1.1 keep-alive, and HTTP/2 with prior
 /// knowledge on the same port) from `workers` threads under `limits` until
@@ -37,5 +38,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let metrics = state.metrics.clone();
-    listen::serve(listener, workers, app(state), limits, metrics, shutdown).await
+    let idle = state.clone();
+    let app = listen::App::new(
+        app(state.clone()),
+        Some(http::shortcut(state)),
+        Some(Arc::new(move || idle.idle())),
+    );
+    listen::serve(listener, workers, app, limits, metrics, shutdown).await
 }

@@ -138,7 +138,7 @@ impl Metrics {
         let connections = Connections::new(&r);
         let access_log_dropped = r.counter(
             "oscontent_access_log_dropped_total",
-            "Access log lines dropped because the log writer fell behind",
+            "Access log lines dropped because the log's output fell behind or failed",
         );
         let oversized_metadata = r.counter_vec(
             "oscontent_oversized_metadata_total",

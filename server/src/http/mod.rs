@@ -96,7 +96,8 @@ impl std::ops::Deref for AppState {
 
 impl AppState {
     /// Serves what is published into `sink`, with its metrics; access log
-    /// lines go to `access_log` from a writer thread of their own. The
+    /// lines go to `access_log`, which must not block, when a worker is
+    /// idle ([`Self::idle`]). The
     /// object cache is attached to `sink`, so that publication can warm it
     /// (a sink keeps the first one attached).
     pub fn new(
@@ -106,10 +107,7 @@ impl AppState {
     ) -> anyhow::Result<Self> {
         use anyhow::Context;
         let metrics = sink.metrics().clone();
-        let access_log = access_log
-            .map(|w| AccessLog::start(w, metrics.access_log_dropped.clone()))
-            .transpose()
-            .context("starting the access log writer")?;
+        let access_log = access_log.map(|w| AccessLog::new(w, metrics.access_log_dropped.clone()));
         let short_lived = HeaderValue::from_str(&format!(
             "public, max-age={}",
             config.metadata_max_age.as_secs()
@@ -129,8 +127,16 @@ impl AppState {
         })))
     }
 
+    /// What a worker does before it parks: writes the access log lines
+    /// queued meanwhile (`listen::access_log`).
+    pub fn idle(&self) {
+        if let Some(log) = &self.access_log {
+            log.flush();
+        }
+    }
+
     /// Waits (bounded) until the access log lines of the requests answered
-    /// so far are written; false if the writer is stuck or gone.
+    /// so far are written; false if the output stays full.
     pub fn sync_access_log(&self) -> bool {
         self.access_log.as_ref().is_none_or(AccessLog::sync)
     }
@@ -161,6 +167,24 @@ pub fn app(state: AppState) -> Router {
         ))
         .with_state(state)
 }
+
+/// What [`app`] answers on a repo path, without the router: the same
+/// middleware and handler, called directly. The probes and the scrape
+/// (the routes) are handed back to the router.
+pub fn shortcut(state: AppState) -> crate::listen::Shortcut {
+    crate::listen::Shortcut {
+        takes: |path| !ROUTES.contains(&path),
+        answer: Arc::new(move |req| {
+            let st = state.clone();
+            Box::pin(observe::observed(state.clone(), req, |req| {
+                repo::repo(State(st), req)
+            }))
+        }),
+    }
+}
+
+/// The paths [`app`] routes; everything else is its fallback, the repo.
+const ROUTES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 
 async fn readyz(State(st): State<AppState>) -> Response {
     if st.is_ready() {

@@ -5,7 +5,7 @@
 //! a client that resets its streams or goes away mid-object is not counted
 //! as having been served the whole of it. Counting takes no lock
 //! (`Metrics`' handles); the log line is serialized from borrowed fields and
-//! handed to the writer thread, and only when there is a log.
+//! queued for an idle worker to write, and only when there is a log.
 
 use super::sendfile::SendFile;
 use super::{classify, refused_head, AppState};
@@ -23,6 +23,16 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 pub(super) async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    observed(st, req, |req| next.run(req)).await
+}
+
+/// [`observe`] around `inner`, whatever calls it: the router's middleware,
+/// or the shortcut past the router (`super::shortcut`).
+pub(super) async fn observed<F: std::future::Future<Output = Response>>(
+    st: AppState,
+    req: Request,
+    inner: impl FnOnce(Request) -> F,
+) -> Response {
     let start = Instant::now();
     let kind = classify(req.uri().path());
     let head = req.method() == Method::HEAD;
@@ -37,7 +47,7 @@ pub(super) async fn observe(State(st): State<AppState>, req: Request, next: Next
             .map(|c| c.0.ip()),
     });
     let mut resp = match refused_head(req.version(), req.headers()) {
-        None => next.run(req).await,
+        None => inner(req).await,
         Some(e) => e.into_response(),
     };
     // What sets no policy of its own (errors, probes, metrics) is not to

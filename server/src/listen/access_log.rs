@@ -1,64 +1,75 @@
-//! The access log, off the request path: a request serializes its line
-//! into a thread-local buffer and appends it to a shared batch under a
-//! short lock; a writer thread of its own takes the whole batch, writes
-//! and flushes it once. The writer is woken only when it sleeps with
-//! nothing to do, and after each batch it lingers a moment so a busy
-//! server's lines gather into one write instead of one wake and one write
-//! per request (measured: the per-line channel wake cost a context switch
-//! per request). An idle server's line is written at once. A stalled
-//! stdout (a blocked pipe, a slow log collector) costs log lines, counted
-//! in `/metrics`, never requests.
+//! The access log, with no thread of its own: a request serializes its
+//! line into a thread-local buffer and appends it to a shared batch under
+//! a short lock; a worker writes the batch out when it has nothing else to
+//! do (just before its runtime parks, [`AccessLog::flush`]), and the
+//! request that fills it to [`FLUSH_AT`] writes it at once. That is one
+//! `write` per idle moment, as nginx makes one per request. A writer thread
+//! cost a wake-up, a linger and a sleep per batch: 11% of the server's CPU
+//! in a delta pull (xtask/src/bench/RESULTS.md, session 29).
+//!
+//! The output must not block (`nonblocking_stdout` makes stdout so): a
+//! full pipe keeps the lines queued, to be written at a later idle moment,
+//! and past the queue's bounds costs lines, counted in `/metrics`, never
+//! requests.
 
 use prometheus::IntCounter;
 use std::cell::RefCell;
-use std::io::Write;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::io::{ErrorKind, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-/// Lines waiting for the writer before new ones are dropped: a few seconds
-/// of a busy server.
+/// Lines queued before new ones are dropped: a few seconds of a busy
+/// server.
 pub const QUEUE: usize = 16 * 1024;
-/// Bytes waiting for the writer before new lines are dropped (a path may
-/// be long; lines are usually ~250 bytes).
+/// Bytes queued before new lines are dropped (a path may be long; lines
+/// are usually ~250 bytes).
 const QUEUE_BYTES: usize = 8 << 20;
-/// How long [`AccessLog::sync`] waits for the writer: short, as shutdown
-/// waits this long for a stalled stdout within the pod's grace period.
+/// A batch this large is written by the request that filled it: a worker
+/// that never runs out of work still writes every few hundred lines.
+pub const FLUSH_AT: usize = 64 * 1024;
+/// How long [`AccessLog::sync`] waits for a full output: short, as
+/// shutdown waits this long for a stalled stdout within the pod's grace
+/// period.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(2);
-/// After a batch, the writer waits this long before taking the next: a
-/// line of a busy server is at most this much (plus the write) late.
-pub const LINGER: Duration = Duration::from_millis(5);
+/// Between [`AccessLog::sync`]'s tries at a full output.
+const SYNC_RETRY: Duration = Duration::from_millis(1);
 
-/// The batch the requests fill and the writer empties.
+/// The lines the requests fill.
 #[derive(Default)]
 struct Batch {
     bytes: Vec<u8>,
     lines: usize,
-    /// Lines appended since the start, and of those, written and flushed.
-    appended: u64,
-    written: u64,
-    /// The writer waits for `more` (so an append must wake it).
-    parked: bool,
-    closed: bool,
+}
+
+/// The output, and what of a batch it has not taken yet.
+struct Writer {
+    out: Box<dyn Write + Send>,
+    /// A batch taken from [`Batch`], written up to `done`.
+    taken: Vec<u8>,
+    taken_lines: usize,
+    done: usize,
+    /// A failure was logged (one warning per run of failures).
+    failed: bool,
 }
 
 struct Shared {
     batch: Mutex<Batch>,
-    /// Signals the writer: lines to write, or closed.
-    more: Condvar,
-    /// Signals [`AccessLog::sync`]: `written` moved.
-    flushed: Condvar,
+    writer: Mutex<Writer>,
+    /// Lines and bytes appended and not yet written (the batch and the
+    /// writer's `taken`): the bound, and a flush with nothing queued is
+    /// one load.
+    queued_lines: AtomicUsize,
+    queued_bytes: AtomicUsize,
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Batch> {
-        // A panic while holding the lock leaves a batch that is still
-        // consistent bytes (appends are one extend), so go on.
-        self.batch.lock().unwrap_or_else(PoisonError::into_inner)
-    }
+/// A panic while holding either lock leaves consistent bytes (appends are
+/// one extend, writes advance `done` after they happen), so go on.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The requests' side; the writer thread ends when this is dropped, after
-/// writing what was queued.
+/// The requests' side and the writing, which whoever is idle does.
 pub struct AccessLog {
     shared: Arc<Shared>,
     dropped: IntCounter,
@@ -76,22 +87,27 @@ thread_local! {
 }
 
 impl AccessLog {
-    /// Starts the writer thread on `out`; `dropped` counts lines lost to a
-    /// full queue.
-    pub fn start(out: Box<dyn Write + Send>, dropped: IntCounter) -> std::io::Result<Self> {
+    /// Lines go to `out`, which must not block: a full output says
+    /// `WouldBlock`. `dropped` counts lines lost to a full queue or a
+    /// failed write.
+    pub fn new(out: Box<dyn Write + Send>, dropped: IntCounter) -> Self {
+        let writer = Writer {
+            out,
+            taken: Vec::new(),
+            taken_lines: 0,
+            done: 0,
+            failed: false,
+        };
         let shared = Arc::new(Shared {
             batch: Mutex::new(Batch::default()),
-            more: Condvar::new(),
-            flushed: Condvar::new(),
+            writer: Mutex::new(writer),
+            queued_lines: AtomicUsize::new(0),
+            queued_bytes: AtomicUsize::new(0),
         });
-        let theirs = shared.clone();
-        std::thread::Builder::new()
-            .name("access-log".into())
-            .spawn(move || write_lines(&theirs, out))?;
-        Ok(Self { shared, dropped })
+        Self { shared, dropped }
     }
 
-    /// Queues one line, `entry` as JSON; never blocks on the writer.
+    /// Queues one line, `entry` as JSON; never blocks on the output.
     pub fn log(&self, entry: &impl serde::Serialize) {
         SCRATCH.with_borrow_mut(|line| {
             line.clear();
@@ -115,148 +131,266 @@ impl AccessLog {
     }
 
     fn append(&self, line: &[u8]) {
-        let mut b = self.shared.lock();
-        if b.closed || b.lines >= QUEUE || b.bytes.len() + line.len() > QUEUE_BYTES {
-            drop(b);
+        let s = &*self.shared;
+        if s.queued_lines.load(Ordering::Relaxed) >= QUEUE
+            || s.queued_bytes.load(Ordering::Relaxed) + line.len() > QUEUE_BYTES
+        {
             self.dropped.inc();
             return;
         }
-        b.bytes.extend_from_slice(line);
-        b.lines += 1;
-        b.appended += 1;
-        let wake = std::mem::replace(&mut b.parked, false);
-        drop(b);
-        if wake {
-            self.shared.more.notify_one();
+        let full = {
+            let mut b = lock(&s.batch);
+            b.bytes.extend_from_slice(line);
+            b.lines += 1;
+            // Counted before the batch can be taken, so a write never
+            // subtracts what was not added.
+            s.queued_lines.fetch_add(1, Ordering::Relaxed);
+            s.queued_bytes.fetch_add(line.len(), Ordering::Relaxed);
+            b.bytes.len() >= FLUSH_AT
+        };
+        if full {
+            self.flush();
         }
     }
 
-    /// Waits until everything queued so far is written and flushed (tests,
-    /// and the last lines at shutdown). Bounded: a stalled writer is not
-    /// waited for past [`SYNC_TIMEOUT`].
+    /// Writes what is queued, as far as the output takes it without
+    /// waiting; nothing if another thread is writing. What a worker calls
+    /// before it parks.
+    pub fn flush(&self) {
+        if self.shared.queued_lines.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        if let Ok(mut w) = self.shared.writer.try_lock() {
+            self.write_out(&mut w);
+        }
+    }
+
+    /// Waits until everything queued so far is written (tests, and the
+    /// last lines at shutdown). Bounded: a full output is not waited for
+    /// past [`SYNC_TIMEOUT`].
     pub fn sync(&self) -> bool {
         let deadline = Instant::now() + SYNC_TIMEOUT;
-        let mut b = self.shared.lock();
-        let target = b.appended;
-        while b.written < target {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+        loop {
+            self.write_out(&mut lock(&self.shared.writer));
+            if self.shared.queued_lines.load(Ordering::Relaxed) == 0 {
+                return true;
+            }
+            if Instant::now() >= deadline {
                 return false;
             }
-            b = self
-                .shared
-                .flushed
-                .wait_timeout(b, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            std::thread::sleep(SYNC_RETRY);
         }
-        true
+    }
+
+    /// Writes batches until none is left or the output is full.
+    fn write_out(&self, w: &mut Writer) {
+        let s = &*self.shared;
+        loop {
+            if w.done == w.taken.len() {
+                let mut b = lock(&s.batch);
+                if b.lines == 0 {
+                    return;
+                }
+                // The batch's buffer and the writer's spare trade places.
+                w.taken.clear();
+                std::mem::swap(&mut b.bytes, &mut w.taken);
+                w.taken_lines = std::mem::take(&mut b.lines);
+                w.done = 0;
+            }
+            match w.out.write(&w.taken[w.done..]) {
+                Ok(0) => self.lose(w, &std::io::Error::from(ErrorKind::WriteZero)),
+                Ok(n) => {
+                    w.done += n;
+                    if w.done == w.taken.len() {
+                        s.queued_lines.fetch_sub(w.taken_lines, Ordering::Relaxed);
+                        s.queued_bytes.fetch_sub(w.taken.len(), Ordering::Relaxed);
+                        w.failed = false;
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return,
+                Err(e) => self.lose(w, &e),
+            }
+        }
+    }
+
+    /// The taken batch could not be written: its lines are counted lost.
+    fn lose(&self, w: &mut Writer, e: &std::io::Error) {
+        if !std::mem::replace(&mut w.failed, true) {
+            tracing::warn!("access log write failed (further failures not logged): {e}");
+        }
+        let s = &*self.shared;
+        s.queued_lines.fetch_sub(w.taken_lines, Ordering::Relaxed);
+        s.queued_bytes.fetch_sub(w.taken.len(), Ordering::Relaxed);
+        self.dropped.inc_by(w.taken_lines as u64);
+        w.done = w.taken.len();
     }
 }
 
 impl Drop for AccessLog {
     fn drop(&mut self) {
-        self.shared.lock().closed = true;
-        self.shared.more.notify_one();
+        self.flush();
     }
 }
 
-/// The writer: takes the whole batch, writes and flushes it, lingers, and
-/// sleeps when there is nothing to take.
-fn write_lines(shared: &Shared, mut out: Box<dyn Write + Send>) {
-    let mut failed = false;
-    let mut spare = Vec::new();
-    loop {
-        let mut b = shared.lock();
-        while b.lines == 0 && !b.closed {
-            b.parked = true;
-            b = shared.more.wait(b).unwrap_or_else(PoisonError::into_inner);
+/// Standard output as the access log's output, made not to block: a
+/// regular file is written as it is; a pipe or terminal through a
+/// non-blocking open file description of its own (so stdout's own, shared
+/// with whoever started us, keeps its flags); a socket with
+/// `MSG_DONTWAIT`.
+pub fn nonblocking_stdout() -> std::io::Result<Box<dyn Write + Send>> {
+    use rustix::fs::FileType;
+    use std::os::fd::{AsFd, AsRawFd};
+    use std::os::unix::fs::OpenOptionsExt;
+    let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
+    let kind = FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode);
+    Ok(match kind {
+        FileType::RegularFile => Box::new(std::fs::File::from(fd)),
+        FileType::Socket => Box::new(SocketOut(fd)),
+        _ => {
+            let reopened = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
+                .open(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+            match reopened {
+                Ok(f) => Box::new(f),
+                Err(e) => {
+                    tracing::warn!(
+                        "stdout ({kind:?}) could not be made non-blocking ({e}): a stalled \
+                         reader may stall requests"
+                    );
+                    Box::new(std::fs::File::from(fd))
+                }
+            }
         }
-        if b.lines == 0 && b.closed {
-            return;
-        }
-        std::mem::swap(&mut b.bytes, &mut spare);
-        b.lines = 0;
-        let upto = b.appended;
-        let closed = b.closed;
-        drop(b);
-        if let Err(e) = out.write_all(&spare).and_then(|()| out.flush()) {
-            warn_once(&mut failed, &e);
-        }
-        spare.clear();
-        shared.lock().written = upto;
-        shared.flushed.notify_all();
-        if !closed {
-            std::thread::sleep(LINGER);
-        }
-    }
+    })
 }
 
-/// One warning per run of failures, not one per line.
-fn warn_once(failed: &mut bool, e: &std::io::Error) {
-    if !std::mem::replace(failed, true) {
-        tracing::warn!("access log write failed (further failures not logged): {e}");
+/// A socket written without waiting.
+struct SocketOut(std::os::fd::OwnedFd);
+
+impl Write for SocketOut {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use rustix::net::SendFlags;
+        Ok(rustix::net::send(
+            &self.0,
+            buf,
+            SendFlags::DONTWAIT | SendFlags::NOSIGNAL,
+        )?)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Condvar, Mutex};
+    use std::sync::{Arc, Mutex};
 
-    /// A writer that blocks until released, like a stdout nobody reads.
+    /// An output that takes `room` more bytes and then says `WouldBlock`,
+    /// like a pipe nobody reads.
     #[derive(Clone, Default)]
-    struct Stalled {
-        open: Arc<(Mutex<bool>, Condvar)>,
-        entered: Arc<std::sync::atomic::AtomicBool>,
+    struct Full {
+        room: Arc<Mutex<usize>>,
         written: Arc<Mutex<Vec<u8>>>,
     }
 
-    impl Write for Stalled {
+    impl Write for Full {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.entered
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-            let (lock, cv) = &*self.open;
-            let mut open = lock.lock().unwrap();
-            while !*open {
-                open = cv.wait(open).unwrap();
+            let mut room = self.room.lock().unwrap();
+            let n = buf.len().min(*room);
+            if n == 0 {
+                return Err(ErrorKind::WouldBlock.into());
             }
-            self.written.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
+            *room -= n;
+            self.written.lock().unwrap().extend_from_slice(&buf[..n]);
+            Ok(n)
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
     }
 
+    fn text(w: &Full) -> String {
+        String::from_utf8(w.written.lock().unwrap().clone()).unwrap()
+    }
+
     #[test]
-    fn a_stalled_writer_costs_lines_not_callers() {
-        let w = Stalled::default();
-        let dropped = IntCounter::new("d", "d").unwrap();
-        let log = AccessLog::start(Box::new(w.clone()), dropped.clone()).unwrap();
-        let extra = 100;
-        // The writer takes the first line and blocks writing it...
-        log.log_text("line 0");
-        for _ in 0..1000 {
-            if w.entered.load(std::sync::atomic::Ordering::SeqCst) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+    fn lines_wait_for_an_idle_moment_then_go_out_whole() {
+        let w = Full::default();
+        *w.room.lock().unwrap() = usize::MAX;
+        let log = AccessLog::new(Box::new(w.clone()), IntCounter::new("d", "d").unwrap());
+        log.log_text("a");
+        log.log_text("b");
+        assert_eq!(
+            text(&w),
+            "",
+            "nothing is written by a request below FLUSH_AT"
+        );
+        log.flush();
+        assert_eq!(text(&w), "a\nb\n");
+        // A request that fills the batch writes it.
+        let line = "x".repeat(1000);
+        for _ in 0..FLUSH_AT / 1001 + 1 {
+            log.log_text(&line);
         }
-        assert!(w.entered.load(std::sync::atomic::Ordering::SeqCst));
-        // ...so the queue takes QUEUE more, and the rest are dropped
-        // without blocking the caller.
-        for i in 1..=QUEUE + extra {
+        assert_eq!(text(&w).lines().count(), 2 + FLUSH_AT / 1001 + 1);
+    }
+
+    #[test]
+    fn a_full_output_costs_lines_not_callers() {
+        let w = Full::default();
+        // Room for half a line: the rest waits, and is written first.
+        *w.room.lock().unwrap() = 3;
+        let dropped = IntCounter::new("d", "d").unwrap();
+        let log = AccessLog::new(Box::new(w.clone()), dropped.clone());
+        log.log_text("line 0");
+        log.flush();
+        assert_eq!(text(&w), "lin");
+        let extra = 100;
+        for i in 1..QUEUE + extra {
             log.log_text(&format!("line {i}"));
         }
+        log.flush();
         assert_eq!(dropped.get(), extra as u64);
-        // Waiting for a stalled writer gives up instead of hanging.
+        // Waiting for a full output gives up instead of hanging.
         assert!(!log.sync());
-        *w.open.0.lock().unwrap() = true;
-        w.open.1.notify_all();
+        *w.room.lock().unwrap() = usize::MAX;
         assert!(log.sync());
-        let text = String::from_utf8(w.written.lock().unwrap().clone()).unwrap();
-        assert_eq!(text.lines().count(), QUEUE + 1);
-        assert_eq!(text.lines().next(), Some("line 0"));
+        let all = text(&w);
+        assert_eq!(all.lines().count(), QUEUE);
+        assert_eq!(all.lines().next(), Some("line 0"));
+        assert_eq!(
+            all.lines().last(),
+            Some(format!("line {}", QUEUE - 1).as_str())
+        );
+    }
+
+    #[test]
+    fn a_failed_write_counts_its_lines_lost_and_the_log_goes_on() {
+        struct Broken(Full, bool);
+        impl Write for Broken {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                if std::mem::replace(&mut self.1, false) {
+                    return Err(ErrorKind::BrokenPipe.into());
+                }
+                self.0.write(buf)
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let w = Full::default();
+        *w.room.lock().unwrap() = usize::MAX;
+        let dropped = IntCounter::new("d", "d").unwrap();
+        let log = AccessLog::new(Box::new(Broken(w.clone(), true)), dropped.clone());
+        log.log_text("lost 1");
+        log.log_text("lost 2");
+        assert!(log.sync());
+        assert_eq!(dropped.get(), 2);
+        log.log_text("kept");
+        assert!(log.sync());
+        assert_eq!(text(&w), "kept\n");
     }
 }

@@ -15,6 +15,7 @@ use crate::metrics::Metrics;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::Router;
+use futures_util::future::BoxFuture;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -44,7 +45,67 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// that lands in the reserve holds its place only this long.
 const RESERVE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Serves `router` on `listener` under `limits` until `shutdown` resolves,
+/// Answers the requests it takes without the router's dispatch (its
+/// route lookup, boxed middleware and extractors), as the router would
+/// have.
+#[derive(Clone)]
+pub struct Shortcut {
+    /// Whether it answers a request for this path; the router answers the
+    /// others.
+    pub takes: fn(&str) -> bool,
+    pub answer: Arc<dyn Fn(Request<Body>) -> BoxFuture<'static, Response<Body>> + Send + Sync>,
+}
+
+impl std::fmt::Debug for Shortcut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shortcut").finish_non_exhaustive()
+    }
+}
+
+/// What a worker runs before its runtime parks (`AppState::idle`).
+pub type Idle = Arc<dyn Fn() + Send + Sync>;
+
+/// What requests are answered with: the router, a shortcut past it for
+/// most requests (`http::shortcut`), and what a worker does when idle.
+#[derive(Clone)]
+pub struct App {
+    router: Router,
+    shortcut: Option<Shortcut>,
+    idle: Option<Idle>,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("shortcut", &self.shortcut)
+            .field("idle", &self.idle.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl App {
+    pub fn new(router: Router, shortcut: Option<Shortcut>, idle: Option<Idle>) -> Self {
+        Self {
+            router,
+            shortcut,
+            idle,
+        }
+    }
+
+    async fn answer(&self, req: Request<Body>) -> Response<Body> {
+        if let Some(s) = self
+            .shortcut
+            .as_ref()
+            .filter(|s| (s.takes)(req.uri().path()))
+        {
+            return (s.answer)(req).await;
+        }
+        let Ok(r) = self.router.clone().oneshot(req).await;
+        r
+    }
+}
+
+/// Serves `app` on `listener` under `limits` until `shutdown` resolves,
 /// then stops accepting and lets open connections finish their requests.
 /// `workers` threads accept from the listener, each serving the
 /// connections it accepted on a single-threaded runtime of its own
@@ -52,7 +113,7 @@ const RESERVE_TIMEOUT: Duration = Duration::from_secs(1);
 pub async fn serve(
     listener: TcpListener,
     workers: NonZeroUsize,
-    router: Router,
+    app: App,
     limits: Limits,
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -66,7 +127,7 @@ pub async fn serve(
             reserve: reserve_builder(&limits),
         },
         limits,
-        router,
+        app,
         metrics,
     });
     workers::run(listener, workers, shared, shutdown).await
@@ -78,7 +139,7 @@ struct Shared {
     /// One count of open connections for all workers.
     tracker: Tracker,
     builders: Builders,
-    router: Router,
+    app: App,
     metrics: Arc<Metrics>,
 }
 
@@ -92,7 +153,7 @@ async fn accept_loop(
     let Shared {
         limits,
         tracker,
-        router,
+        app,
         metrics,
         ..
     } = &*shared;
@@ -138,7 +199,7 @@ async fn accept_loop(
         let io = Watched::new(stream, act.clone());
         let probe_only = slot.admission == Admission::ProbeOnly;
         let svc = Svc {
-            router: router.clone(),
+            app: app.clone(),
             probe_only,
             peer,
             act: act.clone(),
@@ -147,7 +208,7 @@ async fn accept_loop(
             (RESERVE_TIMEOUT, RESERVE_TIMEOUT, None)
         } else {
             let h1 = h1::Conn {
-                router: router.clone(),
+                app: app.clone(),
                 peer,
                 act: act.clone(),
                 header_read_timeout: limits.header_read_timeout,
@@ -220,7 +281,7 @@ async fn drive(
 /// hyper's service: each request, through [`respond`].
 #[derive(Clone)]
 struct Svc {
-    router: Router,
+    app: App,
     probe_only: bool,
     peer: SocketAddr,
     act: Arc<Activity>,
@@ -234,12 +295,7 @@ impl hyper::service::Service<Request<hyper::body::Incoming>> for Svc {
 
     fn call(&self, req: Request<hyper::body::Incoming>) -> Self::Future {
         self.act.requested();
-        Box::pin(respond(
-            self.router.clone(),
-            self.probe_only,
-            self.peer,
-            req,
-        ))
+        Box::pin(respond(self.app.clone(), self.probe_only, self.peer, req))
     }
 }
 
@@ -286,7 +342,7 @@ fn reserve_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
 /// `/metrics` (which shows the abuse) are served; anything else is told to
 /// come back, and the connection is closed.
 async fn respond(
-    router: Router,
+    app: App,
     probe_only: bool,
     peer: SocketAddr,
     mut req: Request<hyper::body::Incoming>,
@@ -302,7 +358,7 @@ async fn respond(
     }
     // The access log names the client, as axum's `ConnectInfo` would.
     req.extensions_mut().insert(ConnectInfo(peer));
-    router.oneshot(req.map(Body::new)).await
+    Ok(app.answer(req.map(Body::new)).await)
 }
 
 /// Closes a refused connection at once, with a reset: nothing of it stays

@@ -294,20 +294,22 @@ async fn serve_until_stopped(
             tracing::warn!("in-flight requests still running after {timeout:?}; exiting anyway")
         }
     }
-    // The access log's last lines are still queued for its writer thread,
-    // which exiting would cut off.
+    // The access log's last lines may still be queued (the output was
+    // full), which exiting would cut off.
     let _ = tokio::task::spawn_blocking(move || drain_state.sync_access_log()).await;
     Ok(())
 }
 
+/// The access log's output, which must not block (`listen::access_log`):
+/// a file is appended to whole batches at a time.
 fn open_access_log(p: &Path) -> Result<Box<dyn Write + Send>> {
     if p.as_os_str() == "-" {
-        return Ok(Box::new(std::io::stdout()));
+        return crate::listen::access_log::nonblocking_stdout().context("the access log on stdout");
     }
     let f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(p)
         .with_context(|| format!("opening access log {}", p.display()))?;
-    Ok(Box::new(std::io::LineWriter::new(f)))
+    Ok(Box::new(f))
 }

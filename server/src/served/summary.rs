@@ -7,14 +7,25 @@
 use super::metadata::MAX_CONFIG;
 use super::{FoundRef, Generated, Generation, MAX_DIR_ENTRIES, MAX_METADATA_FILE};
 use crate::fsutil;
-use anyhow::Result;
+use crate::verify::ObjectGate;
+use anyhow::{Context, Result};
 use oscontent_format::{
-    self as format, build_summary, Checksum, Commit, RefNamespace, Summary, SummaryDelta,
-    SummaryRef,
+    self as format, build_summary, Checksum, Commit, DeltaName, RefNamespace, Summary,
+    SummaryDelta, SummaryRef,
 };
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
+
+/// What of a superblock's file says it changed.
+type FileIdentity = (u64, u64, i64, i64);
+
+fn identity(m: &std::fs::Metadata) -> FileIdentity {
+    use std::os::unix::fs::MetadataExt;
+    (m.ino(), m.len(), m.mtime(), m.mtime_nsec())
+}
 
 #[derive(Debug)]
 pub(super) struct SummaryCache {
@@ -25,8 +36,9 @@ pub(super) struct SummaryCache {
 }
 
 /// How long a generated summary is served before its inputs are looked at
-/// again. Taking the fingerprint lists refs and deltas and reads the config
-/// (tens of syscalls); every node asks for the summary, and for its
+/// again. Taking the fingerprint opens each verified delta's superblock,
+/// lists `delta-indexes` and reads the config (a few tens of syscalls, in
+/// a trip to the blocking pool); every node asks for the summary, and for its
 /// signature, which names it, so in a delta update of a few requests that
 /// listing was a fifth of the server's work for a node. A second is far
 /// below what clients may cache it for (`--metadata-max-age`).
@@ -58,6 +70,43 @@ impl Generation {
         Ok(false)
     }
 
+    /// The deltas the summary lists, each with where its superblock is
+    /// and that file's identity. Those a publication verified are looked
+    /// for by name, one `openat2` each beneath each root, rather than by
+    /// listing every root's `deltas/` (a delta it did not verify is not
+    /// listed either way); a mirror's store, where everything verified, is
+    /// listed.
+    fn summary_delta_files(&self) -> Result<BTreeMap<DeltaName, (PathBuf, String, FileIdentity)>> {
+        let mut deltas = BTreeMap::new();
+        let ObjectGate::Only(verified) = &self.gate else {
+            for root in self.all_roots().collect::<Vec<_>>().into_iter().rev() {
+                for (name, rel) in Self::list_deltas(root)? {
+                    if let Some((_, m)) = fsutil::open_file(root, &rel)? {
+                        deltas.insert(name, (root.clone(), rel, identity(&m)));
+                    }
+                }
+            }
+            return Ok(deltas);
+        };
+        for name in verified.deltas() {
+            let rel = format!("{}/superblock", name.dir());
+            let roots = self.root_fds().iter().zip(self.all_roots());
+            for ((_, dir), root) in roots {
+                let Some(dir) = dir else { continue };
+                match fsutil::open_beneath(dir.as_fd(), &rel, false)
+                    .with_context(|| format!("opening {rel} in {}", root.display()))?
+                {
+                    fsutil::Opened::File(_, m) => {
+                        deltas.insert(*name, (root.clone(), rel, identity(&m)));
+                        break;
+                    }
+                    fsutil::Opened::Absent | fsutil::Opened::WouldBlock => {}
+                }
+            }
+        }
+        Ok(deltas)
+    }
+
     /// The generated summary if its inputs were looked at within
     /// [`SUMMARY_RECHECK`], or ever when they cannot change
     /// ([`Generation::fixed_sources`]): what a request may answer without a
@@ -76,14 +125,7 @@ impl Generation {
             return Ok(g);
         }
         let refs = self.refs()?;
-        let mut deltas = BTreeMap::new();
-        for root in self.all_roots().collect::<Vec<_>>().into_iter().rev() {
-            for (name, rel) in Self::list_deltas(root)? {
-                if self.gate.allows_delta(&name) {
-                    deltas.insert(name, (root.clone(), rel));
-                }
-            }
-        }
+        let deltas = self.summary_delta_files()?;
         let indexed = self.index_deltas || self.has_delta_indexes()?;
         let collection_id = self.collection_id()?;
         // Cheap fingerprint of the inputs: ref targets plus each superblock's
@@ -92,11 +134,7 @@ impl Generation {
         for r in &refs {
             h.update(format!("{:?}\0{}\0{}\n", r.namespace, r.name, r.commit));
         }
-        for (name, (root, rel)) in &deltas {
-            let id = fsutil::open_file(root, rel)?.map(|(_, m)| {
-                use std::os::unix::fs::MetadataExt;
-                (m.ino(), m.len(), m.mtime(), m.mtime_nsec())
-            });
+        for (name, (_, _, id)) in &deltas {
             h.update(format!("{}\0{id:?}\n", name.summary_name()));
         }
         h.update([u8::from(indexed)]);
@@ -108,7 +146,7 @@ impl Generation {
             return Ok(c.summary.clone());
         }
         let mut summary_deltas = Vec::new();
-        for (name, (root, rel)) in &deltas {
+        for (name, (root, rel, _)) in &deltas {
             let Some((bytes, _)) = fsutil::read_file(root, rel, MAX_METADATA_FILE)? else {
                 continue;
             };

@@ -74,6 +74,11 @@ impl VerifiedSet {
         self.deltas.contains(d)
     }
 
+    /// Every verified delta (in no particular order).
+    pub fn deltas(&self) -> impl Iterator<Item = &DeltaName> {
+        self.deltas.iter()
+    }
+
     pub fn len(&self) -> usize {
         self.objects.len()
     }

@@ -388,3 +388,79 @@ async fn a_generated_summary_is_rechecked_only_where_its_sources_can_change() {
         assert!(server.get("/summary").await.body == *body, "{name}");
     }
 }
+
+/// The listener answers repo paths through `http::shortcut`, past the
+/// router: every answer, metric and log line must be the router's.
+#[tokio::test]
+async fn the_shortcut_answers_as_the_router_does() {
+    let (fx, server) = serving_v1().await;
+    let v1 = &fx.v1;
+    let c = &v1.commit;
+    let deltas = v1.files("deltas");
+    let part = format!("/{}", deltas.iter().find(|f| f.ends_with("/0")).unwrap());
+    let commit = v1.object("commit");
+    let etag = server.get(&commit).await.header("etag").unwrap().to_owned();
+    type Case<'a> = (&'a str, String, Vec<(&'a str, &'a str)>);
+    // (method, path, headers)
+    let cases: Vec<Case> = vec![
+        ("GET", "/config".into(), vec![]),
+        ("GET", "/summary".into(), vec![]),
+        ("GET", format!("/refs/heads/{REF}"), vec![]),
+        ("GET", commit.clone(), vec![]),
+        ("HEAD", commit.clone(), vec![]),
+        ("GET", commit.clone(), vec![("if-none-match", &etag)]),
+        ("GET", v1.object("filez"), vec![("range", "bytes=2-9")]),
+        (
+            "GET",
+            v1.object("dirtree"),
+            vec![("range", "bytes=999999-")],
+        ),
+        ("GET", part.clone(), vec![]),
+        (
+            "GET",
+            format!("/objects/{}/{}.commitmeta", &c[..2], &c[2..]),
+            vec![],
+        ),
+        ("GET", "/objects/zz/not-an-object".into(), vec![]),
+        ("GET", "/nothing/here".into(), vec![]),
+        ("GET", "/healthz/".into(), vec![]),
+        ("POST", "/config".into(), vec![]),
+        ("DELETE", commit.clone(), vec![]),
+        ("GET", "/config".into(), vec![("expect", "magic")]),
+        (
+            "GET",
+            "/config".into(),
+            vec![("host", "a.test"), ("host", "b.test")],
+        ),
+    ];
+    for (method, path, headers) in &cases {
+        let routed = server.send(method, path, headers).await;
+        let direct = server
+            .send_shortcut(method, path, headers)
+            .await
+            .unwrap_or_else(|| panic!("{method} {path}: handed back"));
+        let what = format!("{method} {path} {headers:?}");
+        assert_eq!(direct.status, routed.status, "{what}");
+        assert_eq!(direct.body, routed.body, "{what}");
+        let mut a = direct.headers.clone();
+        let mut b = routed.headers.clone();
+        a.remove("date");
+        b.remove("date");
+        assert_eq!(a, b, "{what}");
+    }
+    // Both logged each request alike.
+    let log = server.access_log();
+    assert_eq!(log.len() % 2, 1, "the etag's GET, then pairs");
+    for pair in log[1..].chunks(2) {
+        for field in ["kind", "method", "path", "status", "bytes", "version"] {
+            assert_eq!(pair[0][field], pair[1][field], "{field} of {pair:?}");
+        }
+    }
+    // The routes stay the router's.
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert!(
+            server.send_shortcut("GET", path, &[]).await.is_none(),
+            "{path}"
+        );
+    }
+}

@@ -24,7 +24,6 @@ use super::watch::{Activity, Watched};
 use crate::http::sendfile::CanSendFile;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use axum::Router;
 use bytes::{Buf, BytesMut};
 use head::{next, Next, Plain};
 use http::header::{HeaderName, HeaderValue};
@@ -35,7 +34,6 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tower::ServiceExt;
 
 /// What one read asks for (a few request heads).
 const READ: usize = 4096;
@@ -50,7 +48,7 @@ pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What a connection is served with.
 pub(super) struct Conn {
-    pub router: Router,
+    pub app: super::App,
     pub peer: SocketAddr,
     pub act: Arc<Activity>,
     /// Bounds the wait for each request's head, as hyper's does.
@@ -151,12 +149,7 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, mut conn: Conn) -> Result<
             }
         };
         conn.act.requested();
-        let resp = conn
-            .router
-            .clone()
-            .oneshot(req)
-            .await
-            .unwrap_or_else(|e| match e {});
+        let resp = conn.app.answer(req).await;
         let stop = close_asked || *conn.shutdown.borrow();
         answered = true;
         if respond::respond(&mut io, &conn.act, resp, head, stop, &mut out).await? {
