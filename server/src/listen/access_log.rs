@@ -233,16 +233,22 @@ impl Drop for AccessLog {
     }
 }
 
-/// Standard output as the access log's output, made not to block: a
-/// regular file is written as it is; a pipe or terminal through a
-/// non-blocking open file description of its own (so stdout's own, shared
-/// with whoever started us, keeps its flags); a socket with
-/// `MSG_DONTWAIT`.
+/// Standard output as the access log's output, made not to block
+/// ([`nonblocking`]).
 pub fn nonblocking_stdout() -> std::io::Result<Box<dyn Write + Send>> {
+    use std::os::fd::AsFd;
+    nonblocking(std::io::stdout().as_fd())
+}
+
+/// `fd` as an output that never blocks: a regular file is written as it
+/// is; a pipe or terminal through a non-blocking open file description of
+/// its own (so `fd`'s own, shared with whoever started us, keeps its
+/// flags); a socket with `MSG_DONTWAIT`.
+fn nonblocking(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Box<dyn Write + Send>> {
     use rustix::fs::FileType;
-    use std::os::fd::{AsFd, AsRawFd};
+    use std::os::fd::AsRawFd;
     use std::os::unix::fs::OpenOptionsExt;
-    let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
+    let fd = fd.try_clone_to_owned()?;
     let kind = FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode);
     Ok(match kind {
         FileType::RegularFile => Box::new(std::fs::File::from(fd)),
@@ -256,8 +262,8 @@ pub fn nonblocking_stdout() -> std::io::Result<Box<dyn Write + Send>> {
                 Ok(f) => Box::new(f),
                 Err(e) => {
                     tracing::warn!(
-                        "stdout ({kind:?}) could not be made non-blocking ({e}): a stalled \
-                         reader may stall requests"
+                        "the access log's output ({kind:?}) could not be made non-blocking \
+                         ({e}): a stalled reader may stall requests"
                     );
                     Box::new(std::fs::File::from(fd))
                 }
@@ -392,5 +398,40 @@ mod tests {
         log.log_text("kept");
         assert!(log.sync());
         assert_eq!(text(&w), "kept\n");
+    }
+
+    /// A pipe nobody reads fills, and the output says so instead of
+    /// blocking; the pipe's own descriptor keeps its flags.
+    #[test]
+    fn a_pipe_is_written_without_blocking_and_keeps_its_flags() {
+        use rustix::fs::OFlags;
+        let (rx, tx) = std::io::pipe().unwrap();
+        let (done, filled) = std::sync::mpsc::channel();
+        let writer = std::thread::spawn(move || {
+            let mut out = nonblocking(std::os::fd::AsFd::as_fd(&tx)).unwrap();
+            let chunk = [b'x'; 4096];
+            let mut total = 0;
+            let full = loop {
+                match out.write(&chunk) {
+                    Ok(n) => total += n,
+                    Err(e) => break e,
+                }
+                if total > 64 << 20 {
+                    break ErrorKind::Other.into();
+                }
+            };
+            let _ = done.send((full.kind(), total));
+            tx
+        });
+        // A blocking write would wait here for a reader; closing ours
+        // then ends it (EPIPE), and the test fails rather than hangs.
+        let got = filled.recv_timeout(Duration::from_secs(10));
+        drop(rx);
+        let (kind, total) = got.expect("a write to a full pipe blocked");
+        assert_eq!(kind, ErrorKind::WouldBlock);
+        assert!(total > 0);
+        let tx = writer.join().unwrap();
+        let flags = rustix::fs::fcntl_getfl(&tx).unwrap();
+        assert!(!flags.contains(OFlags::NONBLOCK), "{flags:?}");
     }
 }
