@@ -183,8 +183,9 @@ pub fn shortcut(state: AppState) -> crate::listen::Shortcut {
     }
 }
 
-/// The paths [`app`] routes; everything else is its fallback, the repo.
-const ROUTES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+/// The paths [`app`] routes (the probes and the scrape); everything else
+/// is its fallback, the repo.
+pub const ROUTES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 
 async fn readyz(State(st): State<AppState>) -> Response {
     if st.is_ready() {

@@ -347,7 +347,7 @@ async fn respond(
     peer: SocketAddr,
     mut req: Request<hyper::body::Incoming>,
 ) -> Result<Response<Body>, Infallible> {
-    if probe_only && !matches!(req.uri().path(), "/healthz" | "/readyz" | "/metrics") {
+    if probe_only && !crate::http::ROUTES.contains(&req.uri().path()) {
         let mut r = Response::new(Body::empty());
         *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         let h = r.headers_mut();

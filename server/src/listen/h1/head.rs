@@ -5,9 +5,6 @@ use crate::http::log_date;
 use http::header;
 use http::StatusCode;
 
-/// Paths not answered here: probes and scrapes keep hyper's answers (and
-/// rarely share a connection with pulls).
-const NOT_HERE: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 /// What a `Connection` header may name and still be answered here: its
 /// own options, and what an h2c upgrade (ignored) names.
 const H2C_HOP_BY_HOP: [&[u8]; 3] = [b"keep-alive", b"upgrade", b"http2-settings"];
@@ -58,7 +55,9 @@ pub(super) fn next<'b>(
         "HEAD" => true,
         _ => return Next::Hyper,
     };
-    if !path.starts_with('/') || NOT_HERE.contains(&path) {
+    // The routes (probes and scrapes) keep hyper's answers, and rarely
+    // share a connection with pulls.
+    if !path.starts_with('/') || crate::http::ROUTES.contains(&path) {
         return Next::Hyper;
     }
     let mut close = false;
