@@ -77,9 +77,9 @@ pub enum MetadataError {
 
 /// Which version of a file a cache entry is: a file replaced, rewritten
 /// or touched gets a new identity.
-type Identity = (u64, u64, u64, i64, i64, i64, i64);
+pub(super) type Identity = (u64, u64, u64, i64, i64, i64, i64);
 
-fn identity(m: &std::fs::Metadata) -> Identity {
+pub(super) fn identity(m: &std::fs::Metadata) -> Identity {
     (
         m.dev(),
         m.ino(),

@@ -4,7 +4,7 @@
 //! when the sources are images the server staged, else under a fingerprint
 //! of those inputs taken at most once a second.
 
-use super::metadata::MAX_CONFIG;
+use super::metadata::{identity, Identity, MAX_CONFIG};
 use super::{FoundRef, Generated, Generation, MAX_DIR_ENTRIES, MAX_METADATA_FILE};
 use crate::fsutil;
 use crate::verify::ObjectGate;
@@ -18,14 +18,6 @@ use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
-
-/// What of a superblock's file says it changed.
-type FileIdentity = (u64, u64, i64, i64);
-
-fn identity(m: &std::fs::Metadata) -> FileIdentity {
-    use std::os::unix::fs::MetadataExt;
-    (m.ino(), m.len(), m.mtime(), m.mtime_nsec())
-}
 
 #[derive(Debug)]
 pub(super) struct SummaryCache {
@@ -76,7 +68,7 @@ impl Generation {
     /// listing every root's `deltas/` (a delta it did not verify is not
     /// listed either way); a mirror's store, where everything verified, is
     /// listed.
-    fn summary_delta_files(&self) -> Result<BTreeMap<DeltaName, (PathBuf, String, FileIdentity)>> {
+    fn summary_delta_files(&self) -> Result<BTreeMap<DeltaName, (PathBuf, String, Identity)>> {
         let mut deltas = BTreeMap::new();
         let ObjectGate::Only(verified) = &self.gate else {
             for root in self.all_roots().collect::<Vec<_>>().into_iter().rev() {
