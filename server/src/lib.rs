@@ -41,8 +41,8 @@ pub async fn run(
     let idle = state.clone();
     let app = listen::App::new(
         app(state.clone()),
-        Some(http::shortcut(state)),
-        Some(Arc::new(move || idle.idle())),
+        http::shortcut(state),
+        Arc::new(move || idle.idle()),
     );
     listen::serve(listener, workers, app, limits, metrics, shutdown).await
 }

@@ -4,8 +4,8 @@
 //! do (just before its runtime parks, [`AccessLog::flush`]), and the
 //! request that fills it to [`FLUSH_AT`] writes it at once. That is one
 //! `write` per idle moment, as nginx makes one per request. A writer thread
-//! cost a wake-up, a linger and a sleep per batch: 11% of the server's CPU
-//! in a delta pull (xtask/src/bench/RESULTS.md, session 29).
+//! cost a wake-up, a linger and a sleep per batch: 8-10% of the server's
+//! CPU in a delta pull (xtask/src/bench/RESULTS.md, session 29).
 //!
 //! The output must not block (`nonblocking_stdout` makes stdout so): a
 //! full pipe keeps the lines queued, to be written at a later idle moment,

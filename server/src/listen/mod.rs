@@ -70,21 +70,20 @@ pub type Idle = Arc<dyn Fn() + Send + Sync>;
 #[derive(Clone)]
 pub struct App {
     router: Router,
-    shortcut: Option<Shortcut>,
-    idle: Option<Idle>,
+    shortcut: Shortcut,
+    idle: Idle,
 }
 
 impl std::fmt::Debug for App {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("App")
             .field("shortcut", &self.shortcut)
-            .field("idle", &self.idle.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl App {
-    pub fn new(router: Router, shortcut: Option<Shortcut>, idle: Option<Idle>) -> Self {
+    pub fn new(router: Router, shortcut: Shortcut, idle: Idle) -> Self {
         Self {
             router,
             shortcut,
@@ -93,12 +92,8 @@ impl App {
     }
 
     async fn answer(&self, req: Request<Body>) -> Response<Body> {
-        if let Some(s) = self
-            .shortcut
-            .as_ref()
-            .filter(|s| (s.takes)(req.uri().path()))
-        {
-            return (s.answer)(req).await;
+        if (self.shortcut.takes)(req.uri().path()) {
+            return (self.shortcut.answer)(req).await;
         }
         let Ok(r) = self.router.clone().oneshot(req).await;
         r

@@ -95,15 +95,15 @@ fn worker(
 ) -> std::io::Result<()> {
     // Sockets and timers only: the signal and process drivers (the main
     // runtime's, `serve::signals`) would be checked at every wake.
-    let mut rt = tokio::runtime::Builder::new_current_thread();
-    rt.enable_io()
+    let idle = shared.app.idle.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
         .enable_time()
         .max_blocking_threads(blocking)
-        .thread_name(format!("http-{i}-blocking"));
-    if let Some(idle) = shared.app.idle.clone() {
-        rt.on_thread_park(move || idle());
-    }
-    let rt = rt.build()?;
+        .thread_name(format!("http-{i}-blocking"))
+        // Writes the access log's queued lines (`access_log.rs`).
+        .on_thread_park(move || idle())
+        .build()?;
     let r = rt.block_on(async move {
         let listener = TcpListener::from_std(listener)?;
         super::accept_loop(listener, shared, stopping).await;
