@@ -1,4 +1,6 @@
 use crate::error::FormatError;
+use base64::alphabet::Alphabet;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -34,29 +36,33 @@ impl Checksum {
         Ok(Self(out))
     }
 
-    /// ostree's "modified base64" (delta names): standard alphabet, no
-    /// padding, `/` replaced by `_` so it can be a path component. `+` stays.
+    /// ostree's "modified base64" (delta names): [`MBASE64`].
     pub fn to_mbase64(&self) -> String {
-        base64::engine::general_purpose::STANDARD_NO_PAD
-            .encode(self.0)
-            .replace('/', "_")
+        let mut s = String::with_capacity(Self::MBASE64_LEN);
+        self.write_mbase64(&mut s);
+        s
+    }
+
+    /// [`Self::to_mbase64`], appended to `out`.
+    pub fn write_mbase64(&self, out: &mut String) {
+        let mut buf = [0u8; Self::MBASE64_LEN];
+        let n = MBASE64
+            .encode_slice(self.0, &mut buf)
+            .expect("43 characters hold 32 bytes");
+        out.push_str(std::str::from_utf8(&buf[..n]).expect("base64 is ASCII"));
     }
 
     pub fn from_mbase64(s: &str) -> Result<Self, FormatError> {
-        if s.len() != Self::MBASE64_LEN || s.contains('/') {
-            return Err(FormatError::Mbase64(truncate(s)));
+        let bad = || FormatError::Mbase64(truncate(s));
+        if s.len() != Self::MBASE64_LEN {
+            return Err(bad());
         }
-        let std = s.replace('_', "/");
-        let bytes = base64::engine::general_purpose::STANDARD_NO_PAD
-            .decode(std)
-            .map_err(|_| FormatError::Mbase64(truncate(s)))?;
-        let c = Self::from_bytes(&bytes).map_err(|_| FormatError::Mbase64(truncate(s)))?;
-        // Reject non-canonical encodings (stray low bits) so one checksum has
-        // exactly one URL.
-        if c.to_mbase64() != s {
-            return Err(FormatError::Mbase64(truncate(s)));
+        // A byte past the 32: the decoder wants room for its estimate.
+        let mut out = [0u8; Self::LEN + 1];
+        match MBASE64.decode_slice(s, &mut out) {
+            Ok(Self::LEN) => Self::from_bytes(&out[..Self::LEN]).map_err(|_| bad()),
+            _ => Err(bad()),
         }
-        Ok(c)
     }
 
     /// SHA-256 of `data`.
@@ -72,6 +78,25 @@ impl Checksum {
         hex::encode(self.0)
     }
 }
+
+/// ostree's "modified base64" (delta names): the standard alphabet with
+/// `_` for `/`, so that it can be a path component (`+` stays), no
+/// padding, and no stray low bits, so that one checksum has exactly one
+/// name. Encoded and decoded on the stack: a delta's name is parsed at
+/// each request for it.
+const MBASE64: GeneralPurpose = GeneralPurpose::new(
+    &MBASE64_ALPHABET,
+    GeneralPurposeConfig::new()
+        .with_encode_padding(false)
+        .with_decode_padding_mode(DecodePaddingMode::RequireNone)
+        .with_decode_allow_trailing_bits(false),
+);
+
+const MBASE64_ALPHABET: Alphabet =
+    match Alphabet::new("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+_") {
+        Ok(a) => a,
+        Err(_) => panic!("the modified base64 alphabet"),
+    };
 
 fn truncate(s: &str) -> String {
     const SHOWN: usize = 80;
@@ -117,6 +142,13 @@ mod tests {
         assert_eq!(c.to_hex(), HEX);
         assert_eq!(c.to_mbase64(), MB64);
         assert_eq!(Checksum::from_mbase64(MB64).unwrap(), c);
+        // Every byte value, as the standard engine spells it with `_`.
+        for b in 0..=255u8 {
+            let c = Checksum([b; Checksum::LEN]);
+            let std = base64::engine::general_purpose::STANDARD_NO_PAD.encode(c.0);
+            assert_eq!(c.to_mbase64(), std.replace('/', "_"));
+            assert_eq!(Checksum::from_mbase64(&c.to_mbase64()).unwrap(), c);
+        }
     }
 
     #[test]
@@ -144,6 +176,9 @@ mod tests {
             &MB64.replace('_', "/"),
             &format!("{MB64}="),
             &noncanonical,
+            &format!("{}=", &MB64[..42]),
+            &MB64.replace('U', "-"),
+            &MB64.replace('U', "\u{e9}")[..43],
         ];
         for s in cases {
             assert!(Checksum::from_mbase64(s).is_err(), "{s:?} accepted");

@@ -123,18 +123,23 @@ impl DeltaName {
     /// The directory relative to the repo root: `deltas/XX/REST` where
     /// `XXREST` is `mb64(from)-mb64(to)` or `mb64(to)`.
     pub fn dir(&self) -> String {
-        let joined = match self.from {
-            Some(f) => format!("{}-{}", f.to_mbase64(), self.to.to_mbase64()),
-            None => self.to.to_mbase64(),
-        };
-        format!("deltas/{}/{}", &joined[..2], &joined[2..])
+        let mut joined = String::with_capacity(2 * Checksum::MBASE64_LEN + 1);
+        if let Some(f) = self.from {
+            f.write_mbase64(&mut joined);
+            joined.push('-');
+        }
+        self.to.write_mbase64(&mut joined);
+        let mut dir = String::with_capacity("deltas/".len() + joined.len() + 1);
+        dir.push_str("deltas/");
+        dir.push_str(&joined[..2]);
+        dir.push('/');
+        dir.push_str(&joined[2..]);
+        dir
     }
 
     fn parse_dir(prefix: &str, rest: &str) -> Option<Self> {
-        if prefix.len() != 2 {
-            return None;
-        }
-        let joined = format!("{prefix}{rest}");
+        let mut buf = [0u8; 2 * Checksum::MBASE64_LEN + 1];
+        let joined = rejoin(&mut buf, prefix, rest)?;
         match joined.split_once('-') {
             Some((f, t)) => Some(Self {
                 from: Some(Checksum::from_mbase64(f).ok()?),
@@ -142,7 +147,7 @@ impl DeltaName {
             }),
             None => Some(Self {
                 from: None,
-                to: Checksum::from_mbase64(&joined).ok()?,
+                to: Checksum::from_mbase64(joined).ok()?,
             }),
         }
     }
@@ -152,6 +157,21 @@ impl DeltaName {
         let m = to.to_mbase64();
         format!("delta-indexes/{}/{}.index", &m[..2], &m[2..])
     }
+}
+
+/// A name split after its first two characters (`XX/REST`) made whole
+/// again in `buf`, without allocating: parsed at every request for a
+/// delta. `None` unless `prefix` is those two characters and the whole
+/// fits.
+fn rejoin<'a>(buf: &'a mut [u8], prefix: &str, rest: &str) -> Option<&'a str> {
+    if prefix.len() != 2 {
+        return None;
+    }
+    let joined = buf.get_mut(..prefix.len() + rest.len())?;
+    let (head, tail) = joined.split_at_mut(prefix.len());
+    head.copy_from_slice(prefix.as_bytes());
+    tail.copy_from_slice(rest.as_bytes());
+    std::str::from_utf8(joined).ok()
 }
 
 /// A file inside a delta directory.
@@ -256,7 +276,8 @@ impl RepoPath {
             if prefix.len() != 2 || tail.contains('-') {
                 return None;
             }
-            let to = Checksum::from_mbase64(&format!("{prefix}{tail}")).ok()?;
+            let mut buf = [0u8; Checksum::MBASE64_LEN];
+            let to = Checksum::from_mbase64(rejoin(&mut buf, prefix, tail)?).ok()?;
             return Some(RepoPath::DeltaIndex { to });
         }
         None
