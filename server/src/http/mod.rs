@@ -176,8 +176,9 @@ pub fn shortcut(state: AppState) -> crate::listen::Shortcut {
         takes: |path| !ROUTES.contains(&path),
         answer: Arc::new(move |req| {
             let st = state.clone();
-            Box::pin(observe::observed(state.clone(), req, |req| {
-                repo::repo(State(st), req)
+            // Parsed once, for the metrics' label and the handler.
+            Box::pin(observe::observed(state.clone(), req, |req, parsed| {
+                repo::repo_parsed(st, req, parsed)
             }))
         }),
     }
@@ -213,14 +214,24 @@ async fn metrics(State(st): State<AppState>) -> Response {
     ([(header::CONTENT_TYPE, ctype)], text).into_response()
 }
 
+/// The repo path a request path names, if any.
+pub(crate) fn repo_path(path: &str) -> Option<RepoPath> {
+    path.strip_prefix('/').and_then(RepoPath::parse)
+}
+
 /// Path kind, the metrics label. Bounded set, so label cardinality is too.
 pub fn classify(path: &str) -> &'static str {
+    kind(path, repo_path(path).as_ref())
+}
+
+/// [`classify`], of a path already parsed ([`repo_path`]).
+fn kind(path: &str, parsed: Option<&RepoPath>) -> &'static str {
     match path {
         "/healthz" | "/readyz" => return "health",
         "/metrics" => return "metrics",
         _ => {}
     }
-    match path.strip_prefix('/').and_then(RepoPath::parse) {
+    match parsed {
         Some(RepoPath::Config) => "config",
         Some(RepoPath::Summary) => "summary",
         Some(RepoPath::SummarySig) => "summary_sig",

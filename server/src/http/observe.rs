@@ -8,7 +8,7 @@
 //! queued for an idle worker to write, and only when there is a log.
 
 use super::sendfile::SendFile;
-use super::{classify, refused_head, AppState};
+use super::{kind, refused_head, repo_path, AppState};
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
@@ -17,24 +17,27 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Uri, Version};
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
+use oscontent_format::RepoPath;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 pub(super) async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    observed(st, req, |req| next.run(req)).await
+    observed(st, req, |req, _| next.run(req)).await
 }
 
 /// [`observe`] around `inner`, whatever calls it: the router's middleware,
-/// or the shortcut past the router (`super::shortcut`).
+/// or the shortcut past the router (`super::shortcut`). `inner` is given
+/// the repo path the request names, as parsed for the metrics' label.
 pub(super) async fn observed<F: std::future::Future<Output = Response>>(
     st: AppState,
     req: Request,
-    inner: impl FnOnce(Request) -> F,
+    inner: impl FnOnce(Request, Option<RepoPath>) -> F,
 ) -> Response {
     let start = Instant::now();
-    let kind = classify(req.uri().path());
+    let parsed = repo_path(req.uri().path());
+    let kind = kind(req.uri().path(), parsed.as_ref());
     let head = req.method() == Method::HEAD;
     let logged = st.access_log.as_ref().map(|_| Logged {
         method: req.method().clone(),
@@ -47,7 +50,7 @@ pub(super) async fn observed<F: std::future::Future<Output = Response>>(
             .map(|c| c.0.ip()),
     });
     let mut resp = match refused_head(req.version(), req.headers()) {
-        None => inner(req).await,
+        None => inner(req, parsed).await,
         Some(e) => e.into_response(),
     };
     // What sets no policy of its own (errors, probes, metrics) is not to

@@ -46,6 +46,12 @@ fn policy(p: &RepoPath) -> CachePolicy {
 /// Serves one repo path. GET and HEAD only. Takes the request whole: the
 /// `HeaderMap` extractor would copy the headers.
 pub(super) async fn repo(State(st): State<AppState>, req: Request) -> Response {
+    let parsed = super::repo_path(req.uri().path());
+    repo_parsed(st, req, parsed).await
+}
+
+/// [`repo`], for a request whose path is already parsed.
+pub(super) async fn repo_parsed(st: AppState, req: Request, parsed: Option<RepoPath>) -> Response {
     // In-process tests call the router without a connection.
     let client = req
         .extensions()
@@ -57,7 +63,7 @@ pub(super) async fn repo(State(st): State<AppState>, req: Request) -> Response {
         client,
         sendfile: req.extensions().get::<CanSendFile>().is_some(),
     };
-    match serve_repo(&st, &asked, req.uri().path()).await {
+    match serve_repo(&st, &asked, req.uri().path(), parsed).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -78,8 +84,13 @@ impl Asked<'_> {
     }
 }
 
-async fn serve_repo(st: &AppState, asked: &Asked<'_>, path: &str) -> Result<Response, AppError> {
-    let Some(rp) = path.strip_prefix('/').and_then(RepoPath::parse) else {
+async fn serve_repo(
+    st: &AppState,
+    asked: &Asked<'_>,
+    path: &str,
+    parsed: Option<RepoPath>,
+) -> Result<Response, AppError> {
+    let Some(rp) = parsed else {
         return Err(AppError::NotFound);
     };
     if asked.method != Method::GET && asked.method != Method::HEAD {
