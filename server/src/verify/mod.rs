@@ -135,14 +135,6 @@ impl ObjectGate {
             _ => true,
         }
     }
-
-    /// Whether a delta may be listed in a summary.
-    pub fn allows_delta(&self, d: &DeltaName) -> bool {
-        match self {
-            ObjectGate::Only(set) => set.contains_delta(d),
-            ObjectGate::VerifiedStore => true,
-        }
-    }
 }
 
 /// A file's identity: a file replaced or rewritten gets a new one. The
