@@ -63,13 +63,20 @@ impl ObjectName {
 
     /// `objects/ab/cdef….ext`, relative to the repo root.
     pub fn path(&self) -> String {
-        let hex = self.checksum.to_hex();
-        format!(
-            "objects/{}/{}.{}",
-            &hex[..2],
-            &hex[2..],
-            self.kind.extension()
-        )
+        let mut hex = [0u8; Checksum::HEX_LEN];
+        hex::encode_to_slice(self.checksum.as_bytes(), &mut hex)
+            .expect("64 hex digits hold 32 bytes");
+        let hex = std::str::from_utf8(&hex).expect("hex is ASCII");
+        let ext = self.kind.extension();
+        // Built in one allocation: named at every object request.
+        let mut p = String::with_capacity("objects//.".len() + Checksum::HEX_LEN + ext.len());
+        p.push_str("objects/");
+        p.push_str(&hex[..2]);
+        p.push('/');
+        p.push_str(&hex[2..]);
+        p.push('.');
+        p.push_str(ext);
+        p
     }
 }
 

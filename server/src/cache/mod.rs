@@ -104,7 +104,7 @@ type Key = (u64, ObjectName);
 
 #[derive(Debug, Default)]
 struct Inner {
-    map: HashMap<Key, Arc<CachedObject>>,
+    map: HashMap<Key, Arc<CachedObject>, rustc_hash::FxBuildHasher>,
     /// The clock: every key in `map`, once.
     queue: VecDeque<Key>,
     bytes: usize,

@@ -58,7 +58,8 @@ pub const MAX_JOBS: usize = 4;
 /// The objects and deltas a publication verified.
 #[derive(Debug, Default, Clone)]
 pub struct VerifiedSet {
-    objects: HashSet<ObjectName>,
+    /// Looked up at every object request (`ObjectGate::allows`).
+    objects: HashSet<ObjectName, rustc_hash::FxBuildHasher>,
     deltas: HashSet<DeltaName>,
     /// Objects whose bytes this publication read and hashed (the others
     /// were verified before, or come from a preverified root).
