@@ -17,7 +17,11 @@
 //! fleet update will ask for first. Requests add only small objects
 //! (`http/repo.rs`): a pull asks for each object once, so a large one
 //! read for it would only push out small ones that many connections are
-//! answered from.
+//! answered from. A connection that sends files itself (`sendfile`) gets
+//! an object's first request from its file, as nginx would, and only a
+//! second request, recent enough to be remembered ([`ObjectCache::again`]),
+//! reads it into the cache: an object asked for once is then never read,
+//! copied or allocated for.
 
 pub mod warm;
 
@@ -26,7 +30,8 @@ use bytes::Bytes;
 use http::HeaderValue;
 use oscontent_format::ObjectName;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// What an entry costs besides its body: the key, the header values, the
@@ -35,6 +40,11 @@ pub const ENTRY_OVERHEAD: usize = 320;
 /// The largest body cached, whatever the budget: bigger objects are
 /// streamed from the page cache, and would evict many small ones.
 pub const MAX_ENTRY: usize = 1 << 20;
+/// Objects whose first request [`ObjectCache::again`] remembers, at most
+/// (one `u64` each, 512 KiB): a slot holds the latest of the names that
+/// share it, so a name is forgotten once this many others came after it,
+/// or sooner by collision, and its next request counts as a first again.
+const REMEMBERED: usize = 1 << 16;
 
 /// A representation's validators, with the header values made once.
 #[derive(Debug, Clone)]
@@ -116,17 +126,38 @@ pub struct ObjectCache {
     capacity: usize,
     max_entry: usize,
     inner: Mutex<Inner>,
+    /// Fingerprints of the objects asked for once (`again`), by slot.
+    asked: Box<[AtomicU64]>,
 }
 
 impl ObjectCache {
     /// A cache of at most `capacity` bytes (0: off). An entry may take at
     /// most an eighth of it, and never more than [`MAX_ENTRY`].
     pub fn new(capacity: usize) -> Self {
+        let remembered = if capacity == 0 { 0 } else { REMEMBERED };
         Self {
             capacity,
             max_entry: (capacity / 8).min(MAX_ENTRY),
             inner: Mutex::new(Inner::default()),
+            asked: (0..remembered).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// Whether `name` was asked for recently (and so is worth reading into
+    /// the cache); a first request is remembered for the next. Lossy in
+    /// both directions by design: a forgotten name is read one request
+    /// later, and two names that collide on slot and fingerprint (one in
+    /// 2^48 for the same slot) let one in early. No lock: an array of
+    /// words, one swap.
+    pub fn again(&self, generation: u64, name: &ObjectName) -> bool {
+        if self.asked.is_empty() {
+            return false;
+        }
+        let h = rustc_hash::FxBuildHasher.hash_one((generation, name));
+        let slot = (h as usize) % self.asked.len();
+        // Never 0, the empty slot's value.
+        let fingerprint = h | 1;
+        self.asked[slot].swap(fingerprint, Ordering::Relaxed) == fingerprint
     }
 
     /// Whether a body of `len` bytes would be kept: the caller reads such
@@ -208,6 +239,31 @@ mod tests {
 
     fn name(i: u8) -> ObjectName {
         ObjectName::new(Checksum::digest(&[i]), ObjectKind::File)
+    }
+
+    #[test]
+    fn a_second_request_is_remembered_as_one() {
+        let cache = ObjectCache::new(1 << 20);
+        assert!(!cache.again(1, &name(1)), "a first request");
+        assert!(cache.again(1, &name(1)), "the second");
+        assert!(cache.again(1, &name(1)), "and after");
+        assert!(!cache.again(2, &name(1)), "another generation's is its own");
+        assert!(!cache.again(1, &name(2)), "another object's is its own");
+        // Bounded: after many times as many other first requests as there
+        // are slots, one of them took its slot and it is forgotten.
+        for g in 0..16 * REMEMBERED as u64 {
+            cache.again(100 + g, &name(3));
+        }
+        assert!(
+            !cache.again(1, &name(1)),
+            "forgotten: a first request again"
+        );
+        assert!(cache.again(1, &name(1)));
+        let off = ObjectCache::new(0);
+        assert!(
+            !off.again(1, &name(1)) && !off.again(1, &name(1)),
+            "no cache, no memory"
+        );
     }
 
     fn obj(len: usize) -> Arc<CachedObject> {

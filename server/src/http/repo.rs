@@ -311,7 +311,11 @@ async fn serve_object(
             asked.head(),
         ));
     }
-    let whole_upto = if asked.sendfile {
+    // On a connection that sends files itself, an object's first request
+    // is answered from its file; the cache takes it at the next (`again`).
+    let whole_upto = if asked.sendfile && !st.cache.again(key, &name) {
+        0
+    } else if asked.sendfile {
         SENDFILE_FROM
     } else {
         st.cache.max_entry().max(body::CHUNK) as u64
