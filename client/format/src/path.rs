@@ -67,16 +67,7 @@ impl ObjectName {
         hex::encode_to_slice(self.checksum.as_bytes(), &mut hex)
             .expect("64 hex digits hold 32 bytes");
         let hex = std::str::from_utf8(&hex).expect("hex is ASCII");
-        let ext = self.kind.extension();
-        // Built in one allocation: named at every object request.
-        let mut p = String::with_capacity("objects//.".len() + Checksum::HEX_LEN + ext.len());
-        p.push_str("objects/");
-        p.push_str(&hex[..2]);
-        p.push('/');
-        p.push_str(&hex[2..]);
-        p.push('.');
-        p.push_str(ext);
-        p
+        fanned("objects", hex, &[".", self.kind.extension()])
     }
 }
 
@@ -136,12 +127,7 @@ impl DeltaName {
             joined.push('-');
         }
         self.to.write_mbase64(&mut joined);
-        let mut dir = String::with_capacity("deltas/".len() + joined.len() + 1);
-        dir.push_str("deltas/");
-        dir.push_str(&joined[..2]);
-        dir.push('/');
-        dir.push_str(&joined[2..]);
-        dir
+        fanned("deltas", &joined, &[])
     }
 
     fn parse_dir(prefix: &str, rest: &str) -> Option<Self> {
@@ -161,9 +147,21 @@ impl DeltaName {
 
     /// `delta-indexes/XX/REST.index` for the target commit.
     pub fn index_path(to: &Checksum) -> String {
-        let m = to.to_mbase64();
-        format!("delta-indexes/{}/{}.index", &m[..2], &m[2..])
+        fanned("delta-indexes", &to.to_mbase64(), &[".index"])
     }
+}
+
+/// `dir/XX/REST` and the `suffix` pieces, for a name `XXREST`, in one
+/// allocation: how objects, deltas and delta indexes are laid out, named
+/// at every request for one. [`rejoin`] is the way back.
+fn fanned(dir: &str, name: &str, suffix: &[&str]) -> String {
+    let (head, rest) = name.split_at(2);
+    let len = dir.len() + name.len() + 2 + suffix.iter().map(|s| s.len()).sum::<usize>();
+    let mut p = String::with_capacity(len);
+    for piece in [dir, "/", head, "/", rest].iter().chain(suffix) {
+        p.push_str(piece);
+    }
+    p
 }
 
 /// A name split after its first two characters (`XX/REST`) made whole
