@@ -313,12 +313,12 @@ async fn serve_object(
     }
     // On a connection that sends files itself, an object's first request
     // is answered from its file; the cache takes it at the next (`again`).
-    let whole_upto = if asked.sendfile && !st.cache.again(key, &name) {
-        0
-    } else if asked.sendfile {
+    let whole_upto = if !asked.sendfile {
+        st.cache.max_entry().max(body::CHUNK) as u64
+    } else if st.cache.again(key, &name) {
         SENDFILE_FROM
     } else {
-        st.cache.max_entry().max(body::CHUNK) as u64
+        0
     };
     let loaded = match generation.load_object(&name, whole_upto, true) {
         Ok(Loaded::WouldBlock) => {
