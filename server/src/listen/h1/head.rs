@@ -4,6 +4,7 @@
 use crate::http::log_date;
 use http::header;
 use http::StatusCode;
+use std::mem::MaybeUninit;
 
 /// What a `Connection` header may name and still be answered here: its
 /// own options, and what an h2c upgrade (ignored) names.
@@ -11,38 +12,42 @@ const H2C_HOP_BY_HOP: [&[u8]; 3] = [b"keep-alive", b"upgrade", b"http2-settings"
 
 /// What to do with the bytes read so far.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Next<'b> {
+pub(super) enum Next<'h, 'b> {
     /// Nothing yet, or a head still arriving: read more.
     More,
     /// A plain request whose head is the first `len` bytes.
-    Plain(Plain<'b>),
+    Plain(Plain<'h, 'b>),
     /// Anything else: hyper's.
     Hyper,
 }
 
 /// A request answered here.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct Plain<'b> {
+pub(super) struct Plain<'h, 'b> {
     pub len: usize,
     pub head: bool,
     pub path: &'b str,
     /// The client asked to close after this answer.
     pub close: bool,
+    pub headers: &'h [httparse::Header<'b>],
 }
 
 /// Classifies what has arrived: pure, so that each rule is a table row.
-pub(super) fn next<'b>(
+/// `headers` is where the parser puts them, left uninitialised: zeroing
+/// room for 64 of them (2 KiB) at every turn of the loop cost more than
+/// parsing the few a request has.
+pub(super) fn next<'h, 'b>(
     buf: &'b [u8],
-    headers: &mut [httparse::Header<'b>],
+    headers: &'h mut [MaybeUninit<httparse::Header<'b>>],
     max_head: usize,
-) -> Next<'b> {
+) -> Next<'h, 'b> {
     if buf.is_empty() {
         return Next::More;
     }
-    let mut req = httparse::Request::new(headers);
+    let mut req = httparse::Request::new(&mut []);
     // A head too large, or one httparse refuses, is hyper's to answer (431
     // or 400).
-    let len = match req.parse(buf) {
+    let len = match req.parse_with_uninit_headers(buf, headers) {
         Ok(httparse::Status::Complete(len)) if len <= max_head => len,
         Ok(httparse::Status::Partial) if buf.len() < max_head => return Next::More,
         _ => return Next::Hyper,
@@ -94,6 +99,7 @@ pub(super) fn next<'b>(
         head,
         path,
         close,
+        headers: req.headers,
     })
 }
 
@@ -154,18 +160,43 @@ mod tests {
         Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n\
         HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n";
 
-    fn classify(raw: &[u8]) -> Next<'_> {
-        let mut headers = [httparse::EMPTY_HEADER; crate::listen::MAX_HEADERS];
-        next(raw, &mut headers, MAX)
+    /// What [`next`] made of a head, its headers counted.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Shape<'b> {
+        More,
+        Hyper,
+        Plain {
+            len: usize,
+            head: bool,
+            path: &'b str,
+            close: bool,
+            headers: usize,
+        },
     }
 
-    fn plain(len: usize, head: bool, path: &str, close: bool) -> Next<'_> {
-        Next::Plain(Plain {
+    fn classify(raw: &[u8]) -> Shape<'_> {
+        let mut headers = [const { MaybeUninit::uninit() }; crate::listen::MAX_HEADERS];
+        match next(raw, &mut headers, MAX) {
+            Next::More => Shape::More,
+            Next::Hyper => Shape::Hyper,
+            Next::Plain(p) => Shape::Plain {
+                len: p.len,
+                head: p.head,
+                path: p.path,
+                close: p.close,
+                headers: p.headers.len(),
+            },
+        }
+    }
+
+    fn plain(len: usize, head: bool, path: &str, close: bool, headers: usize) -> Shape<'_> {
+        Shape::Plain {
             len,
             head,
             path,
             close,
-        })
+            headers,
+        }
     }
 
     #[test]
@@ -176,108 +207,108 @@ mod tests {
             "y".repeat(MAX)
         );
         let pipelined = [&get[..], &get[..]].concat();
-        let cases: Vec<(&str, &[u8], Next<'_>)> = vec![
-            ("nothing yet", b"", Next::More),
-            ("a GET", get, plain(get.len(), false, "/config", false)),
+        let cases: Vec<(&str, &[u8], Shape<'_>)> = vec![
+            ("nothing yet", b"", Shape::More),
+            ("a GET", get, plain(get.len(), false, "/config", false, 1)),
             (
                 "a HEAD",
                 b"HEAD /summary HTTP/1.1\r\nHost: a\r\n\r\n",
-                plain(35, true, "/summary", false),
+                plain(35, true, "/summary", false, 1),
             ),
             (
                 "two pipelined: the first",
                 &pipelined,
-                plain(get.len(), false, "/config", false),
+                plain(get.len(), false, "/config", false, 1),
             ),
             (
                 "Connection: close",
                 b"GET /c HTTP/1.1\r\nConnection: close\r\n\r\n",
-                plain(38, false, "/c", true),
+                plain(38, false, "/c", true, 1),
             ),
             (
                 "close among tokens",
                 b"GET /c HTTP/1.1\r\nConnection: keep-alive, Close\r\n\r\n",
-                plain(50, false, "/c", true),
+                plain(50, false, "/c", true, 1),
             ),
             (
                 "Content-Length: 0",
                 b"GET /c HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
-                plain(38, false, "/c", false),
+                plain(38, false, "/c", false, 1),
             ),
             (
                 "a head still arriving",
                 b"GET /config HTTP/1.1\r\nHost: a\r\n",
-                Next::More,
+                Shape::More,
             ),
             (
                 "still arriving past the limit",
                 &long.as_bytes()[..MAX + 1],
-                Next::Hyper,
+                Shape::Hyper,
             ),
-            ("HTTP/1.0", b"GET /config HTTP/1.0\r\n\r\n", Next::Hyper),
+            ("HTTP/1.0", b"GET /config HTTP/1.0\r\n\r\n", Shape::Hyper),
             (
                 "POST",
                 b"POST /config HTTP/1.1\r\nHost: a\r\n\r\n",
-                Next::Hyper,
+                Shape::Hyper,
             ),
             (
                 "OPTIONS *",
                 b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
-                Next::Hyper,
+                Shape::Hyper,
             ),
             (
                 "absolute form",
                 b"GET http://a/config HTTP/1.1\r\nHost: a\r\n\r\n",
-                Next::Hyper,
+                Shape::Hyper,
             ),
-            ("a probe", b"GET /healthz HTTP/1.1\r\n\r\n", Next::Hyper),
-            ("metrics", b"GET /metrics HTTP/1.1\r\n\r\n", Next::Hyper),
+            ("a probe", b"GET /healthz HTTP/1.1\r\n\r\n", Shape::Hyper),
+            ("metrics", b"GET /metrics HTTP/1.1\r\n\r\n", Shape::Hyper),
             (
                 "a body",
                 b"GET /c HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
-                Next::Hyper,
+                Shape::Hyper,
             ),
             (
                 "chunked",
                 b"GET /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-                Next::Hyper,
+                Shape::Hyper,
             ),
             (
                 "Expect",
                 b"GET /c HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
-                Next::Hyper,
+                Shape::Hyper,
             ),
             (
                 "libostree's h2c upgrade, ignored",
                 OSTREE,
-                plain(OSTREE.len(), false, "/summary", false),
+                plain(OSTREE.len(), false, "/summary", false, 6),
             ),
             (
                 "Upgrade: websocket",
                 b"GET /c HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
-                Next::Hyper,
+                Shape::Hyper,
             ),
             (
                 "a hop-by-hop header named",
                 b"GET /c HTTP/1.1\r\nConnection: x-foo\r\n\r\n",
-                Next::Hyper,
+                Shape::Hyper,
             ),
             (
                 "the HTTP/2 preface",
                 b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-                Next::Hyper,
+                Shape::Hyper,
             ),
             (
                 "TLS",
                 b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
-                Next::Hyper,
+                Shape::Hyper,
             ),
             (
                 "a space in a name",
                 b"GET /c HTTP/1.1\r\nBad Name: x\r\n\r\n",
-                Next::Hyper,
+                Shape::Hyper,
             ),
-            ("longer than the limit", long.as_bytes(), Next::Hyper),
+            ("longer than the limit", long.as_bytes(), Shape::Hyper),
         ];
         for (what, raw, want) in cases {
             assert_eq!(classify(raw), want, "{what}");
@@ -288,7 +319,7 @@ mod tests {
         let many = format!("GET /c HTTP/1.1\r\n{many}\r\n");
         assert_eq!(
             classify(many.as_bytes()),
-            Next::Hyper,
+            Shape::Hyper,
             "more headers than the limit"
         );
     }

@@ -24,10 +24,11 @@ use super::watch::{Activity, Watched};
 use crate::http::sendfile::CanSendFile;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use head::{next, Next, Plain};
 use http::header::{HeaderName, HeaderValue};
 use http::{Method, Request, Uri, Version};
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -87,21 +88,32 @@ enum Step {
 
 /// Answers plain requests until the connection closes, shutdown is asked,
 /// or a request is not plain.
-pub(super) async fn serve(mut io: Watched<TcpStream>, mut conn: Conn) -> Result<Ended, BoxError> {
+pub(super) async fn serve(mut io: Watched<TcpStream>, conn: Conn) -> Result<Ended, BoxError> {
     let mut buf = BytesMut::with_capacity(READ);
     let mut out = Vec::with_capacity(1024);
     // When the head being waited for must have arrived by: set when the
     // wait starts (after the last answer), as hyper's header-read timer is,
     // so it bounds a keep-alive wait and a head sent a byte at a time alike.
     let mut deadline = None;
+    // One timer and one wait for shutdown for the connection's life, not
+    // one of each per read: moving a registered timer's deadline later
+    // takes no lock, where registering one takes the timer wheel's and,
+    // when it is the earliest, wakes the driver through its eventfd.
+    let mut head_timer = std::pin::pin!(tokio::time::sleep(conn.header_read_timeout));
+    let mut stopping = std::pin::pin!({
+        let mut rx = conn.shutdown.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    });
     let mut answered = false;
     loop {
         let step = {
-            let mut headers = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
+            let mut headers = [const { MaybeUninit::uninit() }; super::MAX_HEADERS];
             match next(&buf, &mut headers, super::MAX_HEAD_BYTES) {
                 Next::More => Step::Read,
                 Next::Hyper => Step::Hyper,
-                Next::Plain(p) => match request(&p, &headers, conn.peer) {
+                Next::Plain(p) => match request(&p, &buf, conn.peer) {
                     Some(req) => Step::Answer {
                         req,
                         head: p.head,
@@ -118,23 +130,28 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, mut conn: Conn) -> Result<
                 return Ok(Ended::Hyper { io, answered });
             }
             Step::Read => {
-                let by = *deadline
-                    .get_or_insert_with(|| tokio::time::Instant::now() + conn.header_read_timeout);
+                if deadline.is_none() {
+                    let by = tokio::time::Instant::now() + conn.header_read_timeout;
+                    head_timer.as_mut().reset(by);
+                    deadline = Some(by);
+                }
                 if buf.capacity() - buf.len() < READ / 4 {
                     buf.reserve(READ);
                 }
+                // What arrived is read before the timer is looked at.
                 let read = tokio::select! {
-                    r = tokio::time::timeout_at(by, io.read_buf(&mut buf)) => r,
-                    // Between requests only: a head half read is finished.
-                    _ = conn.shutdown.wait_for(|stop| *stop), if buf.is_empty() => {
-                        return Ok(Ended::Closed)
+                    biased;
+                    r = io.read_buf(&mut buf) => r,
+                    () = &mut head_timer => {
+                        return Err(Box::new(HeaderReadTimeout(conn.header_read_timeout)))
                     }
+                    // Between requests only: a head half read is finished.
+                    () = &mut stopping, if buf.is_empty() => return Ok(Ended::Closed),
                 };
                 match read {
-                    Err(_) => return Err(Box::new(HeaderReadTimeout(conn.header_read_timeout))),
-                    Ok(Ok(0)) => return Ok(Ended::Closed),
-                    Ok(Ok(_)) => continue,
-                    Ok(Err(e)) => return Err(Box::new(e)),
+                    Ok(0) => return Ok(Ended::Closed),
+                    Ok(_) => continue,
+                    Err(e) => return Err(Box::new(e)),
                 }
             }
             Step::Answer {
@@ -160,24 +177,29 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, mut conn: Conn) -> Result<
 }
 
 /// The request the router gets; `None` if `http` refuses a part of it
-/// (hyper's to answer).
-fn request(
-    plain: &Plain<'_>,
-    headers: &[httparse::Header<'_>],
-    peer: SocketAddr,
-) -> Option<Request<Body>> {
+/// (hyper's to answer). The head is copied once and its path and header
+/// values are slices of that copy: one allocation, where a copy of each
+/// was one apiece.
+fn request(plain: &Plain<'_, '_>, buf: &[u8], peer: SocketAddr) -> Option<Request<Body>> {
+    let raw = Bytes::copy_from_slice(&buf[..plain.len]);
+    // `part` is one of the parser's slices of `buf`'s head.
+    let slice = |part: &[u8]| {
+        let at = (part.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
+        raw.slice(at..at + part.len())
+    };
     let mut req = Request::new(Body::empty());
     *req.method_mut() = if plain.head {
         Method::HEAD
     } else {
         Method::GET
     };
-    *req.uri_mut() = Uri::try_from(plain.path).ok()?;
+    *req.uri_mut() = Uri::from_maybe_shared(slice(plain.path.as_bytes())).ok()?;
     *req.version_mut() = Version::HTTP_11;
     let map = req.headers_mut();
-    for h in headers.iter().take_while(|h| !h.name.is_empty()) {
+    map.reserve(plain.headers.len());
+    for h in plain.headers {
         let name = HeaderName::from_bytes(h.name.as_bytes()).ok()?;
-        map.append(name, HeaderValue::from_bytes(h.value).ok()?);
+        map.append(name, HeaderValue::from_maybe_shared(slice(h.value)).ok()?);
     }
     req.extensions_mut().insert(ConnectInfo(peer));
     req.extensions_mut().insert(CanSendFile);
