@@ -20,6 +20,8 @@ mod summary;
 use summary::SummaryCache;
 pub use summary::{summary_for, summary_sig_path};
 
+use crate::cache::Prepared;
+use crate::conditional::Validators;
 use crate::fsutil;
 use crate::verify::ObjectGate;
 use anyhow::{Context, Result};
@@ -59,8 +61,20 @@ pub enum Layer {
 #[derive(Debug, Clone)]
 pub struct Generated {
     pub bytes: bytes::Bytes,
-    /// When these exact bytes were first produced (for Last-Modified).
-    pub produced: SystemTime,
+    /// The ETag of the bytes, and when these exact bytes were first
+    /// produced (for Last-Modified): made once, not per request.
+    pub prepared: Arc<Prepared>,
+}
+
+impl Generated {
+    pub fn new(bytes: bytes::Bytes, produced: SystemTime) -> Self {
+        let prepared = Arc::new(Prepared::new(Validators {
+            etag: metadata::digest_etag(&bytes),
+            last_modified: Some(produced),
+            exact_date: true,
+        }));
+        Self { bytes, prepared }
+    }
 }
 
 /// A request path as [`Generation::locate`] found it.

@@ -219,7 +219,7 @@ impl PublishedDeltas {
             .into_iter()
             .map(|(to, list)| {
                 let bytes = build_delta_index(&list).into();
-                (to, Generated { bytes, produced })
+                (to, Generated::new(bytes, produced))
             })
             .collect();
         Self {

@@ -10,7 +10,7 @@ use super::{classify, AppError, AppState, IMMUTABLE};
 use crate::cache::{CachedObject, Prepared};
 use crate::conditional::Validators;
 use crate::served::body::{self, Reopened};
-use crate::served::metadata::{self, digest_etag, MetadataError};
+use crate::served::metadata::{self, MetadataError};
 use crate::served::objects::Loaded;
 use crate::served::{Generation, Layer, Located};
 use axum::extract::{ConnectInfo, Request, State};
@@ -120,10 +120,10 @@ async fn serve_repo(
     };
     match found {
         Ok(Found::Missing) => Err(AppError::NotFound),
-        Ok(Found::Bytes(bytes, v)) => Ok(respond_bytes(
+        Ok(Found::Bytes(bytes, prepared)) => Ok(respond_bytes(
             asked.headers,
             bytes,
-            &Prepared::new(v),
+            &prepared,
             cache,
             asked.head(),
         )),
@@ -227,8 +227,9 @@ fn respond_streamed(
 /// What a path other than an immutable object resolved to.
 enum Found {
     Missing,
-    /// Served whole: generated, or a metadata file (cached per version).
-    Bytes(bytes::Bytes, Validators),
+    /// Served whole: generated, or a metadata file (cached per version),
+    /// with its validators and their header values.
+    Bytes(bytes::Bytes, Arc<Prepared>),
     /// Streamed (deltas, and objects named by detached metadata's kind).
     File(std::fs::File, std::fs::Metadata, Layer),
     /// Asked not to wait, it would have.
@@ -252,14 +253,7 @@ fn find(
     match g.locate(rp, nonblocking).map_err(Refused::Other)? {
         Located::Missing => Ok(Found::Missing),
         Located::WouldBlock => Ok(Found::WouldBlock),
-        Located::Generated(gen) => {
-            let v = Validators {
-                etag: digest_etag(&gen.bytes),
-                last_modified: Some(gen.produced),
-                exact_date: true,
-            };
-            Ok(Found::Bytes(gen.bytes, v))
-        }
+        Located::Generated(gen) => Ok(Found::Bytes(gen.bytes, gen.prepared)),
         Located::File {
             layer,
             root,
@@ -268,14 +262,7 @@ fn find(
             meta,
         } => match cap {
             Some(cap) => match g.read_located((&root, &rel), (&file, &meta), cap, nonblocking) {
-                Ok(Some(f)) => Ok(Found::Bytes(
-                    f.bytes,
-                    Validators {
-                        etag: f.etag,
-                        last_modified: f.modified,
-                        exact_date: true,
-                    },
-                )),
+                Ok(Some(f)) => Ok(Found::Bytes(f.bytes, f.prepared)),
                 Ok(None) => Ok(Found::WouldBlock),
                 Err(e) => Err(Refused::Metadata(e)),
             },

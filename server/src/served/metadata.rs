@@ -2,16 +2,18 @@
 //! `summary.sig`, refs, `.commitmeta`, delta indexes): each capped at a
 //! size that fits what it holds, and read and hashed once per version of
 //! the file, not per request. Every request shares the same `Bytes`, so a
-//! hundred slow readers of one file hold one copy.
+//! hundred slow readers of one file hold one copy, and the same prepared
+//! validators and header values.
 
+use crate::cache::Prepared;
+use crate::conditional::Validators;
 use crate::fsutil;
 use bytes::Bytes;
 use oscontent_format::{summary::MAX_SUMMARY_SIZE, Checksum, ObjectKind, RepoPath};
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// A ref file holds a checksum and a newline.
 pub const MAX_REF: u64 = 4096;
@@ -53,8 +55,8 @@ pub fn digest_etag(bytes: &[u8]) -> String {
 #[derive(Debug, Clone)]
 pub struct MetadataFile {
     pub bytes: Bytes,
-    pub etag: String,
-    pub modified: Option<SystemTime>,
+    /// Its ETag (of the bytes) and Last-Modified (the file's).
+    pub prepared: Arc<Prepared>,
 }
 
 /// Why a metadata file could not be served.
@@ -91,9 +93,12 @@ pub(super) fn identity(m: &std::fs::Metadata) -> Identity {
     )
 }
 
+/// By root, then path beneath it: looked up with borrowed keys, so a hit
+/// allocates nothing.
 #[derive(Debug, Default)]
 struct Entries {
-    map: HashMap<(PathBuf, String), (Identity, MetadataFile)>,
+    map: HashMap<PathBuf, HashMap<String, (Identity, MetadataFile)>>,
+    count: usize,
     bytes: usize,
 }
 
@@ -149,9 +154,15 @@ impl MetadataCache {
             });
         }
         let id = identity(meta);
-        let key = (root.to_owned(), rel.to_owned());
-        if let Some((_, hit)) = self.lock().map.get(&key).filter(|(i, _)| *i == id) {
-            return Ok(Some(hit.clone()));
+        let hit = self
+            .lock()
+            .map
+            .get(root)
+            .and_then(|files| files.get(rel))
+            .filter(|(i, _)| *i == id)
+            .map(|(_, hit)| hit.clone());
+        if hit.is_some() {
+            return Ok(hit);
         }
         // Read outside the lock: a big summary must not stall every other
         // metadata request of the generation. The length is the one just
@@ -168,24 +179,30 @@ impl MetadataCache {
         };
         buf.truncate(n);
         let entry = MetadataFile {
-            etag: digest_etag(&buf),
+            prepared: Arc::new(Prepared::new(Validators {
+                etag: digest_etag(&buf),
+                last_modified: meta.modified().ok(),
+                exact_date: true,
+            })),
             bytes: buf.into(),
-            modified: meta.modified().ok(),
         };
-        self.insert(key, id, entry.clone());
+        self.insert(root, rel, id, entry.clone());
         Ok(Some(entry))
     }
 
-    fn insert(&self, key: (PathBuf, String), id: Identity, entry: MetadataFile) {
+    fn insert(&self, root: &Path, rel: &str, id: Identity, entry: MetadataFile) {
         let mut e = self.lock();
         let size = entry.bytes.len();
-        if e.bytes + size > CACHE_BUDGET || e.map.len() >= CACHE_ENTRIES {
+        if e.bytes + size > CACHE_BUDGET || e.count >= CACHE_ENTRIES {
             e.map.clear();
+            e.count = 0;
             e.bytes = 0;
         }
         e.bytes += size;
-        if let Some((_, old)) = e.map.insert(key, (id, entry)) {
-            e.bytes -= old.bytes.len();
+        let files = e.map.entry(root.to_owned()).or_default();
+        match files.insert(rel.to_owned(), (id, entry)) {
+            Some((_, old)) => e.bytes -= old.bytes.len(),
+            None => e.count += 1,
         }
     }
 
@@ -228,7 +245,8 @@ mod tests {
         let b = cache.read(d.path(), "config", 16).unwrap().unwrap();
         // Shared, not copied: the same allocation.
         assert_eq!(a.bytes.as_ptr(), b.bytes.as_ptr());
-        assert_eq!(a.etag, digest_etag(b"one\n"));
+        assert_eq!(a.prepared.validators.etag, digest_etag(b"one\n"));
+        assert!(Arc::ptr_eq(&a.prepared, &b.prepared));
 
         // Replaced (a new inode): the new bytes.
         std::fs::write(d.path().join("new"), "two!\n").unwrap();

@@ -149,10 +149,7 @@ impl Generation {
         }
         let mut summary = summary_for(&refs, summary_deltas, indexed, |c| self.commit(c))?;
         summary.collection_id = collection_id;
-        let generated = Generated {
-            bytes: build_summary(&summary)?.into(),
-            produced: SystemTime::now(),
-        };
+        let generated = Generated::new(build_summary(&summary)?.into(), SystemTime::now());
         *cache = Some(SummaryCache {
             fingerprint,
             summary: generated.clone(),
