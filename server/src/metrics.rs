@@ -286,6 +286,9 @@ pub struct Connections {
     /// Open now: `normal`, or `probe_reserve` (over the cap, answering
     /// probes only).
     pub open: IntGaugeVec,
+    /// `open`'s two series, looked up once rather than at every
+    /// connection ([`Connections::open_now`]).
+    open_series: [IntGauge; 2],
     pub accepted: IntCounter,
     /// Closed at accept: `total` or `per_ip` cap reached, or an
     /// `accept_error` (descriptors exhausted).
@@ -301,13 +304,20 @@ pub struct Connections {
 }
 
 impl Connections {
+    /// The open connections of one kind: in the probe reserve, or not.
+    pub fn open_now(&self, probe_only: bool) -> &IntGauge {
+        &self.open_series[usize::from(probe_only)]
+    }
+
     fn new(r: &Register) -> Self {
+        let open = r.gauge_vec(
+            "oscontent_http_connections_open",
+            "Connections open now: normal, or probe_reserve (over the cap, probes only)",
+            &["kind"],
+        );
         let c = Self {
-            open: r.gauge_vec(
-                "oscontent_http_connections_open",
-                "Connections open now: normal, or probe_reserve (over the cap, probes only)",
-                &["kind"],
-            ),
+            open_series: ["normal", "probe_reserve"].map(|kind| open.with_label_values(&[kind])),
+            open,
             accepted: r.counter(
                 "oscontent_http_connections_accepted_total",
                 "Connections accepted",
@@ -331,9 +341,6 @@ impl Connections {
                 "Bodies streamed past --max-streamed-files (or a client's share), opening their file for each 8 KiB read",
             ),
         };
-        for kind in ["normal", "probe_reserve"] {
-            c.open.with_label_values(&[kind]);
-        }
         for reason in ["total", "per_ip", "accept_error"] {
             c.refused.with_label_values(&[reason]);
         }

@@ -57,9 +57,12 @@ pub(super) async fn observed<F: std::future::Future<Output = Response>>(
     // be stored: a shared cache keeps a 404 for minutes by default (Varnish
     // 120 s), and a `.commitmeta`, `summary.sig` or object that appears
     // later, or a replica that has not published yet, would stay missing.
-    resp.headers_mut()
-        .entry(header::CACHE_CONTROL)
-        .or_insert(HeaderValue::from_static("no-store"));
+    // (Looked up first: `entry` makes room for an insert either way, and
+    // a full map of a representation's six headers would grow for none.)
+    if !resp.headers().contains_key(header::CACHE_CONTROL) {
+        resp.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
     let elapsed = start.elapsed();
     let status = resp.status().as_u16();
     st.metrics

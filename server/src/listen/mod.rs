@@ -369,12 +369,7 @@ struct OpenGauge(prometheus::IntGauge);
 
 impl OpenGauge {
     fn new(m: &Metrics, probe_only: bool) -> Self {
-        let kind = if probe_only {
-            "probe_reserve"
-        } else {
-            "normal"
-        };
-        let g = m.connections.open.with_label_values(&[kind]);
+        let g = m.connections.open_now(probe_only).clone();
         g.inc();
         Self(g)
     }
