@@ -154,10 +154,15 @@ async fn accept_loop(
     } = &*shared;
     // Every connection holds a receiver: closed once all have ended.
     let (stop, _) = tokio::sync::watch::channel(false);
+    // One wait for the whole loop: a new one at every accept registered
+    // with the channel and unregistered again, under its lock.
+    let mut stopping = std::pin::pin!(async {
+        let _ = shutdown.wait_for(|stop| *stop).await;
+    });
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
-            _ = shutdown.wait_for(|stop| *stop) => break,
+            () = &mut stopping => break,
         };
         let (stream, peer) = match accepted {
             Ok(a) => a,
