@@ -10,10 +10,9 @@
 //! clients (or a few addresses holding their streams open) could fill to
 //! fail every other pull.
 
-use std::collections::HashMap;
+use std::collections::hash_map::{Entry, HashMap};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, PoisonError};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// One client address's share of the total: a few addresses cannot hold
 /// it all, and a node's own pull (at most 64 requests at once) stays
@@ -22,14 +21,24 @@ pub fn share_per_ip(total: usize) -> usize {
     (total / 8).max(1)
 }
 
-/// The budget: a semaphore for the total and one per client address that
-/// holds a permit.
+/// The budget: counts of the places held, in total and by client
+/// address, under one lock. Nothing ever waits for a place, so counts do
+/// what semaphores did, for one lock a take and one a release (the
+/// semaphores took four, and made and freed an address's semaphore for
+/// every file of a client streaming one at a time).
 #[derive(Debug)]
 pub struct StreamBudget {
-    total: Arc<Semaphore>,
     capacity: usize,
     per_ip: usize,
-    by_ip: Mutex<HashMap<IpAddr, Arc<Semaphore>>>,
+    held: Mutex<Held>,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    total: usize,
+    /// Only the addresses holding a place now: it cannot grow with every
+    /// address seen.
+    by_ip: HashMap<IpAddr, usize>,
 }
 
 /// One streamed file's place; released when the body is done or dropped.
@@ -37,10 +46,6 @@ pub struct StreamBudget {
 pub struct StreamPermit {
     budget: Arc<StreamBudget>,
     ip: IpAddr,
-    // Dropped before `Drop::drop` returns, in field order: the address's
-    // permit first, then the total's.
-    ip_permit: Option<OwnedSemaphorePermit>,
-    _total: OwnedSemaphorePermit,
 }
 
 impl StreamBudget {
@@ -48,76 +53,61 @@ impl StreamBudget {
     pub fn new(capacity: usize) -> Arc<Self> {
         let capacity = capacity.max(1);
         Arc::new(Self {
-            total: Arc::new(Semaphore::new(capacity)),
             capacity,
             per_ip: share_per_ip(capacity),
-            by_ip: Mutex::default(),
+            held: Mutex::default(),
         })
     }
 
     /// Files held open by streamed bodies now.
     pub fn in_use(&self) -> usize {
-        self.capacity - self.total.available_permits()
+        self.lock().total
     }
 
     pub fn capacity(&self) -> usize {
         self.capacity
     }
 
-    fn ip_semaphore(&self, ip: IpAddr) -> Arc<Semaphore> {
-        let mut m = self.by_ip.lock().unwrap_or_else(PoisonError::into_inner);
-        m.entry(ip)
-            .or_insert_with(|| Arc::new(Semaphore::new(self.per_ip)))
-            .clone()
-    }
-
     /// A permit if one is free now, without waiting.
     pub fn try_take(self: &Arc<Self>, ip: IpAddr) -> Option<StreamPermit> {
-        let ip_permit = self.ip_semaphore(ip).try_acquire_owned();
-        let Ok(ip_permit) = ip_permit else {
-            self.forget_if_unused(ip);
+        let mut held = self.lock();
+        let Held { total, by_ip } = &mut *held;
+        if *total >= self.capacity {
             return None;
-        };
-        let Ok(total) = self.total.clone().try_acquire_owned() else {
-            drop(ip_permit);
-            self.forget_if_unused(ip);
-            return None;
-        };
-        Some(self.permit(ip, ip_permit, total))
-    }
-
-    fn permit(
-        self: &Arc<Self>,
-        ip: IpAddr,
-        ip_permit: OwnedSemaphorePermit,
-        total: OwnedSemaphorePermit,
-    ) -> StreamPermit {
-        StreamPermit {
-            budget: self.clone(),
-            ip,
-            ip_permit: Some(ip_permit),
-            _total: total,
         }
-    }
-
-    /// Drops an address's semaphore once nobody holds a permit of it, so
-    /// the map holds only the addresses streaming now (it cannot grow with
-    /// every address seen). Anyone else holding the `Arc` got it from the
-    /// map under this lock, so the count cannot rise behind our back.
-    fn forget_if_unused(&self, ip: IpAddr) {
-        let mut m = self.by_ip.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(s) = m.get(&ip) {
-            if Arc::strong_count(s) == 1 && s.available_permits() == self.per_ip {
-                m.remove(&ip);
+        match by_ip.entry(ip) {
+            Entry::Occupied(e) if *e.get() >= self.per_ip => return None,
+            Entry::Occupied(mut e) => *e.get_mut() += 1,
+            Entry::Vacant(e) => {
+                e.insert(1);
             }
         }
+        *total += 1;
+        Some(StreamPermit {
+            budget: self.clone(),
+            ip,
+        })
+    }
+
+    /// Each update is one step: a panic elsewhere cannot leave the counts
+    /// half-made.
+    fn lock(&self) -> MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
 impl Drop for StreamPermit {
     fn drop(&mut self) {
-        drop(self.ip_permit.take());
-        self.budget.forget_if_unused(self.ip);
+        let mut held = self.budget.lock();
+        let Held { total, by_ip } = &mut *held;
+        if let Entry::Occupied(mut e) = by_ip.entry(self.ip) {
+            if *e.get() <= 1 {
+                e.remove();
+            } else {
+                *e.get_mut() -= 1;
+            }
+        }
+        *total = total.saturating_sub(1);
     }
 }
 
@@ -164,14 +154,14 @@ mod tests {
     fn addresses_are_forgotten_once_they_hold_nothing() {
         let b = StreamBudget::new(16);
         let p: Vec<_> = (1..=5).filter_map(|n| b.try_take(ip(n))).collect();
-        assert_eq!(b.by_ip.lock().unwrap().len(), 5);
+        assert_eq!(b.lock().by_ip.len(), 5);
         drop(p);
-        assert!(b.by_ip.lock().unwrap().is_empty());
+        assert!(b.lock().by_ip.is_empty());
         assert_eq!(b.in_use(), 0);
         // A refusal leaves nothing behind either.
         let held: Vec<_> = (0..16).filter_map(|i| b.try_take(ip(10 + i / 2))).collect();
         assert_eq!(held.len(), 16);
         assert!(b.try_take(ip(99)).is_none());
-        assert!(!b.by_ip.lock().unwrap().contains_key(&ip(99)));
+        assert!(!b.lock().by_ip.contains_key(&ip(99)));
     }
 }
