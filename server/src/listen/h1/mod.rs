@@ -205,3 +205,58 @@ fn request(plain: &Plain<'_, '_>, buf: &[u8], peer: SocketAddr) -> Option<Reques
     req.extensions_mut().insert(CanSendFile);
     Some(req)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_its_head_sliced_not_retyped() {
+        // A second request pipelined behind: only the first is taken.
+        let raw = b"GET /objects/ab/cd.filez?x=1 HTTP/1.1\r\nHost: a:1\r\n\
+            User-Agent: libostree/2022.7\r\nIf-None-Match: \"e\", W/\"f\"\r\n\
+            X-Empty:\r\nAccept: */*\r\nAccept: text/plain\r\n\r\nGET /next HTTP/1.1\r\n";
+        let mut headers = [const { MaybeUninit::uninit() }; crate::listen::MAX_HEADERS];
+        let Next::Plain(plain) = next(raw, &mut headers, crate::listen::MAX_HEAD_BYTES) else {
+            panic!("a plain GET");
+        };
+        let peer: SocketAddr = "10.0.0.1:5".parse().unwrap();
+        let req = request(&plain, raw, peer).expect("a request");
+        assert_eq!(req.method(), Method::GET);
+        assert_eq!(req.uri(), "/objects/ab/cd.filez?x=1");
+        assert_eq!(req.version(), Version::HTTP_11);
+        let h = req.headers();
+        let all = |name: &str| {
+            h.get_all(name)
+                .iter()
+                .map(|v| v.as_bytes())
+                .collect::<Vec<_>>()
+        };
+        #[rustfmt::skip]
+        let want: [(&str, &[&[u8]]); 5] = [
+            ("host", &[b"a:1"]),
+            ("user-agent", &[b"libostree/2022.7"]),
+            ("if-none-match", &[b"\"e\", W/\"f\""]),
+            ("x-empty", &[b""]),
+            ("accept", &[b"*/*", b"text/plain"]),
+        ];
+        for (name, values) in want {
+            assert_eq!(all(name), values, "{name}");
+        }
+        assert_eq!(h.len(), 6);
+        let conn = req.extensions().get::<ConnectInfo<SocketAddr>>();
+        assert_eq!(conn.map(|c| c.0), Some(peer));
+        assert!(req.extensions().get::<CanSendFile>().is_some());
+
+        let mut headers = [const { MaybeUninit::uninit() }; crate::listen::MAX_HEADERS];
+        let head = b"HEAD /summary HTTP/1.1\r\nHost: a\r\n\r\n";
+        let Next::Plain(plain) = next(head, &mut headers, crate::listen::MAX_HEAD_BYTES) else {
+            panic!("a plain HEAD");
+        };
+        let req = request(&plain, head, peer).expect("a request");
+        assert_eq!(
+            (req.method(), req.uri().path()),
+            (&Method::HEAD, "/summary")
+        );
+    }
+}
