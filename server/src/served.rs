@@ -21,7 +21,6 @@ use summary::SummaryCache;
 pub use summary::{summary_for, summary_sig_path};
 
 use crate::cache::Prepared;
-use crate::conditional::Validators;
 use crate::fsutil;
 use crate::verify::ObjectGate;
 use anyhow::{Context, Result};
@@ -68,11 +67,7 @@ pub struct Generated {
 
 impl Generated {
     pub fn new(bytes: bytes::Bytes, produced: SystemTime) -> Self {
-        let prepared = Arc::new(Prepared::new(Validators {
-            etag: metadata::digest_etag(&bytes),
-            last_modified: Some(produced),
-            exact_date: true,
-        }));
+        let prepared = metadata::whole(&bytes, Some(produced));
         Self { bytes, prepared }
     }
 }

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
 
 /// A ref file holds a checksum and a newline.
 pub const MAX_REF: u64 = 4096;
@@ -49,6 +50,16 @@ pub fn cap(p: &RepoPath) -> Option<u64> {
 /// A strong validator from the bytes themselves.
 pub fn digest_etag(bytes: &[u8]) -> String {
     format!("\"{}\"", &Checksum::digest(bytes).to_hex()[..32])
+}
+
+/// The validators, and their header values, of `bytes` served whole: a
+/// strong ETag from the bytes, and `last_modified` matched exactly.
+pub fn whole(bytes: &[u8], last_modified: Option<SystemTime>) -> Arc<Prepared> {
+    Arc::new(Prepared::new(Validators {
+        etag: digest_etag(bytes),
+        last_modified,
+        exact_date: true,
+    }))
 }
 
 /// A metadata file as served.
@@ -98,7 +109,6 @@ pub(super) fn identity(m: &std::fs::Metadata) -> Identity {
 #[derive(Debug, Default)]
 struct Entries {
     map: HashMap<PathBuf, HashMap<String, (Identity, MetadataFile)>>,
-    count: usize,
     bytes: usize,
 }
 
@@ -179,11 +189,7 @@ impl MetadataCache {
         };
         buf.truncate(n);
         let entry = MetadataFile {
-            prepared: Arc::new(Prepared::new(Validators {
-                etag: digest_etag(&buf),
-                last_modified: meta.modified().ok(),
-                exact_date: true,
-            })),
+            prepared: whole(&buf, meta.modified().ok()),
             bytes: buf.into(),
         };
         self.insert(root, rel, id, entry.clone());
@@ -193,16 +199,16 @@ impl MetadataCache {
     fn insert(&self, root: &Path, rel: &str, id: Identity, entry: MetadataFile) {
         let mut e = self.lock();
         let size = entry.bytes.len();
-        if e.bytes + size > CACHE_BUDGET || e.count >= CACHE_ENTRIES {
+        // A root or two (source, overlay): counted, not tracked.
+        let entries: usize = e.map.values().map(HashMap::len).sum();
+        if e.bytes + size > CACHE_BUDGET || entries >= CACHE_ENTRIES {
             e.map.clear();
-            e.count = 0;
             e.bytes = 0;
         }
         e.bytes += size;
         let files = e.map.entry(root.to_owned()).or_default();
-        match files.insert(rel.to_owned(), (id, entry)) {
-            Some((_, old)) => e.bytes -= old.bytes.len(),
-            None => e.count += 1,
+        if let Some((_, old)) = files.insert(rel.to_owned(), (id, entry)) {
+            e.bytes -= old.bytes.len();
         }
     }
 

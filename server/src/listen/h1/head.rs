@@ -11,7 +11,7 @@ use std::mem::MaybeUninit;
 const H2C_HOP_BY_HOP: [&[u8]; 3] = [b"keep-alive", b"upgrade", b"http2-settings"];
 
 /// What to do with the bytes read so far.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(super) enum Next<'h, 'b> {
     /// Nothing yet, or a head still arriving: read more.
     More,
@@ -22,7 +22,7 @@ pub(super) enum Next<'h, 'b> {
 }
 
 /// A request answered here.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(super) struct Plain<'h, 'b> {
     pub len: usize,
     pub head: bool,
