@@ -13,6 +13,7 @@ pub mod images;
 pub mod listen;
 pub mod metrics;
 pub mod mirror;
+pub mod prepared;
 pub mod publish;
 pub mod serve;
 pub mod served;

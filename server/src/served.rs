@@ -20,8 +20,8 @@ mod summary;
 use summary::SummaryCache;
 pub use summary::{summary_for, summary_sig_path};
 
-use crate::cache::Prepared;
 use crate::fsutil;
+use crate::prepared::Prepared;
 use crate::verify::ObjectGate;
 use anyhow::{Context, Result};
 use metadata::{MetadataCache, MetadataFile, MAX_COMMITMETA, MAX_REF};

@@ -25,9 +25,8 @@
 
 pub mod warm;
 
-use crate::conditional::{clamp_http_date, Validators};
+use crate::prepared::Prepared;
 use bytes::Bytes;
-use http::HeaderValue;
 use oscontent_format::ObjectName;
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
@@ -45,47 +44,6 @@ pub const MAX_ENTRY: usize = 1 << 20;
 /// share it, so a name is forgotten once this many others came after it,
 /// or sooner by collision, and its next request counts as a first again.
 const REMEMBERED: usize = 1 << 16;
-
-/// A representation's validators, with the header values made once.
-#[derive(Debug, Clone)]
-pub struct Prepared {
-    pub validators: Validators,
-    pub etag: HeaderValue,
-    pub last_modified: Option<HeaderValue>,
-}
-
-impl Prepared {
-    pub fn new(validators: Validators) -> Self {
-        // An ETag we made is ASCII; anything else would be a bug, and a
-        // missing ETag only costs revalidation.
-        let etag = HeaderValue::from_str(&validators.etag)
-            .unwrap_or_else(|_| HeaderValue::from_static("\"\""));
-        let last_modified = validators
-            .last_modified
-            .and_then(|t| HeaderValue::from_str(&httpdate::fmt_http_date(clamp_http_date(t))).ok());
-        Self {
-            validators,
-            etag,
-            last_modified,
-        }
-    }
-
-    /// An immutable object's validators. Content-addressed: the name is the
-    /// identity, and the length guards against a re-compressed copy. The
-    /// one definition, for a request's read and for warming alike, so a
-    /// warmed entry answers exactly as one a request brought.
-    pub fn for_object(name: &ObjectName, len: u64, meta: &std::fs::Metadata) -> Self {
-        Self::new(Validators {
-            etag: format!(
-                "\"{}.{}-{len:x}\"",
-                name.checksum.to_hex(),
-                name.kind.extension()
-            ),
-            last_modified: meta.modified().ok(),
-            exact_date: false,
-        })
-    }
-}
 
 /// One cached object.
 #[derive(Debug)]
@@ -235,6 +193,7 @@ impl ObjectCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conditional::Validators;
     use oscontent_format::{Checksum, ObjectKind};
 
     fn name(i: u8) -> ObjectName {

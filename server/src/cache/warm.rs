@@ -13,8 +13,9 @@
 //! and inserts, on a blocking thread, within a byte budget and a deadline;
 //! [`warm_for`] runs it from the async side and logs what it did.
 
-use super::{CachedObject, ObjectCache, Prepared, ENTRY_OVERHEAD};
+use super::{CachedObject, ObjectCache, ENTRY_OVERHEAD};
 use crate::mirror::sync::MAX_TREE_DEPTH;
+use crate::prepared::Prepared;
 use crate::served::objects::Loaded;
 use crate::served::Generation;
 use anyhow::{Context, Result};

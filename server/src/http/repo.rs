@@ -7,8 +7,9 @@
 use super::respond::{respond_bytes, respond_file};
 use super::sendfile::{CanSendFile, SendFile};
 use super::{classify, AppError, AppState, IMMUTABLE};
-use crate::cache::{CachedObject, Prepared};
+use crate::cache::CachedObject;
 use crate::conditional::Validators;
+use crate::prepared::Prepared;
 use crate::served::body::{self, Reopened};
 use crate::served::metadata::{self, MetadataError};
 use crate::served::objects::Loaded;

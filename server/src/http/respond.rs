@@ -3,8 +3,8 @@
 //! streamed.
 
 use super::AppError;
-use crate::cache::Prepared;
 use crate::conditional::{self, Precondition, RangeOutcome};
+use crate::prepared::Prepared;
 use axum::body::Body;
 use axum::response::Response;
 use http::header::{self, HeaderMap, HeaderValue};

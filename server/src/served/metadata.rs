@@ -5,9 +5,9 @@
 //! hundred slow readers of one file hold one copy, and the same prepared
 //! validators and header values.
 
-use crate::cache::Prepared;
 use crate::conditional::Validators;
 use crate::fsutil;
+use crate::prepared::Prepared;
 use bytes::Bytes;
 use oscontent_format::{summary::MAX_SUMMARY_SIZE, Checksum, ObjectKind, RepoPath};
 use std::collections::HashMap;
