@@ -118,7 +118,7 @@ impl Done {
             return;
         };
         log_date::with_now(|ts| {
-            log.log(&LogLine {
+            let line = LogLine {
                 bytes,
                 client: l.client,
                 duration_ms: self.elapsed.as_secs_f64() * 1e3,
@@ -129,7 +129,8 @@ impl Done {
                 total_ms: self.start.elapsed().as_secs_f64() * 1e3,
                 ts,
                 version: version_name(l.version),
-            });
+            };
+            log.log_with(|out| line.write(out));
         });
     }
 }
@@ -195,7 +196,7 @@ impl Drop for Counted {
 
 /// One access log line (fields in the order the log has always had them:
 /// alphabetical).
-#[derive(serde::Serialize)]
+#[cfg_attr(test, derive(serde::Serialize))]
 struct LogLine<'a> {
     bytes: u64,
     client: Option<std::net::IpAddr>,
@@ -208,6 +209,61 @@ struct LogLine<'a> {
     total_ms: f64,
     ts: &'a str,
     version: &'static str,
+}
+
+impl LogLine<'_> {
+    /// The line as JSON, written field by field: serde's escaping scan of
+    /// every string was 2% of the server's CPU in `bench serve`'s replay,
+    /// and of these only the path (and an extension method) can hold what
+    /// needs escaping. The same bytes as `serde_json` would write (tested).
+    fn write(&self, out: &mut Vec<u8>) {
+        use std::io::Write as _;
+        // Writes to a Vec cannot fail.
+        let _ = write!(out, "{{\"bytes\":{},\"client\":", self.bytes);
+        match self.client {
+            Some(ip) => {
+                let _ = write!(out, "\"{ip}\"");
+            }
+            None => out.extend_from_slice(b"null"),
+        }
+        out.extend_from_slice(b",\"duration_ms\":");
+        json_number(out, self.duration_ms);
+        for (key, value) in [
+            (&b",\"kind\":"[..], self.kind),
+            (b",\"method\":", self.method),
+            (b",\"path\":", self.path),
+        ] {
+            out.extend_from_slice(key);
+            json_str(out, value);
+        }
+        let _ = write!(out, ",\"status\":{},\"total_ms\":", self.status);
+        json_number(out, self.total_ms);
+        out.extend_from_slice(b",\"ts\":");
+        json_str(out, self.ts);
+        out.extend_from_slice(b",\"version\":");
+        json_str(out, self.version);
+        out.push(b'}');
+    }
+}
+
+/// `s` as a JSON string: copied as it is when it is printable ASCII with
+/// no quote or backslash (nearly always), else escaped by `serde_json`.
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes()
+        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        let _ = serde_json::to_writer(out, s);
+    }
+}
+
+/// `v` as `serde_json` writes it (shortest round-trip; `null` if not
+/// finite).
+fn json_number(out: &mut Vec<u8>, v: f64) {
+    let _ = serde_json::to_writer(out, &v);
 }
 
 /// The protocol as the log has always named it (`http::Version`'s Debug).
@@ -224,24 +280,97 @@ fn version_name(v: http::Version) -> &'static str {
 
 /// The log's timestamp and the `Date` of `listen::h1`'s responses (an
 /// HTTP date, one-second resolution), formatted once a second per thread
-/// rather than once a request.
+/// rather than once a request, from the coarse clock: a second's text
+/// needs no finer time than the last tick's, which is read without the
+/// TSC (two of a request's seven clock reads were these).
 pub(crate) mod log_date {
+    use rustix::time::{clock_gettime, ClockId};
     use std::cell::RefCell;
-    use std::time::{SystemTime, UNIX_EPOCH};
+    use std::time::{Duration, UNIX_EPOCH};
 
     thread_local! {
         static NOW: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
     }
 
     pub fn with_now(f: impl FnOnce(&str)) {
-        let now = SystemTime::now();
-        let secs = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let secs = u64::try_from(clock_gettime(ClockId::RealtimeCoarse).tv_sec).unwrap_or(0);
         NOW.with_borrow_mut(|(at, text)| {
             if *at != secs {
                 *at = secs;
-                *text = httpdate::fmt_http_date(now);
+                *text = httpdate::fmt_http_date(UNIX_EPOCH + Duration::from_secs(secs));
             }
             f(text);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_line_is_what_serde_json_would_write() {
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        let v4: IpAddr = "10.0.0.7".parse().unwrap();
+        let base = LogLine {
+            bytes: 1234,
+            client: Some(v4),
+            duration_ms: 0.123_456_7,
+            kind: "object",
+            method: "GET",
+            path: "/objects/ab/cd.filez",
+            status: 200,
+            total_ms: 12.5,
+            ts: "Sun, 29 Nov 2026 06:00:00 GMT",
+            version: "HTTP/1.1",
+        };
+        let cases = [
+            LogLine { ..base },
+            LogLine {
+                client: None,
+                bytes: 0,
+                status: 404,
+                ..base
+            },
+            LogLine {
+                client: Some(v6),
+                duration_ms: 0.0,
+                total_ms: f64::NAN,
+                ..base
+            },
+            LogLine {
+                path: "/a\"b\\c\u{1}\u{7f}é/\t",
+                method: "PURGE",
+                duration_ms: 1e-9,
+                total_ms: 1e21,
+                ..base
+            },
+            LogLine {
+                path: "",
+                bytes: u64::MAX,
+                status: u16::MAX,
+                ..base
+            },
+        ];
+        for line in cases {
+            let mut ours = Vec::new();
+            line.write(&mut ours);
+            let want = serde_json::to_vec(&line).unwrap();
+            assert_eq!(
+                String::from_utf8(ours).unwrap(),
+                String::from_utf8(want).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn the_coarse_date_is_now() {
+        let mut text = String::new();
+        log_date::with_now(|d| text = d.to_owned());
+        let at = httpdate::parse_http_date(&text).unwrap();
+        let now = std::time::SystemTime::now();
+        let lag = now.duration_since(at).unwrap_or_default();
+        assert!(lag < Duration::from_secs(3), "{text} is {lag:?} behind");
+        assert!(at <= now + Duration::from_secs(1), "{text} is ahead");
     }
 }

@@ -110,15 +110,12 @@ impl AccessLog {
         Self { shared, dropped }
     }
 
-    /// Queues one line, `entry` as JSON; never blocks on the output.
-    pub fn log(&self, entry: &impl serde::Serialize) {
+    /// Queues one line, which `write` puts into a reused buffer (without
+    /// its newline); never blocks on the output.
+    pub fn log_with(&self, write: impl FnOnce(&mut Vec<u8>)) {
         SCRATCH.with_borrow_mut(|line| {
             line.clear();
-            if let Err(e) = serde_json::to_writer(&mut *line, entry) {
-                tracing::warn!("access log line: {e}");
-                self.dropped.inc();
-                return;
-            }
+            write(line);
             line.push(b'\n');
             self.append(line);
         });
