@@ -8,11 +8,14 @@
 //! `oscontent_format::RepoPath` already refuses such names; this layer is
 //! the second lock on the same door.
 //!
-//! The request path opens objects with one `openat2` from a directory fd
-//! held for the generation ([`open_beneath`]): `RESOLVE_BENEATH` and
+//! The request path opens with one `openat2` from a directory fd held for
+//! the generation ([`open_beneath`]): `RESOLVE_BENEATH` and
 //! `RESOLVE_NO_SYMLINKS` give the same guarantee as the walk in one
 //! syscall; where `openat2` is refused (old kernels, seccomp profiles) it
-//! falls back to the walk.
+//! falls back to the walk. Objects go one step further: their fan-out
+//! directories are held too ([`open_dir_beneath`]), and an object's file
+//! name, a single component, is opened in its one with `O_NOFOLLOW`
+//! ([`open_entry`]).
 //!
 //! [`mod@write`] is the same walk for what the server writes from remote data.
 
@@ -114,7 +117,7 @@ fn walk_from(root: BorrowedFd<'_>, rel: &str, last_flags: OFlags) -> io::Result<
 /// Cleared the first time the kernel refuses `openat2` itself.
 static OPENAT2: AtomicBool = AtomicBool::new(true);
 
-/// What [`open_beneath`] found.
+/// What [`open_beneath`] and [`open_entry`] found.
 #[derive(Debug)]
 pub enum Opened {
     File(File, std::fs::Metadata),
@@ -125,6 +128,24 @@ pub enum Opened {
     WouldBlock,
 }
 
+/// What [`open_dir_beneath`] found (a directory fd, or what its holder
+/// lends).
+#[derive(Debug)]
+pub enum Lookup<T = OwnedFd> {
+    Found(T),
+    /// Not there, or not reached without a symlink.
+    Absent,
+    /// As [`Opened::WouldBlock`].
+    WouldBlock,
+}
+
+/// How files are opened for reading: O_NONBLOCK so that a FIFO planted in
+/// the tree never hangs us; never through a symlink.
+const READ_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::NONBLOCK)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+
 /// Opens `rel` beneath the directory `root` (an fd the caller holds) if it
 /// is a regular file reached without any symlink or `..` leaving it:
 /// one `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`. With
@@ -132,11 +153,66 @@ pub enum Opened {
 /// wait on the disk for a lookup. Falls back to the component walk where
 /// `openat2` is unavailable.
 pub fn open_beneath(root: BorrowedFd<'_>, rel: &str, nonblocking: bool) -> io::Result<Opened> {
-    if !valid_rel(rel) {
+    Ok(match lookup_beneath(root, rel, READ_FLAGS, nonblocking)? {
+        Lookup::Found(fd) => regular(fd)?,
+        Lookup::Absent => Opened::Absent,
+        Lookup::WouldBlock => Opened::WouldBlock,
+    })
+}
+
+/// The directory `rel` beneath `root`, as [`open_beneath`] opens a file.
+pub fn open_dir_beneath(root: BorrowedFd<'_>, rel: &str, nonblocking: bool) -> io::Result<Lookup> {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    lookup_beneath(root, rel, flags, nonblocking)
+}
+
+/// Opens `name`, one plain component, in the directory `dir` (an fd the
+/// caller holds, itself opened beneath a root) if it is a regular file.
+/// A single component cannot leave `dir`, and `O_NOFOLLOW` refuses a
+/// symlink, so this is [`open_beneath`]'s guarantee without a scoped walk:
+/// with the object fan-out directories held, an object's open is one
+/// lookup instead of three under `RESOLVE_BENEATH` (`served/objects.rs`).
+pub fn open_entry(dir: BorrowedFd<'_>, name: &str, nonblocking: bool) -> io::Result<Opened> {
+    if name.contains('/') || !valid_component(name) {
         return Ok(Opened::Absent);
     }
-    // O_NONBLOCK: never hang on a FIFO planted in the tree.
-    let flags = OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let opened = if !nonblocking {
+        openat(dir, name, READ_FLAGS, Mode::empty())
+    } else if OPENAT2.load(Ordering::Relaxed) {
+        match openat2(dir, name, READ_FLAGS, Mode::empty(), ResolveFlags::CACHED) {
+            Err(Errno::AGAIN) => return Ok(Opened::WouldBlock),
+            Err(Errno::NOSYS | Errno::PERM) => {
+                openat2_refused();
+                return Ok(Opened::WouldBlock);
+            }
+            other => other,
+        }
+    } else {
+        return Ok(Opened::WouldBlock);
+    };
+    match opened {
+        Ok(fd) => regular(fd),
+        Err(Errno::NOENT | Errno::LOOP) => Ok(Opened::Absent),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn openat2_refused() {
+    tracing::info!("openat2 unavailable; reading the tree one component at a time");
+    OPENAT2.store(false, Ordering::Relaxed);
+}
+
+/// `rel` beneath `root` with `flags` (which must hold `O_NOFOLLOW`): one
+/// `openat2`, or the component walk where it is refused.
+fn lookup_beneath(
+    root: BorrowedFd<'_>,
+    rel: &str,
+    flags: OFlags,
+    nonblocking: bool,
+) -> io::Result<Lookup> {
+    if !valid_rel(rel) {
+        return Ok(Lookup::Absent);
+    }
     let fd = if OPENAT2.load(Ordering::Relaxed) {
         let mut resolve =
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
@@ -145,24 +221,28 @@ pub fn open_beneath(root: BorrowedFd<'_>, rel: &str, nonblocking: bool) -> io::R
         }
         match openat2(root, rel, flags, Mode::empty(), resolve) {
             Ok(fd) => Some(fd),
-            Err(Errno::AGAIN) if nonblocking => return Ok(Opened::WouldBlock),
+            Err(Errno::AGAIN) if nonblocking => return Ok(Lookup::WouldBlock),
             // EXDEV: the path would leave the root.
             Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP | Errno::XDEV) => None,
             Err(Errno::NOSYS | Errno::PERM) => {
-                tracing::info!("openat2 unavailable; reading the tree one component at a time");
-                OPENAT2.store(false, Ordering::Relaxed);
+                openat2_refused();
+                if nonblocking {
+                    return Ok(Lookup::WouldBlock);
+                }
                 walk_from(root, rel, flags)?
             }
             Err(e) => return Err(e.into()),
         }
     } else if nonblocking {
-        return Ok(Opened::WouldBlock);
+        return Ok(Lookup::WouldBlock);
     } else {
         walk_from(root, rel, flags)?
     };
-    let Some(fd) = fd else {
-        return Ok(Opened::Absent);
-    };
+    Ok(fd.map_or(Lookup::Absent, Lookup::Found))
+}
+
+/// `fd` as an open file, if it is a regular one.
+fn regular(fd: OwnedFd) -> io::Result<Opened> {
     let file = File::from(fd);
     let meta = file.metadata()?;
     if !meta.is_file() {
@@ -356,6 +436,50 @@ mod tests {
                 assert_eq!(got, *found, "openat2 {rel} (nonblocking {nonblocking})");
             }
         }
+        // One component in a directory held: what the object path opens.
+        let Lookup::Found(heads) = open_dir_beneath(dir.as_fd(), "refs/heads", false).unwrap()
+        else {
+            panic!("refs/heads is a directory beneath the root");
+        };
+        for (rel, want) in [
+            ("refs/escape", false),
+            ("refs/heads/ok", false),
+            ("refs/../refs", false),
+            ("fifo-dir", true),
+        ] {
+            let got = open_dir_beneath(dir.as_fd(), rel, false).unwrap();
+            assert_eq!(matches!(got, Lookup::Found(_)), want, "{rel}");
+        }
+        let names: &[(&str, BorrowedFd<'_>, bool)] = &[
+            ("ok", heads.as_fd(), true),
+            ("link", heads.as_fd(), false),
+            ("..", heads.as_fd(), false),
+            (".", heads.as_fd(), false),
+            ("", heads.as_fd(), false),
+            ("heads/ok", dir.as_fd(), false),
+            ("refs", dir.as_fd(), false),
+            ("missing", heads.as_fd(), false),
+        ];
+        for nonblocking in [false, true] {
+            for (name, at, found) in names {
+                let got = match open_entry(*at, name, nonblocking).unwrap() {
+                    Opened::File(..) => true,
+                    Opened::Absent => false,
+                    Opened::WouldBlock => {
+                        matches!(open_entry(*at, name, false).unwrap(), Opened::File(..))
+                    }
+                };
+                assert_eq!(got, *found, "entry {name:?} (nonblocking {nonblocking})");
+            }
+        }
+        let Lookup::Found(fifos) = open_dir_beneath(dir.as_fd(), "fifo-dir", false).unwrap() else {
+            panic!("fifo-dir is a directory");
+        };
+        assert!(matches!(
+            open_entry(fifos.as_fd(), "fifo", false).unwrap(),
+            Opened::Absent
+        ));
+
         let listing = list_dir(r, "refs", 10).unwrap().unwrap();
         let escape = listing.iter().find(|e| e.name == "escape").unwrap();
         assert!(
