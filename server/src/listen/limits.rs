@@ -204,6 +204,17 @@ impl Drop for Slot {
 /// File descriptors a listener needs beyond its connections and streamed
 /// files: the state dir, logs, the blocking pool's opens, publication.
 pub const FD_HEADROOM: u64 = 512;
+/// The most object fan-out directories held open across generations
+/// (`served::objects`: 256 a root): one generation of a few roots, and
+/// the next while it takes over. Past the budget, objects are opened by
+/// their whole path.
+pub const FANOUT_FDS: u64 = 1024;
+
+/// The fan-out directories' share of `nofile`: [`FANOUT_FDS`], or an
+/// eighth of what the headroom leaves when the limit is low.
+pub fn fanout_fds(nofile: u64) -> u64 {
+    FANOUT_FDS.min(nofile.saturating_sub(FD_HEADROOM) / 8)
+}
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit (the default soft
 /// limit, often 1024, is what let 1,100 half-sent requests stop the server
@@ -225,7 +236,8 @@ pub fn raise_nofile() -> std::io::Result<u64> {
 /// lowered (and said so) rather than failing at accept or at open.
 /// Streamed files get at most a quarter of what there is.
 pub fn fit_to_nofile(mut l: Limits, nofile: u64) -> Limits {
-    let usable = usize::try_from(nofile.saturating_sub(FD_HEADROOM)).unwrap_or(usize::MAX);
+    let usable = nofile.saturating_sub(FD_HEADROOM + fanout_fds(nofile));
+    let usable = usize::try_from(usable).unwrap_or(usize::MAX);
     if l.max_connections + l.probe_reserve + l.max_streamed_files > usable {
         let files = l.max_streamed_files.min(usable / 4).max(1);
         let left = usable.saturating_sub(files);
@@ -314,11 +326,12 @@ mod tests {
         #[rustfmt::skip]
         let cases = [
             // (max connections, reserve, streamed files), nofile, what fits
-            ((4096, 32, 1024), 1024, (352, 32, 128)),
+            // 512 for the headroom, 64 for fan-out directories.
+            ((4096, 32, 1024), 1024, (304, 32, 112)),
             // The F2 finding's 20,000: 4,096 connections, 16 streams each,
             // had run out of descriptors at 1,250 connections.
             ((4096, 32, 1024), 20_000, (4096, 32, 1024)),
-            ((4096, 32, 1024), 5_000, (3432, 32, 1024)),
+            ((4096, 32, 1024), 5_000, (2914, 32, 981)),
             ((100, 8, 16), 1 << 20, (100, 8, 16)),
             ((4096, 32, 1024), 512, (1, 0, 1)),
         ];
@@ -332,8 +345,9 @@ mod tests {
             );
             let got = (l.max_connections, l.probe_reserve, l.max_streamed_files);
             assert_eq!(got, want, "nofile {nofile}");
+            let usable = nofile.saturating_sub(FD_HEADROOM + fanout_fds(nofile));
             assert!(
-                nofile <= FD_HEADROOM || got.0 + got.1 + got.2 <= (nofile - FD_HEADROOM) as usize,
+                usable == 0 || got.0 + got.1 + got.2 <= usable as usize,
                 "nofile {nofile}: {got:?} do not fit"
             );
         }

@@ -112,6 +112,7 @@ fn listener_limits(args: &ServeArgs) -> Result<crate::listen::limits::Limits> {
     use crate::listen::limits;
     let nofile = limits::raise_nofile().context("raising RLIMIT_NOFILE")?;
     let l = limits::fit_to_nofile(args.connections.limits(), nofile);
+    crate::served::objects::set_fanout_budget(limits::fanout_fds(nofile));
     tracing::info!(
         nofile,
         max_connections = l.max_connections,

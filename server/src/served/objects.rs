@@ -10,6 +10,7 @@
 
 use super::{Generation, Layer};
 use crate::fsutil::{self, Lookup, Opened};
+use crate::listen::limits::FANOUT_FDS;
 use bytes::Bytes;
 use oscontent_format::{ObjectKind, ObjectName, RepoPath};
 use std::collections::HashMap;
@@ -17,6 +18,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 /// Objects whose root is remembered, at most (then it starts afresh).
@@ -111,12 +113,14 @@ impl Generation {
             let Some((_, Some(dir))) = dirs.get(usize::from(i)) else {
                 continue;
             };
-            let fanout = match self.fanout(usize::from(i), dir.as_fd(), name, nonblocking)? {
-                Lookup::Found(fd) => fd,
-                Lookup::Absent => continue,
-                Lookup::WouldBlock => return Ok(Loaded::WouldBlock),
+            let opened = match self.fanout(usize::from(i), dir.as_fd(), name, nonblocking)? {
+                Some(Lookup::Found(fanout)) => fsutil::open_entry(fanout, file_name, nonblocking)?,
+                Some(Lookup::Absent) => continue,
+                Some(Lookup::WouldBlock) => return Ok(Loaded::WouldBlock),
+                // Past the fan-out budget: the whole path beneath the root.
+                None => fsutil::open_beneath(dir.as_fd(), &name.path(), nonblocking)?,
             };
-            let (file, meta) = match fsutil::open_entry(fanout, file_name, nonblocking)? {
+            let (file, meta) = match opened {
                 Opened::File(f, m) => (f, m),
                 Opened::Absent => continue,
                 Opened::WouldBlock => return Ok(Loaded::WouldBlock),
@@ -150,14 +154,15 @@ impl Generation {
 }
 
 impl Generation {
-    /// Root `i`'s fan-out directory for `name`, opened on first use.
+    /// Root `i`'s fan-out directory for `name`, opened on first use;
+    /// `None` when the budget of open fan-out directories is spent.
     fn fanout(
         &self,
         i: usize,
         root: BorrowedFd<'_>,
         name: &ObjectName,
         nonblocking: bool,
-    ) -> io::Result<Lookup<BorrowedFd<'_>>> {
+    ) -> io::Result<Option<Lookup<BorrowedFd<'_>>>> {
         let roots = self.objects.fanouts.get_or_init(|| {
             let fanout = || (0..256).map(|_| OnceLock::new()).collect();
             self.root_fds().iter().map(|_| fanout()).collect()
@@ -166,9 +171,12 @@ impl Generation {
             .get(i)
             .and_then(|r| r.get(usize::from(name.checksum.as_bytes()[0])))
         else {
-            return Ok(Lookup::Absent);
+            return Ok(Some(Lookup::Absent));
         };
         if cell.get().is_none() {
+            let Some(held) = Budget::take() else {
+                return Ok(None);
+            };
             let mut hex = [0u8; 2];
             // Cannot fail: two digits for one byte.
             let _ = hex::encode_to_slice(&name.checksum.as_bytes()[..1], &mut hex);
@@ -176,15 +184,72 @@ impl Generation {
             let opened = match fsutil::open_dir_beneath(root, &rel, nonblocking)? {
                 Lookup::Found(fd) => Some(fd),
                 Lookup::Absent => None,
-                Lookup::WouldBlock => return Ok(Lookup::WouldBlock),
+                Lookup::WouldBlock => return Ok(Some(Lookup::WouldBlock)),
             };
-            // Another thread may have opened it meanwhile: one is kept.
-            let _ = cell.set(opened);
+            // Another thread may have opened it meanwhile: one is kept, and
+            // only a kept fd keeps its share of the budget (given back
+            // when the generation goes, `Drop for ObjectRoots`).
+            if opened.is_some() && cell.set(opened).is_ok() {
+                std::mem::forget(held);
+            } else if cell.get().is_none() {
+                let _ = cell.set(None);
+            }
         }
-        Ok(match cell.get() {
+        Ok(Some(match cell.get() {
             Some(Some(fd)) => Lookup::Found(fd.as_fd()),
             _ => Lookup::Absent,
-        })
+        }))
+    }
+}
+
+/// Fan-out directories held open now, across generations.
+static FANOUT_OPEN: AtomicUsize = AtomicUsize::new(0);
+/// The most that may be: `set_fanout_budget`, from the open-file limit.
+static FANOUT_BUDGET: AtomicUsize = AtomicUsize::new(FANOUT_FDS as usize);
+
+/// How many object fan-out directories may be held open at once, across
+/// generations (`listen::limits::fanout_fds`): the listener's caps leave
+/// room for exactly this many.
+pub fn set_fanout_budget(fds: u64) {
+    FANOUT_BUDGET.store(
+        usize::try_from(fds).unwrap_or(usize::MAX),
+        Ordering::Relaxed,
+    );
+}
+
+/// One fan-out directory's share of the budget, given back when dropped
+/// unless it is kept (forgotten) with the fd it was taken for.
+struct Budget;
+
+impl Budget {
+    fn take() -> Option<Self> {
+        let budget = FANOUT_BUDGET.load(Ordering::Relaxed);
+        FANOUT_OPEN
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < budget).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Budget)
+    }
+}
+
+impl Drop for Budget {
+    fn drop(&mut self) {
+        FANOUT_OPEN.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for ObjectRoots {
+    fn drop(&mut self) {
+        let held = self
+            .fanouts
+            .get()
+            .into_iter()
+            .flatten()
+            .flat_map(|root| root.iter())
+            .filter(|cell| matches!(cell.get(), Some(Some(_))))
+            .count();
+        FANOUT_OPEN.fetch_sub(held, Ordering::Relaxed);
     }
 }
 
@@ -217,7 +282,76 @@ impl ObjectRoots {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verify::ObjectGate;
     use oscontent_format::Checksum;
+    use std::os::unix::fs::symlink;
+
+    fn object(seed: &str) -> ObjectName {
+        ObjectName {
+            checksum: Checksum::digest(seed.as_bytes()),
+            kind: ObjectKind::File,
+        }
+    }
+
+    /// Objects are found through their fan-out directories, from the
+    /// source first, then the overlay; a symlink is never followed, be it
+    /// the object's file or its fan-out directory.
+    #[test]
+    fn objects_are_opened_in_their_held_fan_out_directories() {
+        let outside = tempfile::tempdir().unwrap();
+        let src = tempfile::tempdir().unwrap();
+        let overlay = tempfile::tempdir().unwrap();
+        let put = |root: &Path, o: &ObjectName, body: &[u8]| {
+            let p = root.join(o.path());
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, body).unwrap();
+        };
+        let (a, b, c) = (object("a"), object("b"), object("c"));
+        put(src.path(), &a, b"in the source");
+        put(overlay.path(), &b, b"in the overlay");
+        // `c`'s file in the source is a symlink to a real file outside,
+        // and a fan-out directory that is a symlink leads outside too.
+        put(outside.path(), &c, b"outside");
+        let c_path = src.path().join(c.path());
+        std::fs::create_dir_all(c_path.parent().unwrap()).unwrap();
+        symlink(outside.path().join(c.path()), &c_path).unwrap();
+        let linked = object("linked fan-out");
+        put(outside.path(), &linked, b"outside");
+        let fan = |o: &ObjectName| o.path().rsplit_once('/').unwrap().0.to_owned();
+        if !src.path().join(fan(&linked)).exists() {
+            symlink(
+                outside.path().join(fan(&linked)),
+                src.path().join(fan(&linked)),
+            )
+            .unwrap();
+        }
+
+        let mut g = Generation::new(
+            1,
+            vec![src.path().to_owned()],
+            overlay.path().to_owned(),
+            vec![],
+        );
+        g.gate = ObjectGate::VerifiedStore;
+        let cases: &[(&ObjectName, Option<&[u8]>)] = &[
+            (&a, Some(b"in the source")),
+            (&b, Some(b"in the overlay")),
+            (&c, None),
+            (&linked, None),
+            (&object("missing"), None),
+        ];
+        // Twice: the second time through the fan-out fds held.
+        for _ in 0..2 {
+            for (o, want) in cases {
+                let got = match g.load_object(o, 1 << 20, false).unwrap() {
+                    Loaded::Whole(bytes, _) => Some(bytes.to_vec()),
+                    Loaded::Missing => None,
+                    other => panic!("{other:?}"),
+                };
+                assert_eq!(got.as_deref(), *want, "{}", o.path());
+            }
+        }
+    }
 
     #[test]
     fn an_object_file_name_is_its_path_after_the_fan_out() {
