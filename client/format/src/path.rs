@@ -121,13 +121,18 @@ impl DeltaName {
     /// The directory relative to the repo root: `deltas/XX/REST` where
     /// `XXREST` is `mb64(from)-mb64(to)` or `mb64(to)`.
     pub fn dir(&self) -> String {
+        self.dir_and(&[])
+    }
+
+    /// [`DeltaName::dir`] followed by `suffix`, made to its length.
+    fn dir_and(&self, suffix: &[&str]) -> String {
         let mut joined = String::with_capacity(2 * Checksum::MBASE64_LEN + 1);
         if let Some(f) = self.from {
             f.write_mbase64(&mut joined);
             joined.push('-');
         }
         self.to.write_mbase64(&mut joined);
-        fanned("deltas", &joined, &[])
+        fanned("deltas", &joined, suffix)
     }
 
     fn parse_dir(prefix: &str, rest: &str) -> Option<Self> {
@@ -162,6 +167,20 @@ fn fanned(dir: &str, name: &str, suffix: &[&str]) -> String {
         p.push_str(piece);
     }
     p
+}
+
+/// `n` in decimal, written into `buf`.
+fn decimal(buf: &mut [u8; 10], mut n: u32) -> &str {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&buf[at..]).unwrap_or_default()
 }
 
 /// A name split after its first two characters (`XX/REST`) made whole
@@ -245,10 +264,11 @@ impl RepoPath {
         if let Some(rest) = p.strip_prefix("objects/") {
             let (prefix, file) = rest.split_once('/')?;
             let (tail, ext) = file.split_once('.')?;
-            if prefix.len() != 2 || tail.len() != Checksum::HEX_LEN - 2 {
+            if tail.len() != Checksum::HEX_LEN - 2 {
                 return None;
             }
-            let checksum = Checksum::from_hex(&format!("{prefix}{tail}")).ok()?;
+            let mut buf = [0u8; Checksum::HEX_LEN];
+            let checksum = Checksum::from_hex(rejoin(&mut buf, prefix, tail)?).ok()?;
             let kind = ObjectKind::from_extension(ext)?;
             return Some(RepoPath::Object(ObjectName { checksum, kind }));
         }
@@ -296,9 +316,14 @@ impl RepoPath {
             RepoPath::SummarySig => "summary.sig".into(),
             RepoPath::Ref { namespace, name } => format!("{}/{name}", namespace.dir()),
             RepoPath::Object(o) => o.path(),
+            // Made to its length, not formatted: the server makes one at
+            // every delta request.
             RepoPath::Delta { name, file } => match file {
-                DeltaFile::Superblock => format!("{}/superblock", name.dir()),
-                DeltaFile::Part(i) => format!("{}/{i}", name.dir()),
+                DeltaFile::Superblock => name.dir_and(&["/superblock"]),
+                DeltaFile::Part(i) => {
+                    let mut digits = [0u8; 10];
+                    name.dir_and(&["/", decimal(&mut digits, *i)])
+                }
             },
             RepoPath::DeltaIndex { to } => DeltaName::index_path(to),
         }
@@ -379,7 +404,17 @@ mod tests {
             ),
             (INDEX.into(), RepoPath::DeltaIndex { to: c2 }),
         ];
-        for (p, want) in cases {
+        let parts = [7, 10, 909, MAX_DELTA_PART].map(|i| {
+            let p = DELTA_EMPTY.strip_suffix('0').unwrap();
+            (
+                format!("{p}{i}"),
+                RepoPath::Delta {
+                    name: DeltaName { from: None, to: c2 },
+                    file: DeltaFile::Part(i),
+                },
+            )
+        });
+        for (p, want) in cases.into_iter().chain(parts) {
             assert_eq!(RepoPath::parse(&p), Some(want.clone()), "{p}");
             assert_eq!(want.to_path(), p, "round trip of {p}");
         }

@@ -221,6 +221,18 @@ impl LogLine<'_> {
         // Writes to a Vec cannot fail.
         let _ = write!(out, "{{\"bytes\":{},\"client\":", self.bytes);
         match self.client {
+            // Ipv4Addr's Display pads through the formatter: a third of
+            // the line's cost.
+            Some(IpAddr::V4(ip)) => {
+                out.push(b'"');
+                for (i, octet) in ip.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(b'.');
+                    }
+                    decimal(out, octet);
+                }
+                out.push(b'"');
+            }
             Some(ip) => {
                 let _ = write!(out, "\"{ip}\"");
             }
@@ -258,6 +270,17 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
     } else {
         let _ = serde_json::to_writer(out, s);
     }
+}
+
+/// `n` in decimal.
+fn decimal(out: &mut Vec<u8>, n: u8) {
+    if n >= 100 {
+        out.push(b'0' + n / 100);
+    }
+    if n >= 10 {
+        out.push(b'0' + n / 10 % 10);
+    }
+    out.push(b'0' + n % 10);
 }
 
 /// `v` as `serde_json` writes it (shortest round-trip; `null` if not
@@ -312,6 +335,7 @@ mod tests {
     fn a_log_line_is_what_serde_json_would_write() {
         let v6: IpAddr = "2001:db8::1".parse().unwrap();
         let v4: IpAddr = "10.0.0.7".parse().unwrap();
+        let v4_wide: IpAddr = "255.100.9.0".parse().unwrap();
         let base = LogLine {
             bytes: 1234,
             client: Some(v4),
@@ -330,6 +354,10 @@ mod tests {
                 client: None,
                 bytes: 0,
                 status: 404,
+                ..base
+            },
+            LogLine {
+                client: Some(v4_wide),
                 ..base
             },
             LogLine {
