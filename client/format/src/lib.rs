@@ -22,6 +22,7 @@
 //!   the `.filez` encoder (what the server converts native images with).
 //! - [`summary`]: deterministic summary building and bounded parsing.
 //! - [`delta`]: static delta superblocks.
+//! - [`digits`]: numbers as text without the formatter.
 //! - [`gpgsigs`]: the `ostree.gpgsigs` container of `.commitmeta` and
 //!   `summary.sig`.
 //! - `openpgp`: keys, detached signatures and their verification
@@ -40,6 +41,7 @@ pub mod commit;
 pub mod config;
 pub mod content;
 pub mod delta;
+pub mod digits;
 mod error;
 pub mod filez;
 pub mod gpgsigs;

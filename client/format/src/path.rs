@@ -169,20 +169,6 @@ fn fanned(dir: &str, name: &str, suffix: &[&str]) -> String {
     p
 }
 
-/// `n` in decimal, written into `buf`.
-fn decimal(buf: &mut [u8; 10], mut n: u32) -> &str {
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    std::str::from_utf8(&buf[at..]).unwrap_or_default()
-}
-
 /// A name split after its first two characters (`XX/REST`) made whole
 /// again in `buf`, without allocating: parsed at every request for a
 /// delta. `None` unless `prefix` is those two characters and the whole
@@ -321,8 +307,8 @@ impl RepoPath {
             RepoPath::Delta { name, file } => match file {
                 DeltaFile::Superblock => name.dir_and(&["/superblock"]),
                 DeltaFile::Part(i) => {
-                    let mut digits = [0u8; 10];
-                    name.dir_and(&["/", decimal(&mut digits, *i)])
+                    let mut digits = [0u8; 20];
+                    name.dir_and(&["/", crate::digits::decimal(&mut digits, u64::from(*i))])
                 }
             },
             RepoPath::DeltaIndex { to } => DeltaName::index_path(to),

@@ -278,18 +278,8 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
 
 /// `n` in decimal.
 fn decimal(out: &mut Vec<u8>, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut n = n;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
+    let mut buf = [0u8; 20];
+    out.extend_from_slice(oscontent_format::digits::decimal(&mut buf, n).as_bytes());
 }
 
 /// `v` as `serde_json` writes it (shortest round-trip; `null` if not
