@@ -151,9 +151,7 @@ impl Generation {
         }
         Ok(Loaded::Missing)
     }
-}
 
-impl Generation {
     /// Root `i`'s fan-out directory for `name`, opened on first use;
     /// `None` when the budget of open fan-out directories is spent.
     fn fanout(
