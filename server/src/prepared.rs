@@ -41,18 +41,11 @@ impl Prepared {
     /// into one buffer rather than through `format!` and a hex `String`:
     /// that was 2% of the server's CPU in `bench serve`'s replay.
     pub fn for_object(name: &ObjectName, len: u64, meta: &std::fs::Metadata) -> Self {
-        let etag = object_etag(name, len);
-        let last_modified = meta.modified().ok();
-        Self {
-            etag: HeaderValue::from_maybe_shared(Bytes::copy_from_slice(etag.as_bytes()))
-                .unwrap_or_else(|_| HeaderValue::from_static("\"\"")),
-            last_modified: last_modified.map(date_header),
-            validators: Validators {
-                etag,
-                last_modified,
-                exact_date: false,
-            },
-        }
+        Self::new(Validators {
+            etag: object_etag(name, len),
+            last_modified: meta.modified().ok(),
+            exact_date: false,
+        })
     }
 }
 

@@ -69,6 +69,34 @@ impl ObjectName {
         let hex = std::str::from_utf8(&hex).expect("hex is ASCII");
         fanned("objects", hex, &[".", self.kind.extension()])
     }
+
+    /// The longest [`ObjectName::file_name`]: 62 hex digits, a dot, the
+    /// longest extension.
+    pub const FILE_NAME_MAX: usize = 80;
+
+    /// `objects/ab`, the fan-out directory [`ObjectName::path`] is in.
+    pub fn fanout_dir(&self) -> String {
+        let mut hex = [0u8; 2];
+        hex::encode_to_slice(&self.checksum.as_bytes()[..1], &mut hex)
+            .expect("2 hex digits hold a byte");
+        let mut dir = String::from("objects/");
+        dir.push_str(std::str::from_utf8(&hex).expect("hex is ASCII"));
+        dir
+    }
+
+    /// `cdef….ext`, the file name [`ObjectName::path`] ends with, written
+    /// into `buf`: the server opens one per object request, in its held
+    /// fan-out directory, without allocating.
+    pub fn file_name<'b>(&self, buf: &'b mut [u8; Self::FILE_NAME_MAX]) -> &'b str {
+        let rest = &self.checksum.as_bytes()[1..];
+        let ext = self.kind.extension().as_bytes();
+        let (hex, tail) = buf.split_at_mut(2 * rest.len());
+        hex::encode_to_slice(rest, hex).expect("twice the bytes hold their hex");
+        tail[0] = b'.';
+        tail[1..=ext.len()].copy_from_slice(ext);
+        let len = hex.len() + 1 + ext.len();
+        std::str::from_utf8(&buf[..len]).expect("hex and an extension are ASCII")
+    }
 }
 
 /// `refs/heads` or `refs/mirrors`.
@@ -403,6 +431,18 @@ mod tests {
         for (p, want) in cases.into_iter().chain(parts) {
             assert_eq!(RepoPath::parse(&p), Some(want.clone()), "{p}");
             assert_eq!(want.to_path(), p, "round trip of {p}");
+        }
+    }
+
+    #[test]
+    fn an_object_path_is_its_fan_out_directory_and_file_name() {
+        for kind in ObjectKind::ALL {
+            let o = ObjectName::new(Checksum::digest(kind.extension().as_bytes()), kind);
+            let mut buf = [0u8; ObjectName::FILE_NAME_MAX];
+            let (dir, name) = (o.fanout_dir(), o.file_name(&mut buf));
+            assert_eq!(o.path(), format!("{dir}/{name}"));
+            assert_eq!(dir, format!("objects/{}", &o.checksum.to_hex()[..2]));
+            assert_eq!(RepoPath::parse(&o.path()), Some(RepoPath::Object(o)));
         }
     }
 

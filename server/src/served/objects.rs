@@ -98,8 +98,8 @@ impl Generation {
             return Ok(Loaded::Missing);
         }
         let dirs = self.root_fds();
-        let mut file_name = [0u8; FILE_NAME_MAX];
-        let file_name = object_file_name(name, &mut file_name);
+        let mut file_name = [0u8; ObjectName::FILE_NAME_MAX];
+        let file_name = name.file_name(&mut file_name);
         let remember = dirs.len() > 2;
         let hint = if remember {
             self.objects.lock().get(name).copied()
@@ -175,22 +175,17 @@ impl Generation {
             let Some(held) = Budget::take() else {
                 return Ok(None);
             };
-            let mut hex = [0u8; 2];
-            // Cannot fail: two digits for one byte.
-            let _ = hex::encode_to_slice(&name.checksum.as_bytes()[..1], &mut hex);
-            let rel = format!("objects/{}", std::str::from_utf8(&hex).unwrap_or_default());
-            let opened = match fsutil::open_dir_beneath(root, &rel, nonblocking)? {
+            let opened = match fsutil::open_dir_beneath(root, &name.fanout_dir(), nonblocking)? {
                 Lookup::Found(fd) => Some(fd),
                 Lookup::Absent => None,
                 Lookup::WouldBlock => return Ok(Some(Lookup::WouldBlock)),
             };
-            // Another thread may have opened it meanwhile: one is kept, and
-            // only a kept fd keeps its share of the budget (given back
+            // Another thread may have set it meanwhile: the first is kept,
+            // and only a kept fd keeps its share of the budget (given back
             // when the generation goes, `Drop for ObjectRoots`).
-            if opened.is_some() && cell.set(opened).is_ok() {
+            let is_fd = opened.is_some();
+            if cell.set(opened).is_ok() && is_fd {
                 std::mem::forget(held);
-            } else if cell.get().is_none() {
-                let _ = cell.set(None);
             }
         }
         Ok(Some(match cell.get() {
@@ -251,24 +246,6 @@ impl Drop for ObjectRoots {
     }
 }
 
-/// The longest object file name: 62 hex digits, a dot, the longest
-/// extension.
-const FILE_NAME_MAX: usize = 80;
-
-/// `name`'s file name in its fan-out directory (`REST.EXT`), written into
-/// `buf`: every object request makes one.
-fn object_file_name<'b>(name: &ObjectName, buf: &'b mut [u8; FILE_NAME_MAX]) -> &'b str {
-    let rest = &name.checksum.as_bytes()[1..];
-    let ext = name.kind.extension().as_bytes();
-    let hex_len = 2 * rest.len();
-    // Cannot fail: the buffer holds twice the bytes, a dot and any
-    // extension.
-    let _ = hex::encode_to_slice(rest, &mut buf[..hex_len]);
-    buf[hex_len] = b'.';
-    buf[hex_len + 1..hex_len + 1 + ext.len()].copy_from_slice(ext);
-    std::str::from_utf8(&buf[..hex_len + 1 + ext.len()]).unwrap_or_default()
-}
-
 impl ObjectRoots {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectName, u8>> {
         self.remembered
@@ -315,7 +292,7 @@ mod tests {
         symlink(outside.path().join(c.path()), &c_path).unwrap();
         let linked = object("linked fan-out");
         put(outside.path(), &linked, b"outside");
-        let fan = |o: &ObjectName| o.path().rsplit_once('/').unwrap().0.to_owned();
+        let fan = ObjectName::fanout_dir;
         if !src.path().join(fan(&linked)).exists() {
             symlink(
                 outside.path().join(fan(&linked)),
@@ -348,22 +325,6 @@ mod tests {
                 };
                 assert_eq!(got.as_deref(), *want, "{}", o.path());
             }
-        }
-    }
-
-    #[test]
-    fn an_object_file_name_is_its_path_after_the_fan_out() {
-        for kind in ObjectKind::ALL {
-            let name = ObjectName {
-                checksum: Checksum::digest(kind.extension().as_bytes()),
-                kind,
-            };
-            let path = name.path();
-            let mut buf = [0u8; FILE_NAME_MAX];
-            let want = path.rsplit_once('/').unwrap().1;
-            assert_eq!(object_file_name(&name, &mut buf), want);
-            let hex = name.checksum.to_hex();
-            assert_eq!(path, format!("objects/{}/{want}", &hex[..2]));
         }
     }
 }
