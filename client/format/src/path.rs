@@ -74,6 +74,24 @@ impl ObjectName {
     /// longest extension.
     pub const FILE_NAME_MAX: usize = 80;
 
+    /// The longest [`ObjectName::path`]: `objects/ab/` and the longest
+    /// file name.
+    pub const PATH_MAX: usize = 11 + Self::FILE_NAME_MAX;
+
+    /// [`ObjectName::path`], written into `buf` (the server logs one per
+    /// object request).
+    pub fn path_in<'b>(&self, buf: &'b mut [u8; Self::PATH_MAX]) -> &'b str {
+        let (dir, file) = buf.split_at_mut(11);
+        dir[..8].copy_from_slice(b"objects/");
+        hex::encode_to_slice(&self.checksum.as_bytes()[..1], &mut dir[8..10])
+            .expect("2 hex digits hold a byte");
+        dir[10] = b'/';
+        let file: &mut [u8; Self::FILE_NAME_MAX] =
+            file.try_into().expect("the rest is a file name");
+        let len = 11 + self.file_name(file).len();
+        std::str::from_utf8(&buf[..len]).expect("a path of hex and an extension is ASCII")
+    }
+
     /// `objects/ab`, the fan-out directory [`ObjectName::path`] is in.
     pub fn fanout_dir(&self) -> String {
         let mut hex = [0u8; 2];
@@ -441,6 +459,8 @@ mod tests {
             let mut buf = [0u8; ObjectName::FILE_NAME_MAX];
             let (dir, name) = (o.fanout_dir(), o.file_name(&mut buf));
             assert_eq!(o.path(), format!("{dir}/{name}"));
+            let mut whole = [0u8; ObjectName::PATH_MAX];
+            assert_eq!(o.path_in(&mut whole), o.path());
             assert_eq!(dir, format!("objects/{}", &o.checksum.to_hex()[..2]));
             assert_eq!(RepoPath::parse(&o.path()), Some(RepoPath::Object(o)));
         }

@@ -3,6 +3,7 @@
 //! paths have empty bodies: ostree's fetcher can take an error body for
 //! object content when it falls through a mirrorlist.
 
+pub mod direct;
 mod observe;
 mod repo;
 mod respond;
@@ -172,8 +173,10 @@ pub fn app(state: AppState) -> Router {
 /// middleware and handler, called directly. The probes and the scrape
 /// (the routes) are handed back to the router.
 pub fn shortcut(state: AppState) -> crate::listen::Shortcut {
+    let direct_state = state.clone();
     crate::listen::Shortcut {
         takes: |path| !ROUTES.contains(&path),
+        direct: Arc::new(move |ask| direct::answer(&direct_state, ask)),
         answer: Arc::new(move |req| {
             let st = state.clone();
             // Parsed once, for the metrics' label and the handler.

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Method, Uri, Version};
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
-use oscontent_format::RepoPath;
+use oscontent_format::{ObjectName, RepoPath};
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -42,7 +42,7 @@ pub(super) async fn observed<F: std::future::Future<Output = Response>>(
     let logged = st.access_log.as_ref().map(|_| Logged {
         method: req.method().clone(),
         // A reference count on the request's bytes, not a copy.
-        uri: req.uri().clone(),
+        path: LoggedPath::Uri(req.uri().clone()),
         version: req.version(),
         client: req
             .extensions()
@@ -92,16 +92,67 @@ pub(super) async fn observed<F: std::future::Future<Output = Response>>(
     })
 }
 
+/// The record of an object's 200 answered past the router
+/// (`super::direct`), made as [`observed`] makes it: counted now, logged
+/// when its body is done.
+pub(super) fn answered(
+    st: &AppState,
+    name: &ObjectName,
+    head: bool,
+    client: IpAddr,
+    start: Instant,
+) -> Done {
+    let kind = name.kind.extension();
+    let elapsed = start.elapsed();
+    st.metrics.observe_request(kind, 200, elapsed.as_secs_f64());
+    Done {
+        st: st.clone(),
+        kind,
+        status: 200,
+        start,
+        elapsed,
+        logged: st.access_log.as_ref().map(|_| Logged {
+            method: if head { Method::HEAD } else { Method::GET },
+            path: LoggedPath::Object(*name),
+            version: Version::HTTP_11,
+            client: Some(client),
+        }),
+    }
+}
+
 /// What the log line needs of the request, kept only when there is a log.
 struct Logged {
     method: Method,
-    uri: Uri,
+    path: LoggedPath,
     version: Version,
     client: Option<IpAddr>,
 }
 
+/// The request's path, as the log writes it.
+enum LoggedPath {
+    Uri(Uri),
+    /// An object's canonical path, which is what was asked for.
+    Object(ObjectName),
+}
+
+impl LoggedPath {
+    fn with<R>(&self, f: impl FnOnce(&str) -> R) -> R {
+        match self {
+            LoggedPath::Uri(u) => f(u.path()),
+            LoggedPath::Object(o) => {
+                let mut buf = [0u8; 1 + ObjectName::PATH_MAX];
+                buf[0] = b'/';
+                let rest: &mut [u8; ObjectName::PATH_MAX] =
+                    (&mut buf[1..]).try_into().expect("the rest is a path");
+                let len = 1 + o.path_in(rest).len();
+                f(std::str::from_utf8(&buf[..len]).unwrap_or_default())
+            }
+        }
+    }
+}
+
 /// What is left to record once the body's bytes are known.
-struct Done {
+pub(super) struct Done {
     st: AppState,
     kind: &'static str,
     status: u16,
@@ -112,25 +163,27 @@ struct Done {
 }
 
 impl Done {
-    fn finish(self, bytes: u64) {
+    pub(super) fn finish(self, bytes: u64) {
         self.st.metrics.sent(self.kind, bytes);
         let (Some(log), Some(l)) = (&self.st.access_log, self.logged) else {
             return;
         };
-        log_date::with_now(|ts| {
-            let line = LogLine {
-                bytes,
-                client: l.client,
-                duration_ms: self.elapsed.as_secs_f64() * 1e3,
-                kind: self.kind,
-                method: l.method.as_str(),
-                path: l.uri.path(),
-                status: self.status,
-                total_ms: self.start.elapsed().as_secs_f64() * 1e3,
-                ts,
-                version: version_name(l.version),
-            };
-            log.log_with(|out| line.write(out));
+        l.path.with(|path| {
+            log_date::with_now(|ts| {
+                let line = LogLine {
+                    bytes,
+                    client: l.client,
+                    duration_ms: self.elapsed.as_secs_f64() * 1e3,
+                    kind: self.kind,
+                    method: l.method.as_str(),
+                    path,
+                    status: self.status,
+                    total_ms: self.start.elapsed().as_secs_f64() * 1e3,
+                    ts,
+                    version: version_name(l.version),
+                };
+                log.log_with(|out| line.write(out));
+            })
         });
     }
 }

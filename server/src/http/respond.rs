@@ -7,8 +7,10 @@ use crate::conditional::{self, Precondition, RangeOutcome};
 use crate::prepared::Prepared;
 use axum::body::Body;
 use axum::response::Response;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
+
+const OCTET_STREAM: &str = "application/octet-stream";
 
 fn base_headers(h: &mut HeaderMap, v: &Prepared, cache: HeaderValue) {
     h.insert(header::ETAG, v.etag.clone());
@@ -89,6 +91,29 @@ fn unsatisfiable(len: u64) -> Response {
     r
 }
 
+/// The headers [`finish_headers`] gives an immutable object's whole 200,
+/// written as HTTP/1.1 lines in the same order (`super::direct`).
+pub(super) fn write_object_headers(out: &mut Vec<u8>, v: &Prepared, len: u64) {
+    let mut line = |name: &HeaderName, value: &[u8]| {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    };
+    line(&header::ETAG, v.etag.as_bytes());
+    if let Some(lm) = &v.last_modified {
+        line(&header::LAST_MODIFIED, lm.as_bytes());
+    }
+    line(&header::CACHE_CONTROL, super::IMMUTABLE.as_bytes());
+    line(&header::CONTENT_TYPE, OCTET_STREAM.as_bytes());
+    let mut digits = [0u8; 20];
+    line(
+        &header::CONTENT_LENGTH,
+        oscontent_format::digits::decimal(&mut digits, len).as_bytes(),
+    );
+    line(&header::ACCEPT_RANGES, b"bytes");
+}
+
 fn finish_headers(
     h: &mut HeaderMap,
     v: &Prepared,
@@ -98,10 +123,7 @@ fn finish_headers(
     range: Option<(u64, u64)>,
 ) {
     base_headers(h, v, cache);
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/octet-stream"),
-    );
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(OCTET_STREAM));
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(body_len));
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     if let Some((s, e)) = range {
@@ -146,4 +168,46 @@ pub(super) fn respond_file(
     *r.status_mut() = status;
     finish_headers(r.headers_mut(), v, cache, count, len, range);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conditional::Validators;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    /// The lines an object's 200 gets past the router are the router's
+    /// headers for it, in its order.
+    #[test]
+    fn an_objects_lines_are_the_routers_headers() {
+        let modified = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        for (last_modified, len) in [
+            (Some(modified), 3_300),
+            (None, 0),
+            (Some(modified), u64::MAX),
+        ] {
+            let v = Prepared::new(Validators {
+                etag: "\"abc.filez-ce4\"".into(),
+                last_modified,
+                exact_date: false,
+            });
+            let mut routed = HeaderMap::new();
+            let immutable = HeaderValue::from_static(super::super::IMMUTABLE);
+            finish_headers(&mut routed, &v, immutable, len, len, None);
+            let mut want = Vec::new();
+            for (name, value) in &routed {
+                want.extend_from_slice(name.as_str().as_bytes());
+                want.extend_from_slice(b": ");
+                want.extend_from_slice(value.as_bytes());
+                want.extend_from_slice(b"\r\n");
+            }
+            let mut got = Vec::new();
+            write_object_headers(&mut got, &v, len);
+            assert_eq!(
+                String::from_utf8(got).unwrap(),
+                String::from_utf8(want).unwrap(),
+                "{last_modified:?} {len}"
+            );
+        }
+    }
 }

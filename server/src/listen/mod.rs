@@ -11,6 +11,7 @@ pub mod limits;
 pub mod watch;
 mod workers;
 
+use crate::http::direct;
 use crate::metrics::Metrics;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -45,6 +46,9 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// that lands in the reserve holds its place only this long.
 const RESERVE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// [`Shortcut::direct`].
+pub type DirectFn = dyn Fn(&direct::Ask<'_>) -> Option<direct::Direct> + Send + Sync;
+
 /// Answers the requests it takes without the router's dispatch (its
 /// route lookup, boxed middleware and extractors), as the router would
 /// have.
@@ -53,6 +57,9 @@ pub struct Shortcut {
     /// Whether it answers a request for this path; the router answers the
     /// others.
     pub takes: fn(&str) -> bool,
+    /// An HTTP/1.1 object request's 200, when it can be answered at once
+    /// with nothing to evaluate (`http::direct`); `None` for the router.
+    pub direct: Arc<DirectFn>,
     pub answer: Arc<dyn Fn(Request<Body>) -> BoxFuture<'static, Response<Body>> + Send + Sync>,
 }
 
@@ -89,6 +96,12 @@ impl App {
             shortcut,
             idle,
         }
+    }
+
+    /// The shortcut's answer past every type of the router, if it has one
+    /// now (`http::direct`).
+    fn direct(&self, ask: &direct::Ask<'_>) -> Option<direct::Direct> {
+        (self.shortcut.direct)(ask)
     }
 
     async fn answer(&self, req: Request<Body>) -> Response<Body> {

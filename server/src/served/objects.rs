@@ -135,19 +135,10 @@ impl Generation {
             if meta.len() > whole_upto {
                 return Ok(Loaded::Open(file, meta));
             }
-            let mut buf = vec![0u8; meta.len() as usize];
-            let n = if nonblocking {
-                match fsutil::read_cached(&file, &mut buf, 0)? {
-                    Some(n) if n == buf.len() => n,
-                    _ => return Ok(Loaded::WouldBlock),
-                }
-            } else {
-                fsutil::read_at(&file, &mut buf, 0)?
-            };
-            // A file that shrank under us is served as it now is, and its
-            // length is what Content-Length says.
-            buf.truncate(n);
-            return Ok(Loaded::Whole(Bytes::from(buf), meta));
+            return Ok(match read_whole(&file, meta.len(), nonblocking)? {
+                Some(bytes) => Loaded::Whole(bytes, meta),
+                None => Loaded::WouldBlock,
+            });
         }
         Ok(Loaded::Missing)
     }
@@ -252,6 +243,23 @@ impl ObjectRoots {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// An object file of `len` bytes read whole; `None` if `nonblocking` and
+/// the kernel does not have all of it. A file that shrank under us is
+/// served as it now is, and its length is what Content-Length says.
+pub fn read_whole(file: &File, len: u64, nonblocking: bool) -> io::Result<Option<Bytes>> {
+    let mut buf = vec![0u8; len as usize];
+    let n = if nonblocking {
+        match fsutil::read_cached(file, &mut buf, 0)? {
+            Some(n) if n == buf.len() => n,
+            _ => return Ok(None),
+        }
+    } else {
+        fsutil::read_at(file, &mut buf, 0)?
+    };
+    buf.truncate(n);
+    Ok(Some(Bytes::from(buf)))
 }
 
 #[cfg(test)]

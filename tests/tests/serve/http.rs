@@ -144,6 +144,88 @@ fn object_is_immutable(server: &Server, repo: &std::path::Path, checksum: &str, 
     assert!(head.body.is_empty(), "HEAD {path} sent a body");
 }
 
+/// A plain HTTP/1.1 request for an object is answered past the router's
+/// types (`http::direct`); one with a header that path does not know goes
+/// through the router. Both must answer alike, first request (from the
+/// file) and later ones (a small object from the cache): the same status,
+/// headers but the date, body, and access log record.
+#[test]
+fn an_object_answers_alike_past_the_router_and_through_it() {
+    let v1 = v1();
+    let server = Server::release(v1);
+    let objects = list_objects(&v1.repo).unwrap();
+    let (big, _) = largest_filez(&v1.repo).unwrap();
+    let mut cases = vec![(big, "filez"), (v1.commit.clone(), "commit")];
+    for (set, ext) in [
+        ("dirtree", "dirtree"),
+        ("dirmeta", "dirmeta"),
+        (CONTENT, "filez"),
+    ] {
+        cases.push((objects.get(set).into_iter().next().unwrap(), ext));
+    }
+    let through_router = [("X-Probe", "1")];
+    let mut asked = 0;
+    for (checksum, ext) in &cases {
+        let path = object_url_path(checksum, ext);
+        let disk = std::fs::read(object_path(&v1.repo, checksum, ext)).unwrap();
+        for method in ["GET", "HEAD", "GET", "GET"] {
+            let direct = raw_request(server.addr, method, &path, &[]).unwrap();
+            let routed = raw_request(server.addr, method, &path, &through_router).unwrap();
+            asked += 2;
+            let without_date = |r: &RawResponse| {
+                let h: Vec<_> = r
+                    .headers
+                    .iter()
+                    .filter(|(k, _)| k != "date")
+                    .cloned()
+                    .collect();
+                (r.status_line.clone(), h, r.body.clone())
+            };
+            assert_eq!(
+                without_date(&direct),
+                without_date(&routed),
+                "{method} {path}"
+            );
+            assert_eq!(direct.status, 200, "{method} {path}");
+            let want: &[u8] = if method == "HEAD" { &[] } else { &disk };
+            assert!(direct.body == want, "{method} {path}: the object's bytes");
+        }
+    }
+    // Lines of two workers may interleave: every record of one method and
+    // path must be the same, whichever way it was answered.
+    let log = server.access_log().unwrap();
+    let objects: Vec<_> = log.iter().filter(|e| e.object().is_some()).collect();
+    assert_eq!(objects.len(), asked, "one line per request");
+    for (checksum, ext) in &cases {
+        let path = object_url_path(checksum, ext);
+        let len = std::fs::metadata(object_path(&v1.repo, checksum, ext))
+            .unwrap()
+            .len();
+        for (method, bytes, n) in [("GET", len, 6), ("HEAD", 0, 2)] {
+            let records: Vec<_> = objects
+                .iter()
+                .filter(|e| e.path == path && e.method == method)
+                .map(|e| {
+                    (
+                        e.client.clone(),
+                        e.status,
+                        e.bytes,
+                        e.kind.clone(),
+                        e.version.clone(),
+                    )
+                })
+                .collect();
+            assert_eq!(records.len(), n, "{method} {path}");
+            let client = Some("127.0.0.1".to_owned());
+            let one = (client, 200, bytes, ext.to_string(), "HTTP/1.1".to_owned());
+            assert!(
+                records.iter().all(|r| *r == one),
+                "{method} {path}: {records:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn errors_are_empty_404s_and_only_get_and_head_are_allowed() {
     let v1 = v1();

@@ -120,29 +120,46 @@ pub(super) fn write_head(
     headers: &http::HeaderMap,
     close: bool,
 ) {
+    // The router gives a 304 the 200's length (RFC 9110 §8.6 allows it);
+    // hyper and nginx leave it out, and so does this.
+    let length_too = status != StatusCode::NOT_MODIFIED;
+    let lines = |out: &mut Vec<u8>| {
+        for (name, value) in headers {
+            if name == header::CONTENT_LENGTH && !length_too {
+                continue;
+            }
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    };
+    let date = !headers.contains_key(header::DATE);
+    let close = close && !headers.contains_key(header::CONNECTION);
+    write_head_with(out, status, lines, date, close);
+}
+
+/// A head whose header lines `lines` writes, then `Date` if `date`, and
+/// `Connection: close` if `close`. Pure but for the clock.
+pub(super) fn write_head_with(
+    out: &mut Vec<u8>,
+    status: StatusCode,
+    lines: impl FnOnce(&mut Vec<u8>),
+    date: bool,
+    close: bool,
+) {
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(status.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.extend_from_slice(b"\r\n");
-    // The router gives a 304 the 200's length (RFC 9110 §8.6 allows it);
-    // hyper and nginx leave it out, and so does this.
-    let length_too = status != StatusCode::NOT_MODIFIED;
-    for (name, value) in headers {
-        if name == header::CONTENT_LENGTH && !length_too {
-            continue;
-        }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    if !headers.contains_key(header::DATE) {
+    lines(out);
+    if date {
         out.extend_from_slice(b"date: ");
         log_date::with_now(|d| out.extend_from_slice(d.as_bytes()));
         out.extend_from_slice(b"\r\n");
     }
-    if close && !headers.contains_key(header::CONNECTION) {
+    if close {
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");

@@ -21,6 +21,7 @@ mod respond;
 pub(super) use prefixed::Prefixed;
 
 use super::watch::{Activity, Watched};
+use crate::http::direct::{self, Direct};
 use crate::http::sendfile::CanSendFile;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -78,12 +79,23 @@ pub(super) enum Ended {
 enum Step {
     Read,
     Answer {
-        req: Request<Body>,
-        head: bool,
+        asked: Asked,
         close: bool,
         len: usize,
     },
     Hyper,
+}
+
+/// A request in hand, and who answers it.
+// As `Step`: a local of one loop turn.
+#[allow(clippy::large_enum_variant)]
+enum Asked {
+    Router {
+        req: Request<Body>,
+        head: bool,
+    },
+    /// Answered already (`http::direct`): only its writing is left.
+    Direct(Direct),
 }
 
 /// Answers plain requests until the connection closes, shutdown is asked,
@@ -113,18 +125,30 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, conn: Conn) -> Result<Ende
             match next(&buf, &mut headers, super::MAX_HEAD_BYTES) {
                 Next::More => Step::Read,
                 Next::Hyper => Step::Hyper,
-                Next::Plain(p) => match request(&p, &buf, conn.peer) {
-                    Some(req) => Step::Answer {
-                        req,
+                Next::Plain(p) => {
+                    let ask = direct::Ask {
                         head: p.head,
-                        close: p.close,
-                        len: p.len,
-                    },
-                    None => Step::Hyper,
-                },
+                        path: p.path,
+                        headers: p.headers,
+                        client: conn.peer.ip(),
+                    };
+                    let asked = match conn.app.direct(&ask) {
+                        Some(d) => Some(Asked::Direct(d)),
+                        None => request(&p, &buf, conn.peer)
+                            .map(|req| Asked::Router { req, head: p.head }),
+                    };
+                    match asked {
+                        Some(asked) => Step::Answer {
+                            asked,
+                            close: p.close,
+                            len: p.len,
+                        },
+                        None => Step::Hyper,
+                    }
+                }
             }
         };
-        let (req, head, close_asked) = match step {
+        let (asked, close_asked) = match step {
             Step::Hyper => {
                 let io = Prefixed::new(buf.freeze(), io);
                 return Ok(Ended::Hyper { io, answered });
@@ -154,22 +178,26 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, conn: Conn) -> Result<Ende
                     Err(e) => return Err(Box::new(e)),
                 }
             }
-            Step::Answer {
-                req,
-                head,
-                close,
-                len,
-            } => {
+            Step::Answer { asked, close, len } => {
                 buf.advance(len);
                 deadline = None;
-                (req, head, close)
+                (asked, close)
             }
         };
         conn.act.requested();
-        let resp = conn.app.answer(req).await;
-        let stop = close_asked || *conn.shutdown.borrow();
         answered = true;
-        if respond::respond(&mut io, &conn.act, resp, head, stop, &mut out).await? {
+        let close = match asked {
+            Asked::Router { req, head } => {
+                let resp = conn.app.answer(req).await;
+                let stop = close_asked || *conn.shutdown.borrow();
+                respond::respond(&mut io, &conn.act, resp, head, stop, &mut out).await?
+            }
+            Asked::Direct(d) => {
+                let stop = close_asked || *conn.shutdown.borrow();
+                respond::respond_direct(&mut io, &conn.act, d, stop, &mut out).await?
+            }
+        };
+        if close {
             io.shutdown().await.ok();
             return Ok(Ended::Closed);
         }

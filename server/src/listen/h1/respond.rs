@@ -1,7 +1,8 @@
 //! Writing one response: a `SendFile` body by `sendfile(2)`, any other
 //! from the router's body frames.
 
-use super::head::{tokens, write_head};
+use super::head::{tokens, write_head, write_head_with};
+use crate::http::direct::{Direct, Payload};
 use crate::http::sendfile::SendFile;
 use crate::listen::watch::{Activity, Watched};
 use axum::body::Body;
@@ -79,6 +80,31 @@ pub(super) async fn respond(
     }
     if !head_sent {
         io.write_all(out).await?;
+    }
+    Ok(close)
+}
+
+/// Writes an answer made past the router (`http::direct`); true if the
+/// connection is to close after it. Its record is made when it drops.
+pub(super) async fn respond_direct(
+    io: &mut Watched<TcpStream>,
+    act: &Activity,
+    answer: Direct,
+    close: bool,
+    out: &mut Vec<u8>,
+) -> io::Result<bool> {
+    out.clear();
+    write_head_with(
+        out,
+        StatusCode::OK,
+        |out| answer.write_headers(out),
+        true,
+        close,
+    );
+    match answer.payload() {
+        Payload::None => io.write_all(out).await?,
+        Payload::Memory(bytes) => write_with_head(io, out, bytes.clone()).await?,
+        Payload::File(send) => send_file(io, act, out, send).await?,
     }
     Ok(close)
 }

@@ -1,0 +1,286 @@
+//! Object requests answered past the router's types: most of what a pull
+//! asks for is an object by its plain name, with nothing to evaluate (no
+//! precondition, no range), and the answer is a 200 whose headers were
+//! made when the object was found. Our HTTP/1.1 loop (`listen::h1`) asks
+//! here first, and writes the head and body itself; building the request's
+//! and the response's header maps, the boxed futures around them and the
+//! moves of those futures were a third of the server's user time in
+//! `bench serve`'s replay.
+//!
+//! Only what is answered at once is answered here: from the object cache,
+//! or from a file the kernel has looked up before. Anything else (a miss
+//! that would wait on the disk, a missing object, no generation yet, a
+//! header this does not know) is the router's, and nothing done here
+//! changes the router's answer. The answer is the router's too, header
+//! for header (tested), and counted and logged as `observe` does.
+
+use super::observe::{self, Done};
+use super::repo::SENDFILE_FROM;
+use super::sendfile::SendFile;
+use super::AppState;
+use crate::cache::CachedObject;
+use crate::prepared::Prepared;
+use crate::served::objects::Loaded;
+use bytes::Bytes;
+use oscontent_format::{ObjectName, RepoPath};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Request headers that leave an object's answer as it is; a request with
+/// any other (a precondition, a range, `Expect`, ...) goes to the router.
+/// What stock ostree (libcurl), our client, the usual load tools and a
+/// proxy or cache in front send.
+const INERT: [&str; 16] = [
+    "accept",
+    "accept-encoding",
+    "accept-language",
+    "cache-control",
+    "connection",
+    "forwarded",
+    "http2-settings",
+    "keep-alive",
+    "pragma",
+    "upgrade",
+    "user-agent",
+    "via",
+    "x-forwarded-for",
+    "x-forwarded-host",
+    "x-forwarded-proto",
+    "x-real-ip",
+];
+
+/// What the connection read: a GET or HEAD of `path` over HTTP/1.1.
+#[derive(Debug)]
+pub struct Ask<'a> {
+    pub head: bool,
+    /// The request target as sent.
+    pub path: &'a str,
+    pub headers: &'a [httparse::Header<'a>],
+    pub client: IpAddr,
+}
+
+/// The object named, if `ask` is one this module answers: an immutable
+/// object's canonical path (no query), exactly one `Host` (else the router
+/// answers 400), and only [`INERT`] headers besides.
+fn object_asked(ask: &Ask<'_>) -> Option<ObjectName> {
+    let rel = ask.path.strip_prefix("/objects/")?;
+    let Some(RepoPath::Object(name)) = RepoPath::parse(&ask.path[1..]) else {
+        return None;
+    };
+    // `parse` takes only the canonical spelling, so the path is exactly the
+    // object's: what the router's `Uri::path` would have logged.
+    if rel.contains(['?', '#']) || !name.kind.is_immutable() {
+        return None;
+    }
+    let mut hosts = 0;
+    for h in ask.headers {
+        if h.name.eq_ignore_ascii_case("host") {
+            hosts += 1;
+        } else if !INERT.iter().any(|n| h.name.eq_ignore_ascii_case(n)) {
+            return None;
+        }
+    }
+    (hosts == 1).then_some(name)
+}
+
+/// An object's 200, for the connection to write.
+pub struct Direct {
+    found: Found,
+    head: bool,
+    done: Option<Done>,
+}
+
+impl std::fmt::Debug for Direct {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Direct")
+            .field("content_length", &self.content_length())
+            .field("head", &self.head)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Found {
+    Cached(Arc<CachedObject>),
+    File(Prepared, SendFile),
+    /// A HEAD of an object left in its file.
+    Stat(Prepared, u64),
+}
+
+/// What follows the head.
+#[derive(Debug)]
+pub enum Payload<'a> {
+    None,
+    Memory(&'a Bytes),
+    File(&'a SendFile),
+}
+
+impl Direct {
+    fn prepared(&self) -> &Prepared {
+        match &self.found {
+            Found::Cached(c) => &c.prepared,
+            Found::File(p, _) | Found::Stat(p, _) => p,
+        }
+    }
+
+    fn content_length(&self) -> u64 {
+        match &self.found {
+            Found::Cached(c) => c.bytes.len() as u64,
+            Found::File(_, s) => s.range().1,
+            Found::Stat(_, len) => *len,
+        }
+    }
+
+    pub fn payload(&self) -> Payload<'_> {
+        match &self.found {
+            _ if self.head => Payload::None,
+            Found::Cached(c) => Payload::Memory(&c.bytes),
+            Found::File(_, s) => Payload::File(s),
+            Found::Stat(..) => Payload::None,
+        }
+    }
+
+    /// Writes the headers the router gives this answer, in its order.
+    pub fn write_headers(&self, out: &mut Vec<u8>) {
+        super::respond::write_object_headers(out, self.prepared(), self.content_length());
+    }
+}
+
+/// Recorded when the connection is done with it, as `observe`'s body
+/// records: what was handed to the socket, the whole of a body from memory.
+impl Drop for Direct {
+    fn drop(&mut self) {
+        let Some(done) = self.done.take() else {
+            return;
+        };
+        let sent = match self.payload() {
+            Payload::None => 0,
+            Payload::Memory(b) => b.len() as u64,
+            Payload::File(s) => s.sent(),
+        };
+        done.finish(sent);
+    }
+}
+
+/// `ask`'s answer if it can be made now and is a 200; `None` for the
+/// router to answer, with nothing done that would change its answer.
+/// Mirrors `repo::serve_object` on a connection that sends files itself.
+pub fn answer(st: &AppState, ask: &Ask<'_>) -> Option<Direct> {
+    let start = Instant::now();
+    let name = object_asked(ask)?;
+    let generation = st.sink.current()?;
+    let key = generation.cache_key;
+    let hit = st
+        .cache
+        .get(key, &name)
+        .filter(|hit| (hit.bytes.len() as u64) < SENDFILE_FROM);
+    let found = match hit {
+        Some(hit) => Found::Cached(hit),
+        None => {
+            // Opened only (on this thread if the kernel has its lookup),
+            // and read whole below if small and asked for before, as the
+            // router would have read it.
+            let Ok(Loaded::Open(file, meta)) = generation.load_object(&name, 0, true) else {
+                return None;
+            };
+            let len = meta.len();
+            let v = Prepared::for_object(&name, len, &meta);
+            // Not in the page cache whole: sent from its file this time
+            // (the router would have read it on the blocking pool), and
+            // read at a later request. A failed read is the router's to
+            // report.
+            let whole = if len < SENDFILE_FROM && st.cache.again(key, &name) {
+                crate::served::objects::read_whole(&file, len, true).ok()?
+            } else {
+                None
+            };
+            if let Some(bytes) = whole {
+                let obj = CachedObject::new(bytes, v);
+                st.cache.insert(key, name, obj.clone());
+                Found::Cached(obj)
+            } else if ask.head {
+                Found::Stat(v, len)
+            } else {
+                // Without a place in the budget the router streams it,
+                // opened again for each read.
+                let permit = st.streams.try_take(ask.client)?;
+                Found::File(v, SendFile::new(file, 0, len, permit))
+            }
+        }
+    };
+    let done = observe::answered(st, &name, ask.head, ask.client, start);
+    Some(Direct {
+        found,
+        head: ask.head,
+        done: Some(done),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oscontent_format::{Checksum, ObjectKind};
+    use std::net::Ipv4Addr;
+
+    /// A request target, its headers, and whether it is taken.
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, bool);
+
+    #[test]
+    fn only_plain_requests_for_an_object_are_taken() {
+        let name = ObjectName::new(Checksum::digest(b"x"), ObjectKind::DirTree);
+        let path = format!("/{}", name.path());
+        let upper = path.to_uppercase().replace("/OBJECTS/", "/objects/");
+        let meta = format!(
+            "/objects/{}.commitmeta",
+            &name.path()[8..name.path().len() - 8]
+        );
+        let query = format!("{path}?x=1");
+        let absolute = format!("http://h{path}");
+        let host = ("Host", "h");
+        let ua = ("User-Agent", "libostree/2022.7");
+        #[rustfmt::skip]
+        let cases: Vec<Case<'_>> = vec![
+            (&path, vec![host, ua, ("Accept", "*/*")], true),
+            (&path, vec![("HOST", "h"), ("connection", "close")], true),
+            // What curl sends with its first request: an h2c upgrade.
+            (&path, vec![host, ("Connection", "Upgrade, HTTP2-Settings"), ("Upgrade", "h2c"), ("HTTP2-Settings", "AAMAAABkAAQCAAAAAAIAAAAA")], true),
+            (&path, vec![host, ("Via", "1.1 cache"), ("X-Forwarded-For", "10.0.0.1")], true),
+            // The router's: 400 without exactly one Host.
+            (&path, vec![ua], false),
+            (&path, vec![host, host], false),
+            // Preconditions and ranges are evaluated there.
+            (&path, vec![host, ("If-None-Match", "\"e\"")], false),
+            (&path, vec![host, ("If-Modified-Since", "Sun, 06 Nov 1994 08:49:37 GMT")], false),
+            (&path, vec![host, ("Range", "bytes=0-0")], false),
+            (&path, vec![host, ("If-Range", "\"e\"")], false),
+            (&path, vec![host, ("X-Unknown", "1")], false),
+            // Not an object's canonical path.
+            (&upper, vec![host], false),
+            (&query, vec![host], false),
+            (&absolute, vec![host], false),
+            (&meta, vec![host], false),
+            ("/config", vec![host], false),
+            ("/objects/ab", vec![host], false),
+        ];
+        for (path, headers, taken) in cases {
+            let headers: Vec<httparse::Header<'_>> = headers
+                .iter()
+                .map(|(name, value)| httparse::Header {
+                    name,
+                    value: value.as_bytes(),
+                })
+                .collect();
+            let ask = Ask {
+                head: false,
+                path,
+                headers: &headers,
+                client: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            };
+            let got = object_asked(&ask);
+            assert_eq!(got.is_some(), taken, "{path} {headers:?}");
+            if taken {
+                assert_eq!(got, Some(name));
+            }
+        }
+    }
+}
