@@ -1,27 +1,31 @@
-//! Object requests answered past the router's types: most of what a pull
-//! asks for is an object by its plain name, with nothing to evaluate (no
-//! precondition, no range), and the answer is a 200 whose headers were
-//! made when the object was found. Our HTTP/1.1 loop (`listen::h1`) asks
-//! here first, and writes the head and body itself; building the request's
-//! and the response's header maps, the boxed futures around them and the
-//! moves of those futures were a third of the server's user time in
-//! `bench serve`'s replay.
+//! Repo requests answered past the router's types: most of what a pull
+//! asks for is a repo path by its plain name (an object, the summary, a
+//! delta part), with nothing to evaluate (no precondition, no range), and
+//! the answer is a 200 whose headers were made when the file was found.
+//! Our HTTP/1.1 loop (`listen::h1`) asks here first, and writes the head
+//! and body itself; building the request's and the response's header
+//! maps, the boxed futures around them and the moves of those futures
+//! were a third of the server's user time in `bench serve`'s replay.
 //!
-//! Only what is answered at once is answered here: from the object cache,
-//! or from a file the kernel has looked up before. Anything else (a miss
-//! that would wait on the disk, a missing object, no generation yet, a
-//! header this does not know) is the router's, and nothing done here
-//! changes the router's answer. The answer is the router's too, header
-//! for header (tested), and counted and logged as `observe` does.
+//! Only what is answered at once is answered here: from the object cache
+//! or the metadata cache, or from a file the kernel has looked up before.
+//! Anything else (a miss that would wait on the disk, a missing path, no
+//! generation yet, a header this does not know) is the router's, and
+//! nothing done here changes the router's answer. The answer is the
+//! router's too, header for header (tested), and counted and logged as
+//! `observe` does.
 
 use super::observe::{self, Done};
-use super::repo::SENDFILE_FROM;
+use super::repo::{self, CachePolicy, Found as RepoFound, SENDFILE_FROM};
 use super::sendfile::SendFile;
-use super::AppState;
+use super::{AppState, IMMUTABLE};
 use crate::cache::CachedObject;
 use crate::prepared::Prepared;
+use crate::served::metadata;
 use crate::served::objects::Loaded;
+use crate::served::Generation;
 use bytes::Bytes;
+use http::HeaderValue;
 use oscontent_format::{ObjectName, RepoPath};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -60,19 +64,17 @@ pub struct Ask<'a> {
     pub client: IpAddr,
 }
 
-/// The object named, if `ask` is one this module answers: an immutable
-/// object's canonical path (no query), exactly one `Host` (else the router
-/// answers 400), and only [`INERT`] headers besides.
-fn object_asked(ask: &Ask<'_>) -> Option<ObjectName> {
-    let rel = ask.path.strip_prefix("/objects/")?;
-    let Some(RepoPath::Object(name)) = RepoPath::parse(&ask.path[1..]) else {
-        return None;
-    };
-    // `parse` takes only the canonical spelling, so the path is exactly the
-    // object's: what the router's `Uri::path` would have logged.
-    if rel.contains(['?', '#']) || !name.kind.is_immutable() {
+/// The repo path asked for, if `ask` is one this module answers: a target
+/// of plain characters that `RepoPath` parses (so the router's `Uri` would
+/// take it and its path is the target), exactly one `Host` (else the
+/// router answers 400), and only [`INERT`] headers besides.
+fn repo_asked(ask: &Ask<'_>) -> Option<RepoPath> {
+    let rel = ask.path.strip_prefix('/')?;
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b"-._~/+".contains(&b);
+    if !rel.bytes().all(plain) {
         return None;
     }
+    let rp = RepoPath::parse(rel)?;
     let mut hosts = 0;
     for h in ask.headers {
         if h.name.eq_ignore_ascii_case("host") {
@@ -81,12 +83,14 @@ fn object_asked(ask: &Ask<'_>) -> Option<ObjectName> {
             return None;
         }
     }
-    (hosts == 1).then_some(name)
+    (hosts == 1).then_some(rp)
 }
 
-/// An object's 200, for the connection to write.
+/// A repo path's 200, for the connection to write.
 pub struct Direct {
     found: Found,
+    /// `Cache-Control`: immutable, or the short-lived one.
+    cache: HeaderValue,
     head: bool,
     done: Option<Done>,
 }
@@ -102,8 +106,10 @@ impl std::fmt::Debug for Direct {
 
 enum Found {
     Cached(Arc<CachedObject>),
+    /// Metadata read whole (or generated), as the metadata cache has it.
+    Bytes(Bytes, Arc<Prepared>),
     File(Prepared, SendFile),
-    /// A HEAD of an object left in its file.
+    /// A HEAD of what is left in its file.
     Stat(Prepared, u64),
 }
 
@@ -119,6 +125,7 @@ impl Direct {
     fn prepared(&self) -> &Prepared {
         match &self.found {
             Found::Cached(c) => &c.prepared,
+            Found::Bytes(_, p) => p,
             Found::File(p, _) | Found::Stat(p, _) => p,
         }
     }
@@ -126,6 +133,7 @@ impl Direct {
     fn content_length(&self) -> u64 {
         match &self.found {
             Found::Cached(c) => c.bytes.len() as u64,
+            Found::Bytes(b, _) => b.len() as u64,
             Found::File(_, s) => s.range().1,
             Found::Stat(_, len) => *len,
         }
@@ -135,6 +143,7 @@ impl Direct {
         match &self.found {
             _ if self.head => Payload::None,
             Found::Cached(c) => Payload::Memory(&c.bytes),
+            Found::Bytes(b, _) => Payload::Memory(b),
             Found::File(_, s) => Payload::File(s),
             Found::Stat(..) => Payload::None,
         }
@@ -142,7 +151,7 @@ impl Direct {
 
     /// Writes the headers the router gives this answer, in its order.
     pub fn write_headers(&self, out: &mut Vec<u8>) {
-        super::respond::write_object_headers(out, self.prepared(), self.content_length());
+        super::respond::write_headers(out, self.prepared(), &self.cache, self.content_length());
     }
 }
 
@@ -164,56 +173,93 @@ impl Drop for Direct {
 
 /// `ask`'s answer if it can be made now and is a 200; `None` for the
 /// router to answer, with nothing done that would change its answer.
-/// Mirrors `repo::serve_object` on a connection that sends files itself.
+/// Mirrors `repo::serve_repo` on a connection that sends files itself.
 pub fn answer(st: &AppState, ask: &Ask<'_>) -> Option<Direct> {
     let start = Instant::now();
-    let name = object_asked(ask)?;
+    let rp = repo_asked(ask)?;
     let generation = st.sink.current()?;
+    let (found, cache) = match rp {
+        RepoPath::Object(name) if repo::policy(&rp) == CachePolicy::Immutable => {
+            let found = object(st, &generation, name, ask)?;
+            (found, HeaderValue::from_static(IMMUTABLE))
+        }
+        _ => (other(st, &generation, &rp, ask)?, st.short_lived.clone()),
+    };
+    let done = observe::answered(st, ask.path, &rp, ask.head, ask.client, start);
+    Some(Direct {
+        found,
+        cache,
+        head: ask.head,
+        done: Some(done),
+    })
+}
+
+/// An immutable object: `repo::serve_object`'s steps.
+fn object(
+    st: &AppState,
+    generation: &Generation,
+    name: ObjectName,
+    ask: &Ask<'_>,
+) -> Option<Found> {
     let key = generation.cache_key;
     let hit = st
         .cache
         .get(key, &name)
         .filter(|hit| (hit.bytes.len() as u64) < SENDFILE_FROM);
-    let found = match hit {
-        Some(hit) => Found::Cached(hit),
-        None => {
-            // Opened only (on this thread if the kernel has its lookup),
-            // and read whole below if small and asked for before, as the
-            // router would have read it.
-            let Ok(Loaded::Open(file, meta)) = generation.load_object(&name, 0, true) else {
-                return None;
-            };
-            let len = meta.len();
-            let v = Prepared::for_object(&name, len, &meta);
-            // Not in the page cache whole: sent from its file this time
-            // (the router would have read it on the blocking pool), and
-            // read at a later request. A failed read is the router's to
-            // report.
-            let whole = if len < SENDFILE_FROM && st.cache.again(key, &name) {
-                crate::served::objects::read_whole(&file, len, true).ok()?
-            } else {
-                None
-            };
-            if let Some(bytes) = whole {
-                let obj = CachedObject::new(bytes, v);
-                st.cache.insert(key, name, obj.clone());
-                Found::Cached(obj)
-            } else if ask.head {
-                Found::Stat(v, len)
-            } else {
-                // Without a place in the budget the router streams it,
-                // opened again for each read.
-                let permit = st.streams.try_take(ask.client)?;
-                Found::File(v, SendFile::new(file, 0, len, permit))
-            }
-        }
+    if let Some(hit) = hit {
+        return Some(Found::Cached(hit));
+    }
+    // Opened only (on this thread if the kernel has its lookup), and read
+    // whole below if small and asked for before, as the router would have
+    // read it.
+    let Ok(Loaded::Open(file, meta)) = generation.load_object(&name, 0, true) else {
+        return None;
     };
-    let done = observe::answered(st, &name, ask.head, ask.client, start);
-    Some(Direct {
-        found,
-        head: ask.head,
-        done: Some(done),
-    })
+    let len = meta.len();
+    let v = Prepared::for_object(&name, len, &meta);
+    // Not in the page cache whole: sent from its file this time (the
+    // router would have read it on the blocking pool), and read at a later
+    // request. A failed read is the router's to report.
+    let whole = if len < SENDFILE_FROM && st.cache.again(key, &name) {
+        crate::served::objects::read_whole(&file, len, true).ok()?
+    } else {
+        None
+    };
+    if let Some(bytes) = whole {
+        let obj = CachedObject::new(bytes, v);
+        st.cache.insert(key, name, obj.clone());
+        return Some(Found::Cached(obj));
+    }
+    file_answer(st, file, v, len, ask)
+}
+
+/// Anything else: metadata from its cache (checked against its file) or
+/// generated, a delta's file. `repo::serve_repo`'s steps.
+fn other(st: &AppState, generation: &Generation, rp: &RepoPath, ask: &Ask<'_>) -> Option<Found> {
+    match repo::find(generation, rp, metadata::cap(rp), true).ok()? {
+        RepoFound::Bytes(bytes, prepared) => Some(Found::Bytes(bytes, prepared)),
+        RepoFound::File(file, meta, layer) => {
+            let v = repo::file_prepared(&meta, layer);
+            file_answer(st, file, v, meta.len(), ask)
+        }
+        RepoFound::Missing | RepoFound::WouldBlock => None,
+    }
+}
+
+/// A file sent by the connection; without a place in the streamed-file
+/// budget, the router's (it streams the file, opened again for each read).
+fn file_answer(
+    st: &AppState,
+    file: std::fs::File,
+    v: Prepared,
+    len: u64,
+    ask: &Ask<'_>,
+) -> Option<Found> {
+    if ask.head {
+        return Some(Found::Stat(v, len));
+    }
+    let permit = st.streams.try_take(ask.client)?;
+    Some(Found::File(v, SendFile::new(file, 0, len, permit)))
 }
 
 #[cfg(test)]
@@ -226,7 +272,7 @@ mod tests {
     type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, bool);
 
     #[test]
-    fn only_plain_requests_for_an_object_are_taken() {
+    fn only_plain_repo_requests_are_taken() {
         let name = ObjectName::new(Checksum::digest(b"x"), ObjectKind::DirTree);
         let path = format!("/{}", name.path());
         let upper = path.to_uppercase().replace("/OBJECTS/", "/objects/");
@@ -236,6 +282,7 @@ mod tests {
         );
         let query = format!("{path}?x=1");
         let absolute = format!("http://h{path}");
+        let delta = "/deltas/CB/JwLbDJRD8IC56bcaPan6EVZQ6lM+9BsHdBUsFMKsQ-KhV23_i++i2HRDzRH3XoUt_aR9Y4mG7MZuPMFZHI480/0";
         let host = ("Host", "h");
         let ua = ("User-Agent", "libostree/2022.7");
         #[rustfmt::skip]
@@ -245,6 +292,11 @@ mod tests {
             // What curl sends with its first request: an h2c upgrade.
             (&path, vec![host, ("Connection", "Upgrade, HTTP2-Settings"), ("Upgrade", "h2c"), ("HTTP2-Settings", "AAMAAABkAAQCAAAAAAIAAAAA")], true),
             (&path, vec![host, ("Via", "1.1 cache"), ("X-Forwarded-For", "10.0.0.1")], true),
+            (&meta, vec![host], true),
+            ("/config", vec![host, ua], true),
+            ("/summary.sig", vec![host], true),
+            ("/refs/heads/fedora/x86_64/coreos/stable", vec![host], true),
+            (delta, vec![host], true),
             // The router's: 400 without exactly one Host.
             (&path, vec![ua], false),
             (&path, vec![host, host], false),
@@ -254,13 +306,15 @@ mod tests {
             (&path, vec![host, ("Range", "bytes=0-0")], false),
             (&path, vec![host, ("If-Range", "\"e\"")], false),
             (&path, vec![host, ("X-Unknown", "1")], false),
-            // Not an object's canonical path.
+            // Not a repo path's plain spelling: `Uri` would decide.
             (&upper, vec![host], false),
             (&query, vec![host], false),
             (&absolute, vec![host], false),
-            (&meta, vec![host], false),
-            ("/config", vec![host], false),
+            ("/refs/heads/a%2Fb", vec![host], false),
+            ("/refs/heads/a|b", vec![host], false),
             ("/objects/ab", vec![host], false),
+            ("/", vec![host], false),
+            ("/healthz", vec![host], false),
         ];
         for (path, headers, taken) in cases {
             let headers: Vec<httparse::Header<'_>> = headers
@@ -276,10 +330,10 @@ mod tests {
                 headers: &headers,
                 client: IpAddr::V4(Ipv4Addr::LOCALHOST),
             };
-            let got = object_asked(&ask);
+            let got = repo_asked(&ask);
             assert_eq!(got.is_some(), taken, "{path} {headers:?}");
             if taken {
-                assert_eq!(got, Some(name));
+                assert_eq!(got, RepoPath::parse(&path[1..]), "{path}");
             }
         }
     }

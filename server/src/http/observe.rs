@@ -92,31 +92,35 @@ pub(super) async fn observed<F: std::future::Future<Output = Response>>(
     })
 }
 
-/// The record of an object's 200 answered past the router
-/// (`super::direct`), made as [`observed`] makes it: counted now, logged
-/// when its body is done.
+/// The record of a 200 answered past the router (`super::direct`), made
+/// as [`observed`] makes it: counted now, logged when its body is done.
 pub(super) fn answered(
     st: &AppState,
-    name: &ObjectName,
+    path: &str,
+    rp: &RepoPath,
     head: bool,
     client: IpAddr,
     start: Instant,
 ) -> Done {
-    let kind = name.kind.extension();
+    let kind = kind(path, Some(rp));
     let elapsed = start.elapsed();
     st.metrics.observe_request(kind, 200, elapsed.as_secs_f64());
+    let logged = st.access_log.as_ref().map(|_| Logged {
+        method: if head { Method::HEAD } else { Method::GET },
+        path: match rp {
+            RepoPath::Object(o) => LoggedPath::Object(*o),
+            _ => LoggedPath::Text(path.into()),
+        },
+        version: Version::HTTP_11,
+        client: Some(client),
+    });
     Done {
         st: st.clone(),
         kind,
         status: 200,
         start,
         elapsed,
-        logged: st.access_log.as_ref().map(|_| Logged {
-            method: if head { Method::HEAD } else { Method::GET },
-            path: LoggedPath::Object(*name),
-            version: Version::HTTP_11,
-            client: Some(client),
-        }),
+        logged,
     }
 }
 
@@ -131,14 +135,17 @@ struct Logged {
 /// The request's path, as the log writes it.
 enum LoggedPath {
     Uri(Uri),
-    /// An object's canonical path, which is what was asked for.
+    /// An object's canonical path, which is what was asked for: written
+    /// only if the line is.
     Object(ObjectName),
+    Text(Box<str>),
 }
 
 impl LoggedPath {
     fn with<R>(&self, f: impl FnOnce(&str) -> R) -> R {
         match self {
             LoggedPath::Uri(u) => f(u.path()),
+            LoggedPath::Text(t) => f(t),
             LoggedPath::Object(o) => {
                 let mut buf = [0u8; 1 + ObjectName::PATH_MAX];
                 buf[0] = b'/';

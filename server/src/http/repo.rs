@@ -51,14 +51,24 @@ fn file_etag(meta: &std::fs::Metadata, layer: Layer) -> String {
     etag
 }
 
+/// A streamed file's validators (deltas, and what detached metadata's
+/// kind names): exact dates, since its name does not fix its bytes.
+pub(super) fn file_prepared(meta: &std::fs::Metadata, layer: Layer) -> Prepared {
+    Prepared::new(Validators {
+        etag: file_etag(meta, layer),
+        last_modified: meta.modified().ok(),
+        exact_date: true,
+    })
+}
+
 /// How a representation may be cached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CachePolicy {
+pub(super) enum CachePolicy {
     Immutable,
     ShortLived,
 }
 
-fn policy(p: &RepoPath) -> CachePolicy {
+pub(super) fn policy(p: &RepoPath) -> CachePolicy {
     match p {
         RepoPath::Object(o) if o.kind.is_immutable() => CachePolicy::Immutable,
         _ => CachePolicy::ShortLived,
@@ -150,11 +160,7 @@ async fn serve_repo(
             asked.head(),
         )),
         Ok(Found::File(file, meta, layer)) => {
-            let v = Validators {
-                etag: file_etag(&meta, layer),
-                last_modified: meta.modified().ok(),
-                exact_date: true,
-            };
+            let v = file_prepared(&meta, layer);
             let g = generation.clone();
             let reopen: body::Reopen =
                 Arc::new(move |nonblocking| match find(&g, &rp, None, nonblocking) {
@@ -169,7 +175,7 @@ async fn serve_repo(
                 asked,
                 (file, &meta),
                 reopen,
-                &Prepared::new(v),
+                &v,
                 cache,
             ))
         }
@@ -240,7 +246,7 @@ fn respond_streamed(
 }
 
 /// What a path other than an immutable object resolved to.
-enum Found {
+pub(super) enum Found {
     Missing,
     /// Served whole: generated, or a metadata file (cached per version),
     /// with its validators and their header values.
@@ -251,7 +257,7 @@ enum Found {
     WouldBlock,
 }
 
-enum Refused {
+pub(super) enum Refused {
     Metadata(MetadataError),
     Other(anyhow::Error),
 }
@@ -259,7 +265,7 @@ enum Refused {
 /// Finds `rp` and, for metadata with a `cap`, reads it whole; anything
 /// else is left open. With `nonblocking`, [`Found::WouldBlock`] rather
 /// than wait on the disk.
-fn find(
+pub(super) fn find(
     g: &Generation,
     rp: &RepoPath,
     cap: Option<u64>,

@@ -91,9 +91,9 @@ fn unsatisfiable(len: u64) -> Response {
     r
 }
 
-/// The headers [`finish_headers`] gives an immutable object's whole 200,
-/// written as HTTP/1.1 lines in the same order (`super::direct`).
-pub(super) fn write_object_headers(out: &mut Vec<u8>, v: &Prepared, len: u64) {
+/// The headers [`finish_headers`] gives a whole 200, written as HTTP/1.1
+/// lines in the same order (`super::direct`).
+pub(super) fn write_headers(out: &mut Vec<u8>, v: &Prepared, cache: &HeaderValue, len: u64) {
     let mut line = |name: &HeaderName, value: &[u8]| {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
@@ -104,7 +104,7 @@ pub(super) fn write_object_headers(out: &mut Vec<u8>, v: &Prepared, len: u64) {
     if let Some(lm) = &v.last_modified {
         line(&header::LAST_MODIFIED, lm.as_bytes());
     }
-    line(&header::CACHE_CONTROL, super::IMMUTABLE.as_bytes());
+    line(&header::CACHE_CONTROL, cache.as_bytes());
     line(&header::CONTENT_TYPE, OCTET_STREAM.as_bytes());
     let mut digits = [0u8; 20];
     line(
@@ -176,24 +176,27 @@ mod tests {
     use crate::conditional::Validators;
     use std::time::{Duration, UNIX_EPOCH};
 
-    /// The lines an object's 200 gets past the router are the router's
-    /// headers for it, in its order.
+    /// The lines a 200 gets past the router are the router's headers for
+    /// it, in its order.
     #[test]
-    fn an_objects_lines_are_the_routers_headers() {
+    fn the_lines_past_the_router_are_its_headers() {
         let modified = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        for (last_modified, len) in [
-            (Some(modified), 3_300),
-            (None, 0),
-            (Some(modified), u64::MAX),
-        ] {
+        let immutable = HeaderValue::from_static(super::super::IMMUTABLE);
+        let short = HeaderValue::from_static("public, max-age=30");
+        let cases = [
+            (Some(modified), 3_300, &immutable),
+            (None, 0, &immutable),
+            (Some(modified), u64::MAX, &immutable),
+            (Some(modified), 490, &short),
+        ];
+        for (last_modified, len, cache) in cases {
             let v = Prepared::new(Validators {
                 etag: "\"abc.filez-ce4\"".into(),
                 last_modified,
                 exact_date: false,
             });
             let mut routed = HeaderMap::new();
-            let immutable = HeaderValue::from_static(super::super::IMMUTABLE);
-            finish_headers(&mut routed, &v, immutable, len, len, None);
+            finish_headers(&mut routed, &v, cache.clone(), len, len, None);
             let mut want = Vec::new();
             for (name, value) in &routed {
                 want.extend_from_slice(name.as_str().as_bytes());
@@ -202,11 +205,11 @@ mod tests {
                 want.extend_from_slice(b"\r\n");
             }
             let mut got = Vec::new();
-            write_object_headers(&mut got, &v, len);
+            write_headers(&mut got, &v, cache, len);
             assert_eq!(
                 String::from_utf8(got).unwrap(),
                 String::from_utf8(want).unwrap(),
-                "{last_modified:?} {len}"
+                "{last_modified:?} {len} {cache:?}"
             );
         }
     }

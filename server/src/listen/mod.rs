@@ -57,7 +57,7 @@ pub struct Shortcut {
     /// Whether it answers a request for this path; the router answers the
     /// others.
     pub takes: fn(&str) -> bool,
-    /// An HTTP/1.1 object request's 200, when it can be answered at once
+    /// An HTTP/1.1 repo request's 200, when it can be answered at once
     /// with nothing to evaluate (`http::direct`); `None` for the router.
     pub direct: Arc<DirectFn>,
     pub answer: Arc<dyn Fn(Request<Body>) -> BoxFuture<'static, Response<Body>> + Send + Sync>,

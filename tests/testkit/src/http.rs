@@ -124,6 +124,34 @@ pub fn raw_request(
     parse_raw_response(&raw, method == "HEAD")
 }
 
+/// `method target` asked twice on fresh connections: plainly, which our
+/// server answers past its router when it can, and with a header that
+/// sends it through the router. The two answers must be the same but for
+/// `Date`; returns the plain one.
+pub fn answered_alike(addr: SocketAddr, method: &str, target: &str) -> Result<RawResponse> {
+    let plain = raw_request(addr, method, target, &[])?;
+    let routed = raw_request(addr, method, target, &[("X-Probe", "1")])?;
+    let without_date = |r: &RawResponse| {
+        let headers: Vec<_> = r
+            .headers
+            .iter()
+            .filter(|(k, _)| !k.eq_ignore_ascii_case("date"))
+            .cloned()
+            .collect();
+        (r.status_line.clone(), headers, r.body.clone())
+    };
+    let (p, r) = (without_date(&plain), without_date(&routed));
+    ensure!(
+        p == r,
+        "{method} {target}: answered differently past the router\n  plain: {:?} {:?}\n  routed: {:?} {:?}",
+        p.0,
+        p.1,
+        r.0,
+        r.1
+    );
+    Ok(plain)
+}
+
 /// Writes `request` and reads until the server closes, within `timeout`.
 pub fn raw_exchange(addr: SocketAddr, request: &[u8], timeout: Duration) -> Result<Vec<u8>> {
     ensure!(addr.ip().is_loopback(), "refusing to talk to {addr}");

@@ -1,6 +1,7 @@
 //! The HTTP surface with plain clients: objects and ranges,
 //! error bodies, methods, HTTP/2 and the operational endpoints.
 
+use oscontent_testkit::fixtures::DEFAULT_REF;
 use oscontent_testkit::*;
 use reqwest::Method;
 use std::time::Duration;
@@ -144,13 +145,13 @@ fn object_is_immutable(server: &Server, repo: &std::path::Path, checksum: &str, 
     assert!(head.body.is_empty(), "HEAD {path} sent a body");
 }
 
-/// A plain HTTP/1.1 request for an object is answered past the router's
+/// A plain HTTP/1.1 request for a repo path is answered past the router's
 /// types (`http::direct`); one with a header that path does not know goes
 /// through the router. Both must answer alike, first request (from the
 /// file) and later ones (a small object from the cache): the same status,
 /// headers but the date, body, and access log record.
 #[test]
-fn an_object_answers_alike_past_the_router_and_through_it() {
+fn a_repo_path_answers_alike_past_the_router_and_through_it() {
     let v1 = v1();
     let server = Server::release(v1);
     let objects = list_objects(&v1.repo).unwrap();
@@ -163,48 +164,45 @@ fn an_object_answers_alike_past_the_router_and_through_it() {
     ] {
         cases.push((objects.get(set).into_iter().next().unwrap(), ext));
     }
-    let through_router = [("X-Probe", "1")];
-    let mut asked = 0;
-    for (checksum, ext) in &cases {
-        let path = object_url_path(checksum, ext);
-        let disk = std::fs::read(object_path(&v1.repo, checksum, ext)).unwrap();
+    let mut paths: Vec<(String, Option<Vec<u8>>, &str)> = cases
+        .iter()
+        .map(|(checksum, ext)| {
+            let disk = std::fs::read(object_path(&v1.repo, checksum, ext)).unwrap();
+            (object_url_path(checksum, ext), Some(disk), *ext)
+        })
+        .collect();
+    paths.push(("/summary".into(), None, "summary"));
+    paths.push(("/config".into(), None, "config"));
+    paths.push((format!("/refs/heads/{DEFAULT_REF}"), None, "ref"));
+    let mut lengths = Vec::new();
+    for (path, want, _) in &paths {
+        let mut got = Vec::new();
         for method in ["GET", "HEAD", "GET", "GET"] {
-            let direct = raw_request(server.addr, method, &path, &[]).unwrap();
-            let routed = raw_request(server.addr, method, &path, &through_router).unwrap();
-            asked += 2;
-            let without_date = |r: &RawResponse| {
-                let h: Vec<_> = r
-                    .headers
-                    .iter()
-                    .filter(|(k, _)| k != "date")
-                    .cloned()
-                    .collect();
-                (r.status_line.clone(), h, r.body.clone())
-            };
-            assert_eq!(
-                without_date(&direct),
-                without_date(&routed),
-                "{method} {path}"
-            );
-            assert_eq!(direct.status, 200, "{method} {path}");
-            let want: &[u8] = if method == "HEAD" { &[] } else { &disk };
-            assert!(direct.body == want, "{method} {path}: the object's bytes");
+            let r = answered_alike(server.addr, method, path).unwrap();
+            assert_eq!(r.status, 200, "{method} {path}");
+            if let (Some(want), "GET") = (want, method) {
+                assert!(r.body == *want, "{method} {path}: the bytes on disk");
+            }
+            if method == "HEAD" {
+                assert!(r.body.is_empty(), "HEAD {path} sent a body");
+            } else {
+                got = r.body;
+            }
         }
+        lengths.push(got.len() as u64);
     }
     // Lines of two workers may interleave: every record of one method and
     // path must be the same, whichever way it was answered.
     let log = server.access_log().unwrap();
-    let objects: Vec<_> = log.iter().filter(|e| e.object().is_some()).collect();
-    assert_eq!(objects.len(), asked, "one line per request");
-    for (checksum, ext) in &cases {
-        let path = object_url_path(checksum, ext);
-        let len = std::fs::metadata(object_path(&v1.repo, checksum, ext))
-            .unwrap()
-            .len();
-        for (method, bytes, n) in [("GET", len, 6), ("HEAD", 0, 2)] {
-            let records: Vec<_> = objects
+    let repo: Vec<_> = log
+        .iter()
+        .filter(|e| e.kind != "health" && e.kind != "metrics")
+        .collect();
+    for ((path, _, kind), len) in paths.iter().zip(lengths) {
+        for (method, n) in [("GET", 6), ("HEAD", 2)] {
+            let records: Vec<_> = repo
                 .iter()
-                .filter(|e| e.path == path && e.method == method)
+                .filter(|e| e.path == *path && e.method == method)
                 .map(|e| {
                     (
                         e.client.clone(),
@@ -216,14 +214,18 @@ fn an_object_answers_alike_past_the_router_and_through_it() {
                 })
                 .collect();
             assert_eq!(records.len(), n, "{method} {path}");
+            let bytes = if method == "HEAD" { 0 } else { len };
             let client = Some("127.0.0.1".to_owned());
-            let one = (client, 200, bytes, ext.to_string(), "HTTP/1.1".to_owned());
+            let one = (client, 200, bytes, kind.to_string(), "HTTP/1.1".to_owned());
             assert!(
                 records.iter().all(|r| *r == one),
                 "{method} {path}: {records:?}"
             );
         }
     }
+    let summary = server.summary_bytes().unwrap();
+    let r = answered_alike(server.addr, "GET", "/summary").unwrap();
+    assert!(r.body == summary, "/summary: what the server publishes");
 }
 
 #[test]

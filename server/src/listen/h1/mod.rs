@@ -9,7 +9,7 @@
 //! `Upgrade`, a head within the limits hyper has (its whole time from the
 //! start of the wait, its size, its count of headers). They go through the
 //! same router as every other request, so conditionals, ranges, errors,
-//! metrics and the access log are the router's; a plain object request
+//! metrics and the access log are the router's; a plain repo request
 //! that can be answered at once is answered past the router's types
 //! (`http::direct`), with the router's head and record. At the first request that
 //! is anything else (or the HTTP/2 preface), the connection and what it
