@@ -11,6 +11,7 @@
 
 mod cli;
 mod conditionals;
+mod direct;
 mod http;
 mod pull;
 mod repo_mode;
