@@ -63,11 +63,8 @@ impl ObjectName {
 
     /// `objects/ab/cdef….ext`, relative to the repo root.
     pub fn path(&self) -> String {
-        let mut hex = [0u8; Checksum::HEX_LEN];
-        hex::encode_to_slice(self.checksum.as_bytes(), &mut hex)
-            .expect("64 hex digits hold 32 bytes");
-        let hex = std::str::from_utf8(&hex).expect("hex is ASCII");
-        fanned("objects", hex, &[".", self.kind.extension()])
+        let mut buf = [0u8; Self::PATH_MAX];
+        self.path_in(&mut buf).to_owned()
     }
 
     /// The longest [`ObjectName::file_name`]: 62 hex digits, a dot, the
@@ -79,7 +76,7 @@ impl ObjectName {
     pub const PATH_MAX: usize = 11 + Self::FILE_NAME_MAX;
 
     /// [`ObjectName::path`], written into `buf` (the server logs one per
-    /// object request).
+    /// object request): the one spelling of an object's path.
     pub fn path_in<'b>(&self, buf: &'b mut [u8; Self::PATH_MAX]) -> &'b str {
         let (dir, file) = buf.split_at_mut(11);
         dir[..8].copy_from_slice(b"objects/");
@@ -94,12 +91,8 @@ impl ObjectName {
 
     /// `objects/ab`, the fan-out directory [`ObjectName::path`] is in.
     pub fn fanout_dir(&self) -> String {
-        let mut hex = [0u8; 2];
-        hex::encode_to_slice(&self.checksum.as_bytes()[..1], &mut hex)
-            .expect("2 hex digits hold a byte");
-        let mut dir = String::from("objects/");
-        dir.push_str(std::str::from_utf8(&hex).expect("hex is ASCII"));
-        dir
+        let mut buf = [0u8; Self::PATH_MAX];
+        self.path_in(&mut buf)[.."objects/ab".len()].to_owned()
     }
 
     /// `cdef….ext`, the file name [`ObjectName::path`] ends with, written
@@ -458,10 +451,11 @@ mod tests {
             let o = ObjectName::new(Checksum::digest(kind.extension().as_bytes()), kind);
             let mut buf = [0u8; ObjectName::FILE_NAME_MAX];
             let (dir, name) = (o.fanout_dir(), o.file_name(&mut buf));
+            let hex = o.checksum.to_hex();
+            let spelled = format!("objects/{}/{}.{}", &hex[..2], &hex[2..], kind.extension());
+            assert_eq!(o.path(), spelled);
             assert_eq!(o.path(), format!("{dir}/{name}"));
-            let mut whole = [0u8; ObjectName::PATH_MAX];
-            assert_eq!(o.path_in(&mut whole), o.path());
-            assert_eq!(dir, format!("objects/{}", &o.checksum.to_hex()[..2]));
+            assert_eq!(dir, format!("objects/{}", &hex[..2]));
             assert_eq!(RepoPath::parse(&o.path()), Some(RepoPath::Object(o)));
         }
     }
