@@ -31,7 +31,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Request headers that leave an object's answer as it is; a request with
+/// Request headers that leave a repo path's answer as it is; a request with
 /// any other (a precondition, a range, `Expect`, ...) goes to the router.
 /// What stock ostree (libcurl), our client, the usual load tools and a
 /// proxy or cache in front send.
@@ -175,8 +175,9 @@ impl Drop for Direct {
 /// router to answer, with nothing done that would change its answer.
 /// Mirrors `repo::serve_repo` on a connection that sends files itself.
 pub fn answer(st: &AppState, ask: &Ask<'_>) -> Option<Direct> {
-    let start = Instant::now();
+    // What the router takes pays no clock read here.
     let rp = repo_asked(ask)?;
+    let start = Instant::now();
     let generation = st.sink.current()?;
     let (found, cache) = match rp {
         RepoPath::Object(name) if repo::policy(&rp) == CachePolicy::Immutable => {
@@ -202,11 +203,7 @@ fn object(
     ask: &Ask<'_>,
 ) -> Option<Found> {
     let key = generation.cache_key;
-    let hit = st
-        .cache
-        .get(key, &name)
-        .filter(|hit| (hit.bytes.len() as u64) < SENDFILE_FROM);
-    if let Some(hit) = hit {
+    if let Some(hit) = repo::cache_hit(st, key, &name, true) {
         return Some(Found::Cached(hit));
     }
     // Opened only (on this thread if the kernel has its lookup), and read

@@ -10,6 +10,7 @@ mod respond;
 pub mod sendfile;
 
 pub(crate) use observe::log_date;
+pub(crate) use respond::header_line;
 
 use crate::cache::ObjectCache;
 use crate::listen::access_log::AccessLog;

@@ -63,18 +63,8 @@ pub(super) async fn observed<F: std::future::Future<Output = Response>>(
         resp.headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
-    let elapsed = start.elapsed();
     let status = resp.status().as_u16();
-    st.metrics
-        .observe_request(kind, status, elapsed.as_secs_f64());
-    let done = Done {
-        st,
-        kind,
-        status,
-        start,
-        elapsed,
-        logged,
-    };
+    let done = Done::headed(&st, kind, status, start, logged);
     // A HEAD's body is never sent, and a 304 has none (though it carries
     // the 200's Content-Length, RFC 9110 §8.6).
     if head || status == 304 {
@@ -102,9 +92,6 @@ pub(super) fn answered(
     client: IpAddr,
     start: Instant,
 ) -> Done {
-    let kind = kind(path, Some(rp));
-    let elapsed = start.elapsed();
-    st.metrics.observe_request(kind, 200, elapsed.as_secs_f64());
     let logged = st.access_log.as_ref().map(|_| Logged {
         method: if head { Method::HEAD } else { Method::GET },
         path: match rp {
@@ -114,14 +101,7 @@ pub(super) fn answered(
         version: Version::HTTP_11,
         client: Some(client),
     });
-    Done {
-        st: st.clone(),
-        kind,
-        status: 200,
-        start,
-        elapsed,
-        logged,
-    }
+    Done::headed(st, kind(path, Some(rp)), 200, start, logged)
 }
 
 /// What the log line needs of the request, kept only when there is a log.
@@ -170,6 +150,28 @@ pub(super) struct Done {
 }
 
 impl Done {
+    /// The response's head is out: the request is counted, with its time
+    /// since `start`.
+    fn headed(
+        st: &AppState,
+        kind: &'static str,
+        status: u16,
+        start: Instant,
+        logged: Option<Logged>,
+    ) -> Self {
+        let elapsed = start.elapsed();
+        st.metrics
+            .observe_request(kind, status, elapsed.as_secs_f64());
+        Self {
+            st: st.clone(),
+            kind,
+            status,
+            start,
+            elapsed,
+            logged,
+        }
+    }
+
     pub(super) fn finish(self, bytes: u64) {
         self.st.metrics.sent(self.kind, bytes);
         let (Some(log), Some(l)) = (&self.st.access_log, self.logged) else {

@@ -292,6 +292,20 @@ pub(super) fn find(
     }
 }
 
+/// `name` from the object cache, if it answers there: a connection that
+/// sends files itself gets larger objects from the page cache without a
+/// copy (`SENDFILE_FROM`), even those held here.
+pub(super) fn cache_hit(
+    st: &AppState,
+    key: u64,
+    name: &ObjectName,
+    sendfile: bool,
+) -> Option<Arc<CachedObject>> {
+    st.cache
+        .get(key, name)
+        .filter(|hit| !sendfile || (hit.bytes.len() as u64) < SENDFILE_FROM)
+}
+
 /// An immutable object: from the object cache when it is there (no
 /// syscall, no handoff); else found and, if small, read whole on this
 /// thread when the kernel has it cached, or in one trip to the blocking
@@ -304,13 +318,7 @@ async fn serve_object(
 ) -> Result<Response, AppError> {
     let immutable = HeaderValue::from_static(IMMUTABLE);
     let key = generation.cache_key;
-    // A connection that sends files itself gets larger objects from the
-    // page cache without a copy (`SENDFILE_FROM`), even those held here.
-    let hit = st
-        .cache
-        .get(key, &name)
-        .filter(|hit| !asked.sendfile || (hit.bytes.len() as u64) < SENDFILE_FROM);
-    if let Some(hit) = hit {
+    if let Some(hit) = cache_hit(st, key, &name, asked.sendfile) {
         return Ok(respond_bytes(
             asked.headers,
             hit.bytes.clone(),

@@ -94,12 +94,7 @@ fn unsatisfiable(len: u64) -> Response {
 /// The headers [`finish_headers`] gives a whole 200, written as HTTP/1.1
 /// lines in the same order (`super::direct`).
 pub(super) fn write_headers(out: &mut Vec<u8>, v: &Prepared, cache: &HeaderValue, len: u64) {
-    let mut line = |name: &HeaderName, value: &[u8]| {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
-    };
+    let mut line = |name: &HeaderName, value: &[u8]| header_line(out, name, value);
     line(&header::ETAG, v.etag.as_bytes());
     if let Some(lm) = &v.last_modified {
         line(&header::LAST_MODIFIED, lm.as_bytes());
@@ -112,6 +107,14 @@ pub(super) fn write_headers(out: &mut Vec<u8>, v: &Prepared, cache: &HeaderValue
         oscontent_format::digits::decimal(&mut digits, len).as_bytes(),
     );
     line(&header::ACCEPT_RANGES, b"bytes");
+}
+
+/// One header as an HTTP/1.1 head line.
+pub(crate) fn header_line(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
 }
 
 fn finish_headers(
@@ -199,10 +202,7 @@ mod tests {
             finish_headers(&mut routed, &v, cache.clone(), len, len, None);
             let mut want = Vec::new();
             for (name, value) in &routed {
-                want.extend_from_slice(name.as_str().as_bytes());
-                want.extend_from_slice(b": ");
-                want.extend_from_slice(value.as_bytes());
-                want.extend_from_slice(b"\r\n");
+                header_line(&mut want, name, value.as_bytes());
             }
             let mut got = Vec::new();
             write_headers(&mut got, &v, cache, len);

@@ -1,7 +1,7 @@
 //! Pure parts of the loop: which requests it answers, and the heads it
 //! writes.
 
-use crate::http::log_date;
+use crate::http::{header_line, log_date};
 use http::header;
 use http::StatusCode;
 use std::mem::MaybeUninit;
@@ -128,10 +128,7 @@ pub(super) fn write_head(
             if name == header::CONTENT_LENGTH && !length_too {
                 continue;
             }
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
+            header_line(out, name, value.as_bytes());
         }
     };
     let date = !headers.contains_key(header::DATE);
