@@ -8,24 +8,25 @@
 //! were a third of the server's user time in `bench serve`'s replay.
 //!
 //! Only what is answered at once is answered here: from the object cache
-//! or the metadata cache, or from a file the kernel has looked up before.
-//! Anything else (a miss that would wait on the disk, a missing path, no
-//! generation yet, a header this does not know) is the router's, and
-//! nothing done here changes the router's answer. The answer is the
-//! router's too, header for header (tested), and counted and logged as
-//! `observe` does.
+//! or the metadata cache, from a file the kernel has looked up before, or
+//! an empty 404 for a path the kernel knows is not there (a commit's
+//! `.commitmeta` when it has no signatures: every pull asks). Anything
+//! else (a miss that would wait on the disk, no generation yet, a header
+//! this does not know) is the router's, and nothing done here changes the
+//! router's answer. The answer is the router's too, header for header
+//! (tested), and counted and logged as `observe` does.
 
 use super::observe::{self, Done};
 use super::repo::{self, CachePolicy, Found as RepoFound, SENDFILE_FROM};
 use super::sendfile::SendFile;
-use super::{AppState, IMMUTABLE};
+use super::{AppState, IMMUTABLE, NO_STORE};
 use crate::cache::CachedObject;
 use crate::prepared::Prepared;
 use crate::served::metadata;
 use crate::served::objects::Loaded;
 use crate::served::Generation;
 use bytes::Bytes;
-use http::HeaderValue;
+use http::{header, HeaderValue, StatusCode};
 use oscontent_format::{ObjectName, RepoPath};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -86,7 +87,7 @@ fn repo_asked(ask: &Ask<'_>) -> Option<RepoPath> {
     (hosts == 1).then_some(rp)
 }
 
-/// A repo path's 200, for the connection to write.
+/// A repo path's 200 or empty 404, for the connection to write.
 pub struct Direct {
     found: Found,
     /// `Cache-Control`: immutable, or the short-lived one.
@@ -111,6 +112,17 @@ enum Found {
     File(Prepared, SendFile),
     /// A HEAD of what is left in its file.
     Stat(Prepared, u64),
+    /// Not there: the router's empty 404.
+    Missing,
+}
+
+impl Found {
+    fn status(&self) -> StatusCode {
+        match self {
+            Found::Missing => StatusCode::NOT_FOUND,
+            _ => StatusCode::OK,
+        }
+    }
 }
 
 /// What follows the head.
@@ -122,11 +134,12 @@ pub enum Payload<'a> {
 }
 
 impl Direct {
-    fn prepared(&self) -> &Prepared {
+    fn prepared(&self) -> Option<&Prepared> {
         match &self.found {
-            Found::Cached(c) => &c.prepared,
-            Found::Bytes(_, p) => p,
-            Found::File(p, _) | Found::Stat(p, _) => p,
+            Found::Cached(c) => Some(&c.prepared),
+            Found::Bytes(_, p) => Some(p),
+            Found::File(p, _) | Found::Stat(p, _) => Some(p),
+            Found::Missing => None,
         }
     }
 
@@ -136,7 +149,12 @@ impl Direct {
             Found::Bytes(b, _) => b.len() as u64,
             Found::File(_, s) => s.range().1,
             Found::Stat(_, len) => *len,
+            Found::Missing => 0,
         }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.found.status()
     }
 
     pub fn payload(&self) -> Payload<'_> {
@@ -145,13 +163,21 @@ impl Direct {
             Found::Cached(c) => Payload::Memory(&c.bytes),
             Found::Bytes(b, _) => Payload::Memory(b),
             Found::File(_, s) => Payload::File(s),
-            Found::Stat(..) => Payload::None,
+            Found::Stat(..) | Found::Missing => Payload::None,
         }
     }
 
-    /// Writes the headers the router gives this answer, in its order.
+    /// Writes the headers the router gives this answer, in its order: a
+    /// 200's from its representation, a 404's as `AppError` and `observe`
+    /// make them.
     pub fn write_headers(&self, out: &mut Vec<u8>) {
-        super::respond::write_headers(out, self.prepared(), &self.cache, self.content_length());
+        match self.prepared() {
+            Some(v) => super::respond::write_headers(out, v, &self.cache, self.content_length()),
+            None => {
+                super::header_line(out, &header::CONTENT_LENGTH, b"0");
+                super::header_line(out, &header::CACHE_CONTROL, NO_STORE.as_bytes());
+            }
+        }
     }
 }
 
@@ -171,8 +197,8 @@ impl Drop for Direct {
     }
 }
 
-/// `ask`'s answer if it can be made now and is a 200; `None` for the
-/// router to answer, with nothing done that would change its answer.
+/// `ask`'s answer if it can be made now and is a 200 or a 404; `None` for
+/// the router to answer, with nothing done that would change its answer.
 /// Mirrors `repo::serve_repo` on a connection that sends files itself.
 pub fn answer(st: &AppState, ask: &Ask<'_>) -> Option<Direct> {
     // What the router takes pays no clock read here.
@@ -186,7 +212,8 @@ pub fn answer(st: &AppState, ask: &Ask<'_>) -> Option<Direct> {
         }
         _ => (other(st, &generation, &rp, ask)?, st.short_lived.clone()),
     };
-    let done = observe::answered(st, ask.path, &rp, ask.head, ask.client, start);
+    let status = found.status().as_u16();
+    let done = observe::answered(st, ask.path, &rp, (ask.head, status), ask.client, start);
     Some(Direct {
         found,
         cache,
@@ -209,8 +236,10 @@ fn object(
     // Opened only (on this thread if the kernel has its lookup), and read
     // whole below if small and asked for before, as the router would have
     // read it.
-    let Ok(Loaded::Open(file, meta)) = generation.load_object(&name, 0, true) else {
-        return None;
+    let (file, meta) = match generation.load_object(&name, 0, true) {
+        Ok(Loaded::Open(file, meta)) => (file, meta),
+        Ok(Loaded::Missing) => return Some(Found::Missing),
+        _ => return None,
     };
     let len = meta.len();
     let v = Prepared::for_object(&name, len, &meta);
@@ -239,7 +268,8 @@ fn other(st: &AppState, generation: &Generation, rp: &RepoPath, ask: &Ask<'_>) -
             let v = repo::file_prepared(&meta, layer);
             file_answer(st, file, v, meta.len(), ask)
         }
-        RepoFound::Missing | RepoFound::WouldBlock => None,
+        RepoFound::Missing => Some(Found::Missing),
+        RepoFound::WouldBlock => None,
     }
 }
 

@@ -33,6 +33,9 @@ use std::time::Duration;
 
 /// Objects are content-addressed: their bytes never change.
 pub const IMMUTABLE: &str = "public, max-age=31536000, immutable";
+/// `Cache-Control` of what sets no policy of its own (errors, probes,
+/// metrics): not to be stored (`observe`).
+const NO_STORE: &str = "no-store";
 /// The object cache's default size (`--cache-size`): with the metadata
 /// caches and connections, well inside the deployment's 512 MiB limit.
 pub const DEFAULT_CACHE_SIZE: usize = 128 << 20;

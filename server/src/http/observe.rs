@@ -8,7 +8,7 @@
 //! queued for an idle worker to write, and only when there is a log.
 
 use super::sendfile::SendFile;
-use super::{kind, refused_head, repo_path, AppState};
+use super::{kind, refused_head, repo_path, AppState, NO_STORE};
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
@@ -61,7 +61,7 @@ pub(super) async fn observed<F: std::future::Future<Output = Response>>(
     // a full map of a representation's six headers would grow for none.)
     if !resp.headers().contains_key(header::CACHE_CONTROL) {
         resp.headers_mut()
-            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static(NO_STORE));
     }
     let status = resp.status().as_u16();
     let done = Done::headed(&st, kind, status, start, logged);
@@ -82,13 +82,13 @@ pub(super) async fn observed<F: std::future::Future<Output = Response>>(
     })
 }
 
-/// The record of a 200 answered past the router (`super::direct`), made
+/// The record of an answer made past the router (`super::direct`), made
 /// as [`observed`] makes it: counted now, logged when its body is done.
 pub(super) fn answered(
     st: &AppState,
     path: &str,
     rp: &RepoPath,
-    head: bool,
+    (head, status): (bool, u16),
     client: IpAddr,
     start: Instant,
 ) -> Done {
@@ -101,7 +101,7 @@ pub(super) fn answered(
         version: Version::HTTP_11,
         client: Some(client),
     });
-    Done::headed(st, kind(path, Some(rp)), 200, start, logged)
+    Done::headed(st, kind(path, Some(rp)), status, start, logged)
 }
 
 /// What the log line needs of the request, kept only when there is a log.

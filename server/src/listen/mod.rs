@@ -281,8 +281,9 @@ async fn drive(
             &builders.reserve,
         ),
     };
-    let conn = builder.serve_connection(TokioIo::new(io), svc);
-    tokio::pin!(conn);
+    // Boxed: most connections never get here, and every connection's task
+    // is as large as its largest state, moved whole when it is spawned.
+    let mut conn = Box::pin(builder.serve_connection(TokioIo::new(io), svc));
     tokio::select! {
         r = conn.as_mut() => return r,
         _ = stopping.wait_for(|stop| *stop) => {}

@@ -7,7 +7,8 @@ use oscontent_testkit::*;
 /// A plain HTTP/1.1 request for a repo path is answered past the router's
 /// types (`http::direct`); one with a header that path does not know goes
 /// through the router. Both must answer alike, first request (from the
-/// file) and later ones (a small object from the cache): the same status,
+/// file) and later ones (a small object from the cache), and for paths
+/// that are not there (an empty 404 that no cache keeps): the same status,
 /// headers but the date, body, and access log record.
 #[test]
 fn a_repo_path_answers_alike_past_the_router_and_through_it() {
@@ -23,22 +24,40 @@ fn a_repo_path_answers_alike_past_the_router_and_through_it() {
     ] {
         cases.push((objects.get(set).into_iter().next().unwrap(), ext));
     }
-    let mut paths: Vec<(String, Option<Vec<u8>>, &str)> = cases
+    let mut paths: Vec<(String, Option<Vec<u8>>, &str, u16)> = cases
         .iter()
         .map(|(checksum, ext)| {
             let disk = std::fs::read(object_path(&v1.repo, checksum, ext)).unwrap();
-            (object_url_path(checksum, ext), Some(disk), *ext)
+            (object_url_path(checksum, ext), Some(disk), *ext, 200)
         })
         .collect();
-    paths.push(("/summary".into(), None, "summary"));
-    paths.push(("/config".into(), None, "config"));
-    paths.push((format!("/refs/heads/{DEFAULT_REF}"), None, "ref"));
+    paths.push(("/summary".into(), None, "summary", 200));
+    paths.push(("/config".into(), None, "config", 200));
+    paths.push((format!("/refs/heads/{DEFAULT_REF}"), None, "ref", 200));
+    // Not there: a commit's detached metadata (every pull asks), an object
+    // of a fan-out directory that exists and of one that may not, a ref.
+    let absent = format!("{}{}", &v1.commit[..2], "0".repeat(62));
+    for (path, kind) in [
+        (object_url_path(&absent, "commitmeta"), "commitmeta"),
+        (object_url_path(&absent, "dirtree"), "dirtree"),
+        (object_url_path(&"f".repeat(64), "filez"), "filez"),
+        ("/refs/heads/not/served".into(), "ref"),
+    ] {
+        paths.push((path, Some(Vec::new()), kind, 404));
+    }
     let mut lengths = Vec::new();
-    for (path, want, _) in &paths {
+    for (path, want, _, status) in &paths {
         let mut got = Vec::new();
         for method in ["GET", "HEAD", "GET", "GET"] {
             let r = answered_alike(server.addr, method, path).unwrap();
-            assert_eq!(r.status, 200, "{method} {path}");
+            assert_eq!(r.status, *status, "{method} {path}");
+            if *status == 404 {
+                let cache = r
+                    .headers
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case("cache-control"));
+                assert_eq!(cache.map(|c| c.1.as_str()), Some("no-store"), "{path}");
+            }
             if let (Some(want), "GET") = (want, method) {
                 assert!(r.body == *want, "{method} {path}: the bytes on disk");
             }
@@ -57,7 +76,7 @@ fn a_repo_path_answers_alike_past_the_router_and_through_it() {
         .iter()
         .filter(|e| e.kind != "health" && e.kind != "metrics")
         .collect();
-    for ((path, _, kind), len) in paths.iter().zip(lengths) {
+    for ((path, _, kind, status), len) in paths.iter().zip(lengths) {
         for (method, n) in [("GET", 6), ("HEAD", 2)] {
             let records: Vec<_> = repo
                 .iter()
@@ -75,7 +94,13 @@ fn a_repo_path_answers_alike_past_the_router_and_through_it() {
             assert_eq!(records.len(), n, "{method} {path}");
             let bytes = if method == "HEAD" { 0 } else { len };
             let client = Some("127.0.0.1".to_owned());
-            let one = (client, 200, bytes, kind.to_string(), "HTTP/1.1".to_owned());
+            let one = (
+                client,
+                *status,
+                bytes,
+                kind.to_string(),
+                "HTTP/1.1".to_owned(),
+            );
             assert!(
                 records.iter().all(|r| *r == one),
                 "{method} {path}: {records:?}"

@@ -196,7 +196,7 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, conn: Conn) -> Result<Ende
             }
             Asked::Direct(d) => {
                 let stop = close_asked || *conn.shutdown.borrow();
-                respond::respond_direct(&mut io, &conn.act, d, stop, &mut out).await?
+                respond::respond_direct(&mut io, &conn.act, &d, stop, &mut out).await?
             }
         };
         if close {

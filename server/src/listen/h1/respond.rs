@@ -85,18 +85,19 @@ pub(super) async fn respond(
 }
 
 /// Writes an answer made past the router (`http::direct`); true if the
-/// connection is to close after it. Its record is made when it drops.
+/// connection is to close after it. Its record is made when the caller
+/// drops it, after this.
 pub(super) async fn respond_direct(
     io: &mut Watched<TcpStream>,
     act: &Activity,
-    answer: Direct,
+    answer: &Direct,
     close: bool,
     out: &mut Vec<u8>,
 ) -> io::Result<bool> {
     out.clear();
     write_head_with(
         out,
-        StatusCode::OK,
+        answer.status(),
         |out| answer.write_headers(out),
         true,
         close,
