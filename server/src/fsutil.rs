@@ -166,6 +166,22 @@ pub fn open_dir_beneath(root: BorrowedFd<'_>, rel: &str, nonblocking: bool) -> i
     lookup_beneath(root, rel, flags, nonblocking)
 }
 
+/// The metadata of whatever `rel` beneath `root` is (a file, a directory,
+/// a symlink itself), found as [`open_beneath`] finds a file: it names what
+/// is there by identity without opening it for reading.
+pub fn stat_beneath(
+    root: BorrowedFd<'_>,
+    rel: &str,
+    nonblocking: bool,
+) -> io::Result<Lookup<std::fs::Metadata>> {
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    Ok(match lookup_beneath(root, rel, flags, nonblocking)? {
+        Lookup::Found(fd) => Lookup::Found(File::from(fd).metadata()?),
+        Lookup::Absent => Lookup::Absent,
+        Lookup::WouldBlock => Lookup::WouldBlock,
+    })
+}
+
 /// Opens `name`, one plain component, in the directory `dir` (an fd the
 /// caller holds, itself opened beneath a root) if it is a regular file.
 /// A single component cannot leave `dir`, and `O_NOFOLLOW` refuses a

@@ -2,11 +2,14 @@
 //! the overlay's refs, the deltas and the config, deterministically (the
 //! signer and every server compute the same bytes), and cached: for good
 //! when the sources are images the server staged, else under a fingerprint
-//! of those inputs taken at most once a second.
+//! of those inputs taken at most once a second. Between fingerprints, a
+//! glance at the identities of what a source's owner can change, taken on
+//! the request's thread when the kernel has the lookups, keeps the cached
+//! summary without a trip to the blocking pool.
 
 use super::metadata::{identity, Identity, MAX_CONFIG};
-use super::{FoundRef, Generated, Generation, MAX_DIR_ENTRIES, MAX_METADATA_FILE};
-use crate::fsutil;
+use super::{FoundRef, Generated, Generation, Layer, MAX_DIR_ENTRIES, MAX_METADATA_FILE};
+use crate::fsutil::{self, Lookup};
 use crate::verify::ObjectGate;
 use anyhow::{Context, Result};
 use oscontent_format::{
@@ -15,7 +18,7 @@ use oscontent_format::{
 };
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -23,8 +26,10 @@ use std::time::{Duration, Instant, SystemTime};
 pub(super) struct SummaryCache {
     fingerprint: [u8; 32],
     summary: Generated,
-    /// When the fingerprint was last taken.
+    /// When the fingerprint was last taken, or the glance last matched.
     checked: Instant,
+    /// [`Generation::glance`] before that fingerprint was taken.
+    glance: Option<[u8; 32]>,
 }
 
 /// How long a generated summary is served before its inputs are looked at
@@ -101,12 +106,82 @@ impl Generation {
 
     /// The generated summary if its inputs were looked at within
     /// [`SUMMARY_RECHECK`], or ever when they cannot change
-    /// ([`Generation::fixed_sources`]): what a request may answer without a
-    /// look.
+    /// ([`Generation::fixed_sources`]), or if a glance at them now, without
+    /// waiting on the disk, sees them as they were at the last look: what
+    /// a request may answer without the blocking pool.
     pub(super) fn fresh_generated_summary(&self) -> Option<Generated> {
-        let cache = self.summary.lock().expect("poisoned");
-        let c = cache.as_ref()?;
-        (self.fixed_sources || c.checked.elapsed() < SUMMARY_RECHECK).then(|| c.summary.clone())
+        {
+            let cache = self.summary.lock().expect("poisoned");
+            let c = cache.as_ref()?;
+            if self.fixed_sources || c.checked.elapsed() < SUMMARY_RECHECK {
+                return Some(c.summary.clone());
+            }
+            c.glance?;
+        }
+        // Outside the lock: a few syscalls. What is compared is the glance
+        // of the summary cached when the lock is taken again.
+        let seen = self.glance(true).ok().flatten()?;
+        let mut cache = self.summary.lock().expect("poisoned");
+        let c = cache.as_mut().filter(|c| c.glance == Some(seen))?;
+        c.checked = Instant::now();
+        Some(c.summary.clone())
+    }
+
+    /// The identities of the generated summary's inputs that a source's
+    /// owner can change: each verified delta's superblock (in the first
+    /// root that has it, as [`Self::summary_delta_files`] finds it), and
+    /// each source's `config` and `delta-indexes` directory (adding or
+    /// removing an index changes the directory's). The refs and everything
+    /// in the overlay are the generation's own, written once. Looked up
+    /// beneath the roots' held fds; `None` if `nonblocking` and a lookup
+    /// would wait on the disk, or where the deltas are not a fixed list (a
+    /// mirror's store, listed at each fingerprint). A tmpfs keeps no
+    /// negative dentries, so there a source without `delta-indexes` takes
+    /// the pool, as before the glance.
+    fn glance(&self, nonblocking: bool) -> Result<Option<[u8; 32]>> {
+        let ObjectGate::Only(verified) = &self.gate else {
+            return Ok(None);
+        };
+        let roots = self.root_fds();
+        let mut h = Sha256::new();
+        // Whether a file is there, or `None` if the lookup would block.
+        let seen = |h: &mut Sha256, at: usize, dir: BorrowedFd<'_>, rel: &str| {
+            let found = fsutil::stat_beneath(dir, rel, nonblocking)
+                .with_context(|| format!("looking up {rel} beneath a source"))?;
+            anyhow::Ok(match found {
+                Lookup::Found(m) => {
+                    feed(h, at, Some(&m));
+                    Some(m.is_file())
+                }
+                Lookup::Absent => {
+                    feed(h, at, None);
+                    Some(false)
+                }
+                Lookup::WouldBlock => None,
+            })
+        };
+        for name in verified.deltas() {
+            let rel = format!("{}/superblock", name.dir());
+            for (at, (_, dir)) in roots.iter().enumerate() {
+                let Some(dir) = dir else { continue };
+                match seen(&mut h, at, dir.as_fd(), &rel)? {
+                    Some(true) => break,
+                    Some(false) => {}
+                    None => return Ok(None),
+                }
+            }
+        }
+        for (at, (layer, dir)) in roots.iter().enumerate() {
+            let (Layer::Source, Some(dir)) = (layer, dir) else {
+                continue;
+            };
+            for rel in ["config", "delta-indexes"] {
+                if seen(&mut h, at, dir.as_fd(), rel)?.is_none() {
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(Some(h.finalize().into()))
     }
 
     /// The summary the server publishes when the source has none. Its bytes
@@ -116,6 +191,8 @@ impl Generation {
         if let Some(g) = self.fresh_generated_summary() {
             return Ok(g);
         }
+        // Before the inputs are read: a change meanwhile shows at the next.
+        let glance = self.glance(false)?;
         let refs = self.refs()?;
         let deltas = self.summary_delta_files()?;
         let indexed = self.index_deltas || self.has_delta_indexes()?;
@@ -135,6 +212,7 @@ impl Generation {
         let mut cache = self.summary.lock().expect("poisoned");
         if let Some(c) = cache.as_mut().filter(|c| c.fingerprint == fingerprint) {
             c.checked = Instant::now();
+            c.glance = glance;
             return Ok(c.summary.clone());
         }
         let mut summary_deltas = Vec::new();
@@ -154,8 +232,27 @@ impl Generation {
             fingerprint,
             summary: generated.clone(),
             checked: Instant::now(),
+            glance,
         });
         Ok(generated)
+    }
+}
+
+/// One looked-up path's part of [`Generation::glance`]: which root, and
+/// what is there by identity, if anything.
+fn feed(h: &mut Sha256, at: usize, meta: Option<&std::fs::Metadata>) {
+    h.update((at as u64).to_le_bytes());
+    let Some(m) = meta else {
+        h.update([0]);
+        return;
+    };
+    let (dev, ino, len, mtime, mtime_ns, ctime, ctime_ns) = identity(m);
+    h.update([1]);
+    for n in [dev, ino, len] {
+        h.update(n.to_le_bytes());
+    }
+    for n in [mtime, mtime_ns, ctime, ctime_ns] {
+        h.update(n.to_le_bytes());
     }
 }
 
@@ -212,4 +309,92 @@ pub fn summary_for(
         }
     }
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verify::VerifiedSet;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    impl Generation {
+        /// As if the last look at the summary's inputs was long ago.
+        fn age_summary(&self) {
+            let mut cache = self.summary.lock().unwrap();
+            let c = cache.as_mut().expect("a summary was generated");
+            c.checked = Instant::now()
+                .checked_sub(SUMMARY_RECHECK)
+                .expect("the clock is past a second");
+        }
+    }
+
+    fn listed(g: &Generation) -> Vec<(DeltaName, Checksum)> {
+        let bytes = g.generated_summary().unwrap().bytes;
+        let s = format::parse_summary(&bytes).unwrap();
+        s.deltas.iter().map(|d| (d.name, d.superblock)).collect()
+    }
+
+    /// Once its second is up, the generated summary is kept on a glance
+    /// from the request's thread while a source's config, `delta-indexes`
+    /// and the verified deltas' superblocks are as they were; a change to
+    /// any of them is noticed and the summary generated again from the
+    /// blocking path.
+    #[test]
+    fn a_generated_summary_stands_on_a_glance_until_a_source_changes() {
+        let src = tempfile::tempdir().unwrap();
+        let overlay = tempfile::tempdir().unwrap();
+        let name = DeltaName {
+            from: Some(Checksum::digest(b"v1")),
+            to: Checksum::digest(b"v2"),
+        };
+        let superblock = src.path().join(name.dir()).join("superblock");
+        std::fs::create_dir_all(superblock.parent().unwrap()).unwrap();
+        std::fs::write(&superblock, b"first").unwrap();
+        std::fs::write(src.path().join("config"), "[core]\nrepo_version=1\n").unwrap();
+        // Present from the start: the test's temporary dir may be a tmpfs,
+        // which keeps no negative dentries, so a glance at a path that is
+        // not there always takes the pool there.
+        std::fs::create_dir(src.path().join("delta-indexes")).unwrap();
+        let mut g = Generation::new(
+            1,
+            vec![src.path().to_owned()],
+            overlay.path().to_owned(),
+            vec![],
+        );
+        let mut set = VerifiedSet::default();
+        set.insert_delta(name);
+        g.gate = ObjectGate::Only(Arc::new(set));
+        assert_eq!(listed(&g), [(name, Checksum::digest(b"first"))]);
+
+        let write = |rel: &str, body: &[u8]| std::fs::write(src.path().join(rel), body).unwrap();
+        let mkdir = |rel: &str| std::fs::create_dir_all(src.path().join(rel)).unwrap();
+        type Change<'a> = (&'a str, Box<dyn Fn(&Path) + 'a>);
+        let cases: Vec<Change<'_>> = vec![
+            ("nothing", Box::new(|_: &Path| {})),
+            (
+                "the superblock",
+                Box::new(|_: &Path| std::fs::write(&superblock, b"second, longer").unwrap()),
+            ),
+            (
+                "the config",
+                Box::new(|_: &Path| write("config", b"[core]\nrepo_version=1\nmode=archive-z2\n")),
+            ),
+            ("an index", Box::new(|_: &Path| mkdir("delta-indexes/ab"))),
+        ];
+        for (what, change) in cases {
+            g.age_summary();
+            change(src.path());
+            let kept = g.fresh_generated_summary().is_some();
+            assert_eq!(kept, what == "nothing", "after a change to {what}");
+            let want = std::fs::read(&superblock).unwrap();
+            assert_eq!(listed(&g), [(name, Checksum::digest(&want))], "{what}");
+            // Looked at again: what is there now stands.
+            g.age_summary();
+            assert!(
+                g.fresh_generated_summary().is_some(),
+                "{what}, once looked at"
+            );
+        }
+    }
 }

@@ -262,7 +262,8 @@ async fn an_expectation_other_than_100_continue_is_417() {
 /// What a request finds without waiting, once the first request of a
 /// path has brought it into the kernel's caches: the same as the
 /// resolver's blocking answer, opened once; and a generated summary
-/// older than its recheck interval is left to the blocking pool, which
+/// older than its recheck interval is kept on a glance at its sources'
+/// files, or left to the blocking pool once one of them changed, which
 /// answers the same bytes, with the refs as published.
 #[tokio::test]
 async fn a_cached_path_is_found_without_waiting_and_as_the_resolver_finds_it() {
@@ -331,7 +332,8 @@ async fn a_cached_path_is_found_without_waiting_and_as_the_resolver_finds_it() {
         assert!(agree, "{path}: the resolver says {resolved:?}");
     }
     // Past the recheck interval (a second) the generated summary's inputs
-    // are looked at again, which may wait on the disk: not without waiting.
+    // are looked at again: by identity, without waiting, while the
+    // source's files are as they were; once one changed, from the pool.
     // The refs are not among them: they were listed once, as a published
     // overlay is never written. A ref planted there now (nothing of ours
     // ever does) stays out of the summary; listing the refs again at each
@@ -344,9 +346,15 @@ async fn a_cached_path_is_found_without_waiting_and_as_the_resolver_finds_it() {
     )
     .unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    match g.locate(&summary, true).unwrap() {
+        Located::Generated(gen) => assert!(gen.bytes[..] == published[..], "kept on a glance"),
+        other => panic!("a summary whose sources did not change: {other:?}"),
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    touch_config(&v1.dir);
     assert!(
         matches!(g.locate(&summary, true).unwrap(), Located::WouldBlock),
-        "a stale summary found without waiting"
+        "a stale summary whose source changed found without waiting"
     );
     let before = server.get("/summary").await.body;
     assert!(before == published, "the summary changed with the overlay");
@@ -356,9 +364,18 @@ async fn a_cached_path_is_found_without_waiting_and_as_the_resolver_finds_it() {
     }
 }
 
+/// The source's config rewritten (a comment added): the same settings, a
+/// new identity.
+fn touch_config(repo: &std::path::Path) {
+    let mut config = std::fs::read(repo.join("config")).unwrap();
+    config.extend_from_slice(b"# touched\n");
+    std::fs::write(repo.join("config"), config).unwrap();
+}
+
 /// A generated summary is looked at again, past its recheck interval, only
-/// where its inputs can change: a `--repo` someone else owns. An image's
-/// staged repo is never written once published, so its summary is answered
+/// where its inputs can change: a `--repo` someone else owns, where a
+/// changed source file sends the request to the pool. An image's staged
+/// repo is never written once published, so its summary is answered
 /// without waiting for the generation's life, the same bytes.
 #[tokio::test]
 async fn a_generated_summary_is_rechecked_only_where_its_sources_can_change() {
@@ -378,6 +395,8 @@ async fn a_generated_summary_is_rechecked_only_where_its_sources_can_change() {
         served.push((name, server, body, rechecked));
     }
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    // Both publications' source (the image's as if it were written).
+    touch_config(&fx.v1.dir);
     let summary = RepoPath::parse("summary").unwrap();
     for (name, server, body, rechecked) in &served {
         match (server.current().locate(&summary, true).unwrap(), rechecked) {
