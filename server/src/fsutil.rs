@@ -398,7 +398,7 @@ pub fn list_dir(root: &Path, rel: &str, max: usize) -> io::Result<Option<Vec<Ent
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::symlink;
+    use std::os::unix::fs::{symlink, MetadataExt};
 
     #[test]
     fn never_follows_symlinks_or_dotdot() {
@@ -465,6 +465,28 @@ mod tests {
         ] {
             let got = open_dir_beneath(dir.as_fd(), rel, false).unwrap();
             assert_eq!(matches!(got, Lookup::Found(_)), want, "{rel}");
+        }
+        // What is there, by identity: a symlink is named, never followed.
+        let ino = |p: &str| std::fs::symlink_metadata(r.join(p)).unwrap().ino();
+        for (rel, want) in [
+            ("refs/heads/ok", Some(ino("refs/heads/ok"))),
+            ("refs/heads", Some(ino("refs/heads"))),
+            ("refs/heads/link", Some(ino("refs/heads/link"))),
+            ("refs/escape/secret", None),
+            ("refs/heads/../heads/ok", None),
+            ("missing", None),
+        ] {
+            for nonblocking in [false, true] {
+                let got = match stat_beneath(dir.as_fd(), rel, nonblocking).unwrap() {
+                    Lookup::Found(m) => Some(m.ino()),
+                    Lookup::Absent => None,
+                    Lookup::WouldBlock => {
+                        assert!(nonblocking, "{rel}: only a nonblocking lookup waits");
+                        continue;
+                    }
+                };
+                assert_eq!(got, want, "stat {rel} (nonblocking {nonblocking})");
+            }
         }
         let names: &[(&str, BorrowedFd<'_>, bool)] = &[
             ("ok", heads.as_fd(), true),
