@@ -213,7 +213,7 @@ pub fn answer(st: &AppState, ask: &Ask<'_>) -> Option<Direct> {
         _ => (other(st, &generation, &rp, ask)?, st.short_lived.clone()),
     };
     let status = found.status().as_u16();
-    let done = observe::answered(st, ask.path, &rp, (ask.head, status), ask.client, start);
+    let done = observe::answered(st, ask.path, &rp, ask.head, status, ask.client, start);
     Some(Direct {
         found,
         cache,

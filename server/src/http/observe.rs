@@ -88,7 +88,8 @@ pub(super) fn answered(
     st: &AppState,
     path: &str,
     rp: &RepoPath,
-    (head, status): (bool, u16),
+    head: bool,
+    status: u16,
     client: IpAddr,
     start: Instant,
 ) -> Done {

@@ -57,8 +57,9 @@ pub struct Shortcut {
     /// Whether it answers a request for this path; the router answers the
     /// others.
     pub takes: fn(&str) -> bool,
-    /// An HTTP/1.1 repo request's 200, when it can be answered at once
-    /// with nothing to evaluate (`http::direct`); `None` for the router.
+    /// An HTTP/1.1 repo request's 200 or empty 404, when it can be
+    /// answered at once with nothing to evaluate (`http::direct`); `None`
+    /// for the router.
     pub direct: Arc<DirectFn>,
     pub answer: Arc<dyn Fn(Request<Body>) -> BoxFuture<'static, Response<Body>> + Send + Sync>,
 }

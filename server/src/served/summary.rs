@@ -113,14 +113,27 @@ impl Generation {
         {
             let cache = self.summary.lock().expect("poisoned");
             let c = cache.as_ref()?;
-            if self.fixed_sources || c.checked.elapsed() < SUMMARY_RECHECK {
-                return Some(c.summary.clone());
+            if let Some(g) = self.recent_summary(c) {
+                return Some(g);
             }
+            // Without a glance at the last look (a mirror's store), only
+            // the pool looks.
             c.glance?;
         }
-        // Outside the lock: a few syscalls. What is compared is the glance
-        // of the summary cached when the lock is taken again.
+        // Outside the lock: a few syscalls.
         let seen = self.glance(true).ok().flatten()?;
+        self.kept_on(seen)
+    }
+
+    /// The cached summary if it needs no look: within its second, or for
+    /// good ([`Generation::fixed_sources`]).
+    fn recent_summary(&self, c: &SummaryCache) -> Option<Generated> {
+        (self.fixed_sources || c.checked.elapsed() < SUMMARY_RECHECK).then(|| c.summary.clone())
+    }
+
+    /// The cached summary, looked at now, if `seen` is the glance taken at
+    /// its last look (compared under the lock, with what is cached then).
+    fn kept_on(&self, seen: [u8; 32]) -> Option<Generated> {
         let mut cache = self.summary.lock().expect("poisoned");
         let c = cache.as_mut().filter(|c| c.glance == Some(seen))?;
         c.checked = Instant::now();
@@ -188,11 +201,20 @@ impl Generation {
     /// depend only on the refs, their commits and the deltas (see
     /// [`summary_for`]), never on the clock.
     pub fn generated_summary(&self) -> Result<Generated> {
-        if let Some(g) = self.fresh_generated_summary() {
+        let recent = self
+            .summary
+            .lock()
+            .expect("poisoned")
+            .as_ref()
+            .and_then(|c| self.recent_summary(c));
+        if let Some(g) = recent {
             return Ok(g);
         }
         // Before the inputs are read: a change meanwhile shows at the next.
         let glance = self.glance(false)?;
+        if let Some(g) = glance.and_then(|seen| self.kept_on(seen)) {
+            return Ok(g);
+        }
         let refs = self.refs()?;
         let deltas = self.summary_delta_files()?;
         let indexed = self.index_deltas || self.has_delta_indexes()?;
