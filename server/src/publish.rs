@@ -438,6 +438,7 @@ fn finish_generation(
     generation.signatures = report;
     generation.gate = probe.gate.clone();
     generation.index_deltas = probe.index_deltas;
+    generation.adopt_summary(&probe);
     Ok(generation)
 }
 

@@ -146,6 +146,9 @@ pub struct Generation {
     /// publication verified (closed until one sets it).
     pub gate: ObjectGate,
     summary: Mutex<Option<SummaryCache>>,
+    /// Held while the generated summary's inputs are looked at
+    /// (`summary.rs`).
+    summary_look: Mutex<()>,
     /// The overlay's refs, listed once. An overlay is written while it is
     /// being built (refs, config, signatures: `state::Building`) and never
     /// once a `Generation` serves it, so one listing holds for its life;
@@ -215,6 +218,7 @@ impl Generation {
             signatures: Default::default(),
             gate: ObjectGate::default(),
             summary: Mutex::new(None),
+            summary_look: Mutex::new(()),
             refs: std::sync::OnceLock::new(),
             commits: Mutex::new(BTreeMap::new()),
             metadata: MetadataCache::default(),
@@ -244,6 +248,7 @@ impl Generation {
         g.index_deltas = base.index_deltas;
         g.deltas = Some(Arc::new(deltas));
         g.fixed_sources = base.fixed_sources;
+        g.adopt_summary(&base);
         g.keepalive.push(Box::new(base));
         g
     }

@@ -9,6 +9,10 @@
 //! publication verified can enter the cache (invariant 1): an object its
 //! gate does not allow is missing here as it is to a request.
 //!
+//! Before that, the paths every node asks for besides objects are looked
+//! up once ([`look_up_first_paths`]), so that the first wave's requests
+//! find them known to the kernel, there or not.
+//!
 //! [`new_objects`] is the walk, pure (trees in, names out); [`warm`] reads
 //! and inserts, on a blocking thread, within a byte budget and a deadline;
 //! [`warm_for`] runs it from the async side and logs what it did.
@@ -22,7 +26,9 @@ use anyhow::{Context, Result};
 use bytes::Bytes;
 use oscontent_format::commit::MAX_COMMIT_SIZE;
 use oscontent_format::tree::MAX_DIRTREE_SIZE;
-use oscontent_format::{parse_dirtree, Checksum, Commit, DirTree, ObjectKind, ObjectName};
+use oscontent_format::{
+    parse_dirtree, Checksum, Commit, DirTree, ObjectKind, ObjectName, RepoPath,
+};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -206,7 +212,9 @@ pub fn warm(cache: &ObjectCache, g: &Generation, deadline: Instant) -> Warmed {
     if cache.capacity() == 0 {
         return report;
     }
-    let (metadata, content) = plan(g, deadline, &mut report);
+    let tips = tips(g);
+    look_up_first_paths(g, &tips);
+    let (metadata, content) = plan(g, &tips, deadline, &mut report);
     if report.stopped.is_some() {
         return report;
     }
@@ -251,19 +259,46 @@ pub fn warm(cache: &ObjectCache, g: &Generation, deadline: Instant) -> Warmed {
     report
 }
 
+/// The published commits, each once.
+fn tips(g: &Generation) -> Vec<Checksum> {
+    let mut tips: Vec<Checksum> = g.derived_refs.iter().map(|(_, c)| *c).collect();
+    tips.sort();
+    tips.dedup();
+    tips
+}
+
+/// Looks up what every node asks for besides objects: the config, the
+/// summary and its signature, and each tip's detached metadata and delta
+/// index, most of them usually missing. A request looks a path up without
+/// waiting on the disk and takes the blocking pool when the kernel does
+/// not know it yet, there or not; the first nodes of a wave each did, one
+/// new pool thread each. Failures are the requests' to report.
+fn look_up_first_paths(g: &Generation, tips: &[Checksum]) {
+    let per_tip = tips.iter().flat_map(|c| {
+        [
+            RepoPath::Object(ObjectName::new(*c, ObjectKind::CommitMeta)),
+            RepoPath::DeltaIndex { to: *c },
+        ]
+    });
+    let paths = [RepoPath::Config, RepoPath::Summary, RepoPath::SummarySig];
+    for path in paths.into_iter().chain(per_tip) {
+        if let Err(e) = g.resolve(&path) {
+            tracing::debug!(generation = g.id, "looking up {path:?} ahead: {e:#}");
+        }
+    }
+}
+
 /// What to warm, each object once: every tip's commit and new trees, and
 /// then their new content. A tip whose trees cannot be walked is logged
 /// and left out.
 fn plan(
     g: &Generation,
+    tips: &[Checksum],
     deadline: Instant,
     report: &mut Warmed,
 ) -> (Vec<ObjectName>, Vec<ObjectName>) {
-    let mut tips: Vec<Checksum> = g.derived_refs.iter().map(|(_, c)| *c).collect();
-    tips.sort();
-    tips.dedup();
     let (mut metadata, mut content, mut seen) = (Vec::new(), Vec::new(), HashSet::new());
-    for tip in tips {
+    for &tip in tips {
         let new = match tip_objects(g, &tip, deadline) {
             Ok(Some(new)) => new,
             Ok(None) => continue,

@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct SummaryCache {
     fingerprint: [u8; 32],
     summary: Generated,
@@ -197,17 +197,44 @@ impl Generation {
         Ok(Some(h.finalize().into()))
     }
 
+    /// Starts from the summary `from` generated, as of when it looked, and
+    /// the refs it listed: for a generation serving the same sources,
+    /// overlay and gate (publication's probe, or the base of
+    /// [`Generation::with_deltas`]). Without it the first summary request
+    /// of a new generation took the blocking pool to build again what
+    /// publication had just built, and every node of a wave that asked
+    /// before it finished did the same.
+    pub fn adopt_summary(&self, from: &Generation) {
+        if let Some(refs) = from.refs.get() {
+            let _ = self.refs.set(refs.clone());
+        }
+        let cached = from.summary.lock().expect("poisoned").clone();
+        *self.summary.lock().expect("poisoned") = cached;
+    }
+
+    /// The cached summary if it needs no look now.
+    fn recent(&self) -> Option<Generated> {
+        let cache = self.summary.lock().expect("poisoned");
+        cache.as_ref().and_then(|c| self.recent_summary(c))
+    }
+
     /// The summary the server publishes when the source has none. Its bytes
     /// depend only on the refs, their commits and the deltas (see
     /// [`summary_for`]), never on the clock.
     pub fn generated_summary(&self) -> Result<Generated> {
-        let recent = self
-            .summary
+        if let Some(g) = self.recent() {
+            return Ok(g);
+        }
+        // One look at a time: requests that find the summary past its
+        // second together wait for the first look rather than each
+        // listing and reading the same inputs on a pool thread of its own.
+        // The lock guards no data, so a panic under it leaves nothing to
+        // distrust.
+        let _looking = self
+            .summary_look
             .lock()
-            .expect("poisoned")
-            .as_ref()
-            .and_then(|c| self.recent_summary(c));
-        if let Some(g) = recent {
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(g) = self.recent() {
             return Ok(g);
         }
         // Before the inputs are read: a change meanwhile shows at the next.

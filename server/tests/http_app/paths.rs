@@ -408,6 +408,38 @@ async fn a_generated_summary_is_rechecked_only_where_its_sources_can_change() {
     }
 }
 
+/// A new generation starts with the summary its publication generated:
+/// its first summary request is answered without the blocking pool (which
+/// the first nodes of a wave each took, building it again), with the
+/// bytes the server then serves.
+#[tokio::test]
+async fn a_new_generation_answers_the_summary_its_publication_made_without_waiting() {
+    use oscontent_format::RepoPath;
+    use oscontent_server::served::Located;
+    let fx = Fixture::on_disk();
+    let summary = RepoPath::parse("summary").unwrap();
+    let cases = [
+        ("a --repo", fx.publish(&fx.v1)),
+        ("an image", fx.publish_release(&fx.v1)),
+    ];
+    for (name, generation) in cases {
+        // Whether a source or the overlay has a summary of its own is
+        // looked up first: known to the kernel once asked (warming asks).
+        for dir in [&fx.v1.dir, &generation.overlay] {
+            assert!(!dir.join("summary").exists(), "{name}");
+        }
+        let Located::Generated(first) = generation.locate(&summary, true).unwrap() else {
+            panic!("{name}: the summary publication made is not there without waiting");
+        };
+        let server = Server::new();
+        server.publish(generation).await;
+        assert!(
+            server.get("/summary").await.body == first.bytes[..],
+            "{name}"
+        );
+    }
+}
+
 /// The listener answers repo paths through `http::shortcut`, past the
 /// router: every answer, metric and log line must be the router's.
 #[tokio::test]
