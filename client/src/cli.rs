@@ -98,6 +98,12 @@ pub struct PullArgs {
     /// Accept a target older (timestamp or version) than the ref's commit.
     #[arg(long)]
     pub allow_downgrade: bool,
+    /// How far ahead of this node's clock an unverified target (no
+    /// verified signature, no --commit) may be dated, in seconds. A later
+    /// one is refused: once the ref points at it, every honest release
+    /// until then would be refused as a downgrade.
+    #[arg(long, default_value_t = oscontent_format::age::DEFAULT_MAX_FUTURE_SKEW, value_name = "SECONDS")]
+    pub max_future_skew: u64,
     /// How writes reach the disk.
     #[arg(long, value_enum, default_value = "paced")]
     pub io_mode: IoMode,
@@ -306,6 +312,7 @@ fn run_pull(a: PullArgs) -> u8 {
         commit: a.commit,
         trusted_keys: a.trusted_keys,
         allow_downgrade: a.allow_downgrade,
+        max_future_skew: a.max_future_skew,
         io_mode: a.io_mode,
         io_latency_target: a.io_latency_target,
         io_max_rate: a.io_max_rate,

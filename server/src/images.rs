@@ -430,6 +430,10 @@ fn attempt(
         Err(e) => return Ok(Tried::Refused(Refusal::Failed(e))),
     };
     let ages = ref_ages(&generation).context("reading the new generation's commits")?;
+    // Never published, never the mark; the others are tried without it.
+    if let Err(e) = guard.admit(&ages) {
+        return Ok(Tried::Refused(Refusal::Failed(e)));
+    }
     let found = guard.found(&ages);
     if !found.is_empty() && guard.policy() == RollbackPolicy::Refuse {
         return Ok(Tried::Refused(Refusal::Rollback(found)));

@@ -157,11 +157,11 @@ impl Metrics {
         }
         let rollbacks = r.counter_vec(
             "oscontent_rollbacks_total",
-            "Refs a refresh moved to an older commit (timestamp or version), by result: refused (the previous generation stays served) or allowed (--allow-rollback)",
+            "Refs a refresh moved to an older commit (timestamp or version), by result: refused (the previous generation stays served), allowed (--allow-rollback), or future (an unverified commit dated past --max-future-skew, refused so it never becomes the mark)",
             &["result"],
         );
         // Shown at 0 from the start, so an alert can watch for the first.
-        for result in ["refused", "allowed"] {
+        for result in ["refused", "allowed", "future"] {
             rollbacks.with_label_values(&[result]);
         }
         let rollback_allowed = r.gauge(

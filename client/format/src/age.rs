@@ -1,6 +1,7 @@
-//! How old a commit is, compared: the CoreOS version order and the
-//! downgrade decision. One home for the node client (a ref never moves
-//! back) and the server (a refresh never publishes a rollback).
+//! How old a commit is, compared: the CoreOS version order, the
+//! downgrade decision, and which releases may become the newest a ref has
+//! been. One home for the node client (a ref never moves back) and the
+//! server (a refresh never publishes a rollback).
 
 use std::cmp::Ordering;
 
@@ -72,6 +73,45 @@ pub fn downgrade_reason(current: &Age<'_>, target: &Age<'_>) -> Option<String> {
     None
 }
 
+/// How far, by default, a release nothing vouches for may be dated ahead
+/// of the local clock: a day covers a build machine's clock skew, and is
+/// the longest one forged timestamp can hold back the releases after it.
+pub const DEFAULT_MAX_FUTURE_SKEW: u64 = 24 * 60 * 60;
+
+/// Whether something the operator trusts vouches for a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Vouched {
+    /// Its signature verified against trusted keys, or the operator
+    /// pinned it (an image digest, a commit checksum).
+    Verified,
+    /// Whoever could write the source chose it.
+    Unverified,
+}
+
+/// Why a release may not become the newest a ref has been (the mark every
+/// later release is judged against by [`downgrade_reason`]), or `None` if
+/// it may. A verified release may carry any date: the keys' owner chose
+/// it. An unverified one dated more than `max_future_skew` seconds past
+/// `now` is refused: recorded as the mark, it would make every honest
+/// release until then look older, and so freeze the ref.
+pub fn mark_refusal(
+    target: &Age<'_>,
+    vouched: Vouched,
+    now: u64,
+    max_future_skew: u64,
+) -> Option<String> {
+    let ahead = target.timestamp.saturating_sub(now);
+    if vouched == Vouched::Verified || ahead <= max_future_skew {
+        return None;
+    }
+    Some(format!(
+        "commit timestamp {} is {ahead} s ahead of the local clock ({now}), more than the \
+         {max_future_skew} s allowed for a release nothing verified (no trusted keys, not \
+         pinned): as the newest release it would hold back every later one until then",
+        target.timestamp
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,6 +170,49 @@ mod tests {
                 refused,
                 "{cur:?} -> {tgt:?}"
             );
+        }
+    }
+
+    #[test]
+    fn only_a_vouched_release_may_be_dated_far_ahead() {
+        use Vouched::*;
+        const NOW: u64 = 1_700_000_000;
+        const DAY: u64 = DEFAULT_MAX_FUTURE_SKEW;
+        let ten_years = NOW + 10 * 365 * DAY;
+        let cases = [
+            ("in the past", NOW - 1000, Unverified, false),
+            ("now", NOW, Unverified, false),
+            ("within the skew", NOW + DAY, Unverified, false),
+            ("one second past the skew", NOW + DAY + 1, Unverified, true),
+            ("ten years ahead", ten_years, Unverified, true),
+            ("ten years ahead, verified", ten_years, Verified, false),
+            ("the largest timestamp", u64::MAX, Unverified, true),
+            ("the largest timestamp, verified", u64::MAX, Verified, false),
+        ];
+        for (what, timestamp, vouched, refused) in cases {
+            let age = Age {
+                timestamp,
+                version: Some("41.1"),
+            };
+            let got = mark_refusal(&age, vouched, NOW, DAY);
+            assert_eq!(got.is_some(), refused, "{what}: {got:?}");
+        }
+        let why = mark_refusal(
+            &Age {
+                timestamp: ten_years,
+                version: None,
+            },
+            Unverified,
+            NOW,
+            DAY,
+        )
+        .unwrap();
+        for want in [
+            &ten_years.to_string(),
+            "ahead of the local clock",
+            "86400 s",
+        ] {
+            assert!(why.contains(want), "{why:?} lacks {want:?}");
         }
     }
 }

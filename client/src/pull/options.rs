@@ -29,6 +29,8 @@ pub struct PullOptions {
     pub commit: Option<Checksum>,
     pub trusted_keys: Option<PathBuf>,
     pub allow_downgrade: bool,
+    /// `--max-future-skew`, seconds.
+    pub max_future_skew: u64,
     pub io_mode: IoMode,
     pub io_latency_target: Duration,
     /// `--io-max-rate`, bytes (of cost) per second.

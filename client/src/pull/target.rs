@@ -49,6 +49,7 @@ pub async fn verify_target(
         declared_collection(req, view),
     )?;
     ctx.set_sizes(declared_sizes(&target.commit)?);
+    check_future(req, &target, signed_by.is_some())?;
     let downgrade_checked = check_downgrade(req, &target)?;
     req.reporter.event(
         "verified",
@@ -145,6 +146,34 @@ fn check_signature(trust: &Trust, target: &Target) -> PullResult<Option<serde_js
         &format!("commit {}", target.checksum),
     )?;
     Ok(Some(verify::describe(&v)))
+}
+
+/// Refuses an unverified target dated past `--max-future-skew`: the ref
+/// would then hold back every later release (a pinned `--commit` or a
+/// verified signature vouches for any date).
+fn check_future(req: &PullRequest<'_>, target: &Target, signed: bool) -> PullResult<()> {
+    use oscontent_format::age::{mark_refusal, Age, Vouched};
+    let vouched = match signed || req.opts.commit.is_some() {
+        true => Vouched::Verified,
+        false => Vouched::Unverified,
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let age = Age {
+        timestamp: target.commit.timestamp,
+        version: None,
+    };
+    match mark_refusal(&age, vouched, now, req.opts.max_future_skew) {
+        None => Ok(()),
+        Some(why) => Err(PullError::Downgrade(anyhow!(
+            "refusing to move {} to {}: {why} (verify with --trusted-keys, pin it with \
+             --commit, or widen --max-future-skew)",
+            req.refspec().as_deref().unwrap_or("the ref"),
+            target.checksum
+        ))),
+    }
 }
 
 /// Refuses a target older (timestamp or version) than the ref's current

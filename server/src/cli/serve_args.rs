@@ -4,6 +4,7 @@
 use crate::deltas::DeltaMode;
 use crate::listen::limits::Limits;
 use crate::publish::Source;
+use crate::redact::RedactedUrl;
 use crate::signing::{self, SignatureOptions};
 use crate::source::{FetchOptions, ImageRef, Platform};
 use anyhow::Result;
@@ -93,7 +94,7 @@ pub struct SourceArgs {
     /// servers): only new objects are fetched, everything is verified, and
     /// the same summary and signatures are served.
     #[arg(long, value_name = "URL", group = "source")]
-    pub upstream: Option<String>,
+    pub upstream: Option<RedactedUrl>,
     /// A bundle (`oscontent-server mirror ... bundle:DIR`) to verify file by
     /// file and serve; a `--repo` holding a bundle is treated the same.
     #[arg(long, value_name = "DIR", group = "source")]
@@ -195,6 +196,13 @@ pub struct ServeArgs {
     /// release an attacker replayed.
     #[arg(long)]
     pub allow_rollback: bool,
+    /// How far ahead of this server's clock a release nothing verified
+    /// (no --trusted-keys, --image not pinned by digest) may be dated. A
+    /// later one is refused with an error: recorded as the newest release,
+    /// its timestamp would make every honest release until then look
+    /// like a rollback.
+    #[arg(long, default_value_t = oscontent_format::age::DEFAULT_MAX_FUTURE_SKEW, value_name = "SECONDS")]
+    pub max_future_skew: u64,
     /// With --upstream or --bundle: keep the last N releases (and what the
     /// source publishes now), removing objects nothing kept reaches.
     #[arg(long, value_name = "N")]

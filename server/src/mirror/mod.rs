@@ -29,6 +29,7 @@ pub mod sync;
 pub mod upstream;
 
 use crate::publish::Release;
+use crate::redact::RedactedUrl;
 use crate::served::Generation;
 use crate::source::{FetchOptions, ImageRef};
 use crate::state::StateDir;
@@ -49,7 +50,7 @@ pub enum MirrorSource {
     Image(ImageRef),
     /// An oscontent server (or any archive remote, or a bundle on a web
     /// server).
-    Upstream(String),
+    Upstream(RedactedUrl),
 }
 
 impl FromStr for MirrorSource {
@@ -57,7 +58,7 @@ impl FromStr for MirrorSource {
 
     fn from_str(s: &str) -> Result<Self> {
         if s.starts_with("http://") || s.starts_with("https://") {
-            return Ok(MirrorSource::Upstream(s.to_owned()));
+            return Ok(MirrorSource::Upstream(RedactedUrl::new(s)));
         }
         s.parse::<ImageRef>()
             .map(MirrorSource::Image)

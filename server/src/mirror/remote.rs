@@ -5,6 +5,7 @@
 //! none of them is trusted: [`super::sync`] verifies everything it reads.
 
 use crate::fsutil;
+use crate::redact::RedactedUrl;
 use crate::served::{Generation, Resolved};
 use anyhow::{bail, Context, Result};
 use oscontent_format::{response_retry_after, GiveUp, RepoPath, Retries, RetryPolicy};
@@ -146,15 +147,33 @@ impl RateLimit {
 /// static web server holding an archive repo or a bundle.
 #[derive(Debug)]
 pub struct HttpRemote {
+    /// Without its userinfo: what requests go to, and what logs and
+    /// errors show.
     base: String,
+    /// The URL's userinfo, sent as basic auth.
+    auth: Option<BasicAuth>,
     client: reqwest::blocking::Client,
     limit: Option<Arc<RateLimit>>,
 }
 
+/// A user and password taken out of an upstream URL.
+struct BasicAuth {
+    user: String,
+    password: Option<String>,
+}
+
+impl std::fmt::Debug for BasicAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(crate::redact::MASK)
+    }
+}
+
 impl HttpRemote {
     /// Must be called off the async runtime (the blocking client owns one).
-    pub fn new(url: &str, limit: Option<Arc<RateLimit>>) -> Result<Self> {
-        let parsed = reqwest::Url::parse(url).with_context(|| format!("upstream URL {url:?}"))?;
+    pub fn new(url: &RedactedUrl, limit: Option<Arc<RateLimit>>) -> Result<Self> {
+        let mut parsed = reqwest::Url::parse(url.expose())
+            // The parser's message never quotes the input.
+            .with_context(|| format!("upstream URL {url:?}"))?;
         anyhow::ensure!(
             matches!(parsed.scheme(), "http" | "https"),
             "upstream URL {url:?}: only http:// and https:// are supported"
@@ -163,6 +182,22 @@ impl HttpRemote {
             parsed.query().is_none() && parsed.fragment().is_none(),
             "upstream URL {url:?}: no query or fragment, please"
         );
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8()
+                .map(|c| c.into_owned())
+                .with_context(|| format!("upstream URL {url:?}: the userinfo is not UTF-8"))
+        };
+        let auth = match (parsed.username(), parsed.password()) {
+            ("", None) => None,
+            (user, password) => Some(BasicAuth {
+                user: decode(user)?,
+                password: password.map(decode).transpose()?,
+            }),
+        };
+        // Never fails for http(s), which have a host.
+        let _ = parsed.set_username("");
+        let _ = parsed.set_password(None);
         let mut base = parsed.to_string();
         if !base.ends_with('/') {
             base.push('/');
@@ -180,9 +215,18 @@ impl HttpRemote {
             .context("building the HTTP client")?;
         Ok(Self {
             base,
+            auth,
             client,
             limit,
         })
+    }
+
+    fn get(&self, url: &str) -> reqwest::blocking::RequestBuilder {
+        let req = self.client.get(url);
+        match &self.auth {
+            Some(a) => req.basic_auth(&a.user, a.password.as_ref()),
+            None => req,
+        }
     }
 
     fn url(&self, rel: &str) -> String {
@@ -211,7 +255,7 @@ impl Remote for HttpRemote {
         let mut attempt = 0u32;
         let resp = loop {
             attempt += 1;
-            let (retry_after, failed) = match self.client.get(&url).send() {
+            let (retry_after, failed) = match self.get(&url).send() {
                 Ok(r) => match r.status().as_u16() {
                     200 => break r,
                     404 => return Ok(None),
@@ -356,9 +400,30 @@ mod tests {
             ("not a url", false),
         ];
         for (u, ok) in cases {
-            assert_eq!(HttpRemote::new(u, None).is_ok(), ok, "{u}");
+            let r = HttpRemote::new(&RedactedUrl::new(u), None);
+            assert_eq!(r.is_ok(), ok, "{u}");
         }
-        let r = HttpRemote::new("http://h:1/base", None).unwrap();
+        let r = HttpRemote::new(&RedactedUrl::new("http://h:1/base"), None).unwrap();
         assert_eq!(r.url("summary"), "http://h:1/base/summary");
+    }
+
+    #[test]
+    fn userinfo_is_sent_as_basic_auth_and_never_shown() {
+        let url = RedactedUrl::new("http://u%20x:s%40cret@h:1/base?tok=s3cret");
+        let e = format!("{:#}", HttpRemote::new(&url, None).unwrap_err());
+        assert!(e.contains("no query") && !e.contains("cret"), "{e}");
+        let url = RedactedUrl::new("http://u%20x:s%40cret@h:1/base");
+        let r = HttpRemote::new(&url, None).unwrap();
+        assert_eq!(r.describe(), "http://h:1/base/");
+        let a = r.auth.as_ref().unwrap();
+        assert_eq!(
+            (a.user.as_str(), a.password.as_deref()),
+            ("u x", Some("s@cret"))
+        );
+        let shown = format!("{r:?}");
+        assert!(
+            !shown.contains("cret") && !shown.contains("u%20x"),
+            "{shown}"
+        );
     }
 }

@@ -22,6 +22,7 @@
 use super::bundle::{self, BundleRemote, Destination, Pruned};
 use super::remote::{HttpRemote, RateLimit, Remote};
 use super::sync::{self, Metadata, SyncOptions};
+use crate::redact::RedactedUrl;
 use crate::serve::refresher::rollback::{self, ref_ages, RollbackGuard};
 use crate::serve::refresher::{Checked, Publisher};
 use crate::served::{Generation, PINNED_SUMMARY};
@@ -44,7 +45,7 @@ const GENERATIONS: &str = "generations";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SiteSource {
     /// Another oscontent server (or any archive remote) over HTTP(S).
-    Upstream(String),
+    Upstream(RedactedUrl),
     /// A bundle directory (`mirror ... bundle:DIR`).
     Bundle(PathBuf),
 }
@@ -181,6 +182,7 @@ impl SiteMirror {
         let judged = match rollback {
             Some(guard) => {
                 let ages = ref_ages(&generation)?;
+                guard.admit(&ages)?;
                 let found = guard.found(&ages);
                 if !rollback::judge(guard.policy(), &found, guard.metrics()) {
                     return Ok(Refresh::RolledBack(snap.meta.summary_digest()));

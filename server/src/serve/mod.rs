@@ -147,7 +147,8 @@ async fn start_publishing(
     if let Some(site) = site_source(&args.source) {
         // The site mirror checks for rollbacks itself, before it prunes.
         let publisher = site_publisher(site.clone(), args, &sigs)?;
-        let guard = RollbackGuard::load(&args.state_dir, rollback, sink.metrics().clone())?;
+        let guard = RollbackGuard::load(&args.state_dir, rollback, sink.metrics().clone())?
+            .bounding(vouched(sigs.trusted.is_some()), args.max_future_skew);
         let publisher = publisher.checking_rollback(Arc::new(guard));
         let mut refresher = Refresher::new(publisher, sink.clone(), hup, schedule);
         // A refused bundle stops the server with the reason.
@@ -202,7 +203,20 @@ fn image_publisher(
     let staging = state_dir.path().join(IMAGES_DIR);
     std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
     source::clean_staging(&staging)?;
-    let guard = RollbackGuard::load(state_dir.path(), rollback, sink.metrics().clone())?;
+    // A digest names one manifest, and so one commit, the operator chose.
+    let pinned = args.source.image.iter().all(|i| {
+        matches!(
+            i,
+            crate::source::ImageRef::Registry {
+                reference: crate::source::Reference::Digest(_),
+                ..
+            }
+        )
+    });
+    let guard = RollbackGuard::load(state_dir.path(), rollback, sink.metrics().clone())?.bounding(
+        vouched(sigs.trusted.is_some() || pinned),
+        args.max_future_skew,
+    );
     Ok(ImagePublisher::new(
         args.source.image.clone(),
         args.registry.fetch_options(),
@@ -211,6 +225,14 @@ fn image_publisher(
         sigs.clone(),
         Arc::new(guard),
     ))
+}
+
+/// Whether the releases published are verified (or pinned).
+fn vouched(verified: bool) -> oscontent_format::age::Vouched {
+    match verified {
+        true => oscontent_format::age::Vouched::Verified,
+        false => oscontent_format::age::Vouched::Unverified,
+    }
 }
 
 /// The site source, if serving one: `--upstream`, `--bundle`, or a

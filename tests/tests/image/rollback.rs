@@ -202,3 +202,100 @@ fn tampered(seed: u32, bind_ref: &str) -> (tempfile::TempDir, std::path::PathBuf
     );
     (work, layout, commit)
 }
+
+/// An image of a commit bound to [`TINY_REF`], at `version` and dated
+/// `timestamp` (Unix seconds). Returns the work dir, the OCI layout (tag
+/// `dated`) and the commit.
+fn dated(
+    seed: u32,
+    version: &str,
+    timestamp: u64,
+) -> (tempfile::TempDir, std::path::PathBuf, String) {
+    use oscontent_testkit::signing::commit_tree;
+    let work = tempdir();
+    let repo_dir = work.path().join("repo");
+    let repo = Ostree::init(&repo_dir, "archive").unwrap();
+    let tree = work.path().join("tree");
+    std::fs::create_dir_all(tree.join("usr/bin")).unwrap();
+    std::fs::create_dir_all(tree.join("etc")).unwrap();
+    std::fs::write(tree.join("usr/bin/hello"), format!("hello {seed}\n")).unwrap();
+    std::fs::write(
+        tree.join("etc/os-release"),
+        format!("VERSION_ID={version}\n"),
+    )
+    .unwrap();
+    let at = format!("@{timestamp}");
+    let commit = commit_tree(&repo, &tree, TINY_REF, version, &at, None).unwrap();
+    let tar = Tar::new().dir("srv").tree("srv/repo", &repo_dir).finish();
+    let layout = work.path().join("oci");
+    write_layout(
+        &layout,
+        "dated",
+        &[Layer::gz(tar)],
+        &[(COMMIT_LABEL, &commit), ("version", version)],
+    );
+    (work, layout, commit)
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+const TEN_YEARS: u64 = 10 * 365 * 24 * 60 * 60;
+
+/// A tag moved to a commit dated ten years ahead, nothing verifying it:
+/// published, it would become the ref's mark and every honest release
+/// of the next ten years would be refused as a rollback. It is refused
+/// instead, naming the ref and the commit, never recorded; the next
+/// honest release is published.
+#[test]
+fn a_far_future_timestamp_from_an_unverified_tag_does_not_freeze_later_releases() {
+    let now = unix_now();
+    let (_f, future_layout, future) = dated(1, "1.1", now + TEN_YEARS);
+    let (_n, next_layout, next) = dated(2, "1.2", now);
+    let reg = Registry::start();
+    reg.push(&future_layout, "dated", "os:stable", &[]);
+    let image = reg.image("os:stable");
+    let state = tempdir();
+    let mut server = image_server(&reg, std::slice::from_ref(&image))
+        .state_dir(state.path())
+        .spawn()
+        .unwrap();
+    let says = server
+        .wait_stderr_lines("ahead of the local clock", 1, SWITCH_TIMEOUT)
+        .unwrap();
+    assert!(
+        says.iter()
+            .any(|l| l.contains(TINY_REF) && l.contains(&future) && l.contains("--trusted-keys")),
+        "the refusal names the ref, the commit and the way out: {says:?}"
+    );
+    assert_eq!(server.get("/readyz").unwrap().status, 503, "nothing served");
+    assert!(rollbacks(&server, "future") >= 1.0, "counted");
+    let marks = std::fs::read_to_string(state.path().join(MARKS)).unwrap_or_default();
+    assert!(!marks.contains(&future), "recorded as the mark: {marks}");
+
+    // The next honest release, older than the forged date, is published.
+    reg.push(&next_layout, "dated", "os:stable", &[]);
+    server.sighup().unwrap();
+    wait_for_ref(&server, TINY_REF, &next);
+    assert_eq!(marked(state.path(), TINY_REF), next);
+    assert_eq!(rollbacks(&server, "refused"), 0.0);
+    pull_and_fsck(&server, TINY_REF, &next);
+}
+
+/// The same far-future commit, pinned by the operator (an image digest):
+/// their choice, published as it is.
+#[test]
+fn a_far_future_timestamp_pinned_by_digest_is_published() {
+    let (_f, layout, future) = dated(1, "1.1", unix_now() + TEN_YEARS);
+    let reg = Registry::start();
+    reg.push(&layout, "dated", "os:stable", &[]);
+    let pinned = reg.image(&format!("os@{}", reg.digest("os:stable")));
+    let state = tempdir();
+    let server = ready(image_server(&reg, &[pinned]).state_dir(state.path()));
+    assert_eq!(served_ref(&server, TINY_REF), future);
+    assert_eq!(marked(state.path(), TINY_REF), future);
+}

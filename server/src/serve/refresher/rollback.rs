@@ -4,16 +4,22 @@
 //! (older timestamp, or lower `version`) is refused unless the operator
 //! allowed it (`--allow-rollback`). Decided per ref: a ref that appears or
 //! disappears is not a rollback, only one that moves back.
+//!
+//! What a publication records becomes the mark, so a release nothing
+//! verified may not be dated far ahead of the local clock
+//! ([`oscontent_format::age::mark_refusal`], `--max-future-skew`): one
+//! forged timestamp would otherwise hold back every later release.
 
 use super::marks::{self, MarksFile};
 use crate::metrics::Metrics;
 use crate::served::Generation;
 use anyhow::{Context, Result};
-use oscontent_format::age::downgrade_reason;
+use oscontent_format::age::{downgrade_reason, mark_refusal, Vouched};
 use oscontent_format::Checksum;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 pub use crate::publish::RefAge;
 
@@ -124,6 +130,10 @@ pub struct RollbackGuard {
     file: MarksFile,
     marks: Mutex<BTreeMap<String, RefAge>>,
     metrics: Arc<Metrics>,
+    /// Whether what this server publishes is verified or pinned.
+    vouched: Vouched,
+    /// `--max-future-skew`, in seconds.
+    max_future_skew: u64,
 }
 
 impl RollbackGuard {
@@ -144,7 +154,47 @@ impl RollbackGuard {
             file,
             marks: Mutex::new(marks),
             metrics,
+            vouched: Vouched::Unverified,
+            max_future_skew: oscontent_format::age::DEFAULT_MAX_FUTURE_SKEW,
         })
+    }
+
+    /// What vouches for the releases published, and how far ahead of the
+    /// clock an unverified one may be dated.
+    pub fn bounding(mut self, vouched: Vouched, max_future_skew: u64) -> Self {
+        self.vouched = vouched;
+        self.max_future_skew = max_future_skew;
+        self
+    }
+
+    /// Refuses a generation that would record a mark nothing vouches for
+    /// (an unverified release dated past `--max-future-skew`): an error
+    /// naming the ref, its commit and why, before anything is recorded.
+    pub fn admit(&self, next: &[RefAge]) -> Result<()> {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let refused: Vec<String> = next
+            .iter()
+            .filter_map(|n| {
+                let why = mark_refusal(&n.age(), self.vouched, now, self.max_future_skew)?;
+                Some(format!("ref {} at {}: {why}", n.name, n.commit))
+            })
+            .collect();
+        if refused.is_empty() {
+            return Ok(());
+        }
+        self.metrics
+            .rollbacks
+            .with_label_values(&["future"])
+            .inc_by(refused.len() as u64);
+        anyhow::bail!(
+            "{}; not published and not recorded as the rollback mark (fix the build's \
+             clock, or verify releases with --trusted-keys or pin the image by digest; \
+             --max-future-skew widens the bound)",
+            refused.join("; ")
+        )
     }
 
     pub fn policy(&self) -> RollbackPolicy {
