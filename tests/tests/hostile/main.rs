@@ -17,6 +17,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod bundle;
+mod credentials;
 mod image;
 mod lab;
 mod peers;
