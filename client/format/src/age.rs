@@ -73,6 +73,30 @@ pub fn downgrade_reason(current: &Age<'_>, target: &Age<'_>) -> Option<String> {
     None
 }
 
+/// [`downgrade_reason`] against the newest release a ref has been (its
+/// mark), saying whether something vouched for that mark. An unverified
+/// mark's timestamp was bounded when it was recorded ([`mark_refusal`]);
+/// its version was not, so a forged `version: 9999` would hold back every
+/// later release. It therefore holds back a lower-versioned target only
+/// while the target is dated within `max_future_skew` of the mark; past
+/// that, only the timestamps are compared. A verified mark's version
+/// holds for good.
+pub fn downgrade_reason_from(
+    mark: &Age<'_>,
+    mark_vouched: Vouched,
+    target: &Age<'_>,
+    max_future_skew: u64,
+) -> Option<String> {
+    let why = downgrade_reason(mark, target)?;
+    // Not older: refused for its version alone.
+    let version_only = target.timestamp >= mark.timestamp;
+    let expired = target.timestamp.saturating_sub(mark.timestamp) > max_future_skew;
+    if mark_vouched == Vouched::Unverified && version_only && expired {
+        return None;
+    }
+    Some(why)
+}
+
 /// How far, by default, a release nothing vouches for may be dated ahead
 /// of the local clock: a day covers a build machine's clock skew, and is
 /// the longest one forged timestamp can hold back the releases after it.
@@ -213,6 +237,57 @@ mod tests {
             "86400 s",
         ] {
             assert!(why.contains(want), "{why:?} lacks {want:?}");
+        }
+    }
+
+    #[test]
+    fn an_unverified_version_holds_back_only_within_the_skew() {
+        use Vouched::*;
+        const DAY: u64 = DEFAULT_MAX_FUTURE_SKEW;
+        let age = |timestamp, version| Age { timestamp, version };
+        let mark = age(1000, Some("9999"));
+        let cases = [
+            (
+                "lower version, same second",
+                age(1000, Some("41.1")),
+                Unverified,
+                true,
+            ),
+            (
+                "lower version, within the skew",
+                age(1000 + DAY, Some("41.1")),
+                Unverified,
+                true,
+            ),
+            (
+                "lower version, past the skew",
+                age(1001 + DAY, Some("41.1")),
+                Unverified,
+                false,
+            ),
+            (
+                "lower version, past the skew, verified",
+                age(1001 + DAY, Some("41.1")),
+                Verified,
+                true,
+            ),
+            (
+                "older timestamp, unverified",
+                age(999, Some("99999")),
+                Unverified,
+                true,
+            ),
+            (
+                "older timestamp, long before",
+                age(0, None),
+                Unverified,
+                true,
+            ),
+            ("newer in both", age(2000, Some("10000")), Unverified, false),
+        ];
+        for (what, target, vouched, refused) in cases {
+            let got = downgrade_reason_from(&mark, vouched, &target, DAY);
+            assert_eq!(got.is_some(), refused, "{what}: {got:?}");
         }
     }
 }

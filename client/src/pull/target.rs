@@ -11,6 +11,7 @@ use super::remote::RemoteView;
 use super::verify;
 use super::walk::{self, Ctx, DeclaredSizes};
 use anyhow::{anyhow, Context};
+use oscontent_format::age::Vouched;
 use oscontent_format::commit::MAX_COMMIT_SIZE;
 use oscontent_format::gpgsigs::MAX_DETACHED_METADATA_SIZE;
 use oscontent_format::{Checksum, Commit, ObjectKind, ObjectName};
@@ -49,8 +50,9 @@ pub async fn verify_target(
         declared_collection(req, view),
     )?;
     ctx.set_sizes(declared_sizes(&target.commit)?);
-    check_future(req, &target, signed_by.is_some())?;
-    let downgrade_checked = check_downgrade(req, &target)?;
+    let vouched = vouched(req, signed_by.is_some());
+    check_future(req, &target, vouched)?;
+    let downgrade_checked = check_downgrade(req, &target, vouched)?;
     req.reporter.event(
         "verified",
         json!({
@@ -148,15 +150,20 @@ fn check_signature(trust: &Trust, target: &Target) -> PullResult<Option<serde_js
     Ok(Some(verify::describe(&v)))
 }
 
+/// Whether a verified signature or a pinned `--commit` vouches for the
+/// target (and, as the same settings installed it, for the current one).
+fn vouched(req: &PullRequest<'_>, signed: bool) -> Vouched {
+    match signed || req.opts.commit.is_some() {
+        true => Vouched::Verified,
+        false => Vouched::Unverified,
+    }
+}
+
 /// Refuses an unverified target dated past `--max-future-skew`: the ref
 /// would then hold back every later release (a pinned `--commit` or a
 /// verified signature vouches for any date).
-fn check_future(req: &PullRequest<'_>, target: &Target, signed: bool) -> PullResult<()> {
-    use oscontent_format::age::{mark_refusal, Age, Vouched};
-    let vouched = match signed || req.opts.commit.is_some() {
-        true => Vouched::Verified,
-        false => Vouched::Unverified,
-    };
+fn check_future(req: &PullRequest<'_>, target: &Target, vouched: Vouched) -> PullResult<()> {
+    use oscontent_format::age::{mark_refusal, Age};
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -179,7 +186,7 @@ fn check_future(req: &PullRequest<'_>, target: &Target, signed: bool) -> PullRes
 /// Refuses a target older (timestamp or version) than the ref's current
 /// commit, unless `--allow-downgrade`, which reports it instead. Returns
 /// whether there was another current commit to compare with.
-fn check_downgrade(req: &PullRequest<'_>, target: &Target) -> PullResult<bool> {
+fn check_downgrade(req: &PullRequest<'_>, target: &Target, vouched: Vouched) -> PullResult<bool> {
     let Some(cur) = target.current.filter(|c| *c != target.checksum) else {
         return Ok(false);
     };
@@ -188,15 +195,17 @@ fn check_downgrade(req: &PullRequest<'_>, target: &Target) -> PullResult<bool> {
         .with_context(|| format!("local commit {cur}"))
         .local()?;
     let (cv, tv) = (cur_commit.version(), target.commit.version());
-    let reason = oscontent_format::age::downgrade_reason(
+    let reason = oscontent_format::age::downgrade_reason_from(
         &oscontent_format::age::Age {
             timestamp: cur_commit.timestamp,
             version: cv.as_deref(),
         },
+        vouched,
         &oscontent_format::age::Age {
             timestamp: target.commit.timestamp,
             version: tv.as_deref(),
         },
+        req.opts.max_future_skew,
     );
     if let Some(why) = reason {
         if !req.opts.allow_downgrade {

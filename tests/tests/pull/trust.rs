@@ -236,3 +236,69 @@ fn signatures_bindings_and_downgrades() {
     ));
     expect_code(&out, 2, "missing pinned commit");
 }
+
+/// A server nothing verifies answers with a commit dated ten years ahead:
+/// had the node's ref moved to it, every honest release of the next ten
+/// years would be refused as a downgrade. The pull is refused (exit 4,
+/// saying why), the ref never moves, and the next honest release is
+/// pulled; pinned with `--commit`, the operator may take it.
+#[test]
+fn a_far_future_commit_from_an_unverified_server_does_not_freeze_the_node() {
+    use oscontent_testkit::signing::commit_tree;
+    let tmp = tempdir();
+    let src = tmp.path().join("src");
+    let r = Ostree::init(&src, "archive").unwrap();
+    let tree = tmp.path().join("tree");
+    std::fs::create_dir_all(tree.join("usr/bin")).unwrap();
+    std::fs::write(tree.join("usr/bin/hello"), "hello\n").unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let at = |t: u64| format!("@{t}");
+    let ten_years = 10 * 365 * 24 * 3600;
+    let future = commit_tree(&r, &tree, REF, "1.1", &at(now + ten_years), None).unwrap();
+    std::fs::write(tree.join("usr/bin/hello"), "hello again\n").unwrap();
+    let honest = commit_tree(&r, &tree, REF, "1.2", &at(now), None).unwrap();
+    r.run(["refs", "--create", REF, &future]).unwrap();
+    r.run(["summary", "-u"]).unwrap();
+    let mut server = Server::repo(&src).start().unwrap();
+    let node = Ostree::init(&tmp.path().join("node"), "bare-user").unwrap();
+
+    let out = run_client(&pull_args(&node.repo, &server.url, REF, &[]));
+    expect_code(&out, 4, "far-future commit");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ahead of the local clock") && err.contains(&future),
+        "says why, naming the commit: {err}"
+    );
+    assert!(node.refs().unwrap().is_empty(), "the ref never moved");
+
+    // The next honest release (dated now, a higher version) is pulled.
+    r.run(["refs", "--delete", REF]).unwrap();
+    r.run(["refs", "--create", REF, &honest]).unwrap();
+    r.run(["summary", "-u"]).unwrap();
+    server.sighup().unwrap();
+    let mut pulled = None;
+    for _ in 0..100 {
+        let out = run_client(&pull_args(&node.repo, &server.url, REF, &[]));
+        if out.status.success() {
+            pulled = Some(out);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(pulled.is_some(), "the honest release was never pulled");
+    assert_eq!(node.rev_parse(REF).unwrap(), honest);
+
+    // Pinned by the operator, the far-future commit is theirs to take.
+    let fresh = Ostree::init(&tmp.path().join("fresh"), "bare-user").unwrap();
+    let out = run_client(&pull_args(
+        &fresh.repo,
+        &server.url,
+        REF,
+        &["--commit", &future],
+    ));
+    expect_ok(&out, "pinned far-future commit");
+    assert_eq!(fresh.rev_parse(REF).unwrap(), future);
+}

@@ -14,7 +14,7 @@ use super::marks::{self, MarksFile};
 use crate::metrics::Metrics;
 use crate::served::Generation;
 use anyhow::{Context, Result};
-use oscontent_format::age::{downgrade_reason, mark_refusal, Vouched};
+use oscontent_format::age::{downgrade_reason_from, mark_refusal, Vouched};
 use oscontent_format::Checksum;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -42,16 +42,33 @@ impl std::fmt::Display for Rollback {
     }
 }
 
+/// What vouches for the marks, and how far an unverified one's date and
+/// version reach ([`oscontent_format::age::downgrade_reason_from`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bound {
+    pub vouched: Vouched,
+    pub max_future_skew: u64,
+}
+
+impl Bound {
+    /// Verified marks: every signal holds for good.
+    pub const VERIFIED: Bound = Bound {
+        vouched: Vouched::Verified,
+        max_future_skew: oscontent_format::age::DEFAULT_MAX_FUTURE_SKEW,
+    };
+}
+
 /// Every ref that `next` moves to an older commit than `served` has
 /// (pure).
-pub fn rollbacks(served: &[RefAge], next: &[RefAge]) -> Vec<Rollback> {
+pub fn rollbacks(served: &[RefAge], next: &[RefAge], bound: Bound) -> Vec<Rollback> {
     next.iter()
         .filter_map(|n| {
             let s = served.iter().find(|s| s.name == n.name)?;
             if s.commit == n.commit {
                 return None;
             }
-            let why = downgrade_reason(&s.age(), &n.age())?;
+            let why =
+                downgrade_reason_from(&s.age(), bound.vouched, &n.age(), bound.max_future_skew)?;
             Some(Rollback {
                 name: n.name.clone(),
                 from: s.commit,
@@ -212,7 +229,11 @@ impl RollbackGuard {
             .iter()
             .filter_map(|n| marks.get(&n.name).cloned())
             .collect();
-        rollbacks(&marked, next)
+        let bound = Bound {
+            vouched: self.vouched,
+            max_future_skew: self.max_future_skew,
+        };
+        rollbacks(&marked, next, bound)
     }
 
     /// Moves the marks to what `published` publishes and writes them
@@ -312,7 +333,7 @@ mod tests {
             ("nothing served yet", vec![], vec![r(a, 1, 1, None)], &[]),
         ];
         for (what, served, next, want) in cases {
-            let got: Vec<String> = rollbacks(served, next)
+            let got: Vec<String> = rollbacks(served, next, Bound::VERIFIED)
                 .into_iter()
                 .map(|r| r.name)
                 .collect();
@@ -321,8 +342,35 @@ mod tests {
     }
 
     #[test]
+    fn an_unverified_marks_version_holds_back_only_within_the_skew() {
+        let day = oscontent_format::age::DEFAULT_MAX_FUTURE_SKEW;
+        let unverified = Bound {
+            vouched: Vouched::Unverified,
+            max_future_skew: day,
+        };
+        let mark = [r("x", 1, 100, Some("9999"))];
+        let soon = [r("x", 2, 100 + day, Some("41.1"))];
+        let later = [r("x", 3, 101 + day, Some("41.1"))];
+        assert_eq!(
+            rollbacks(&mark, &soon, unverified).len(),
+            1,
+            "within the skew"
+        );
+        assert!(rollbacks(&mark, &later, unverified).is_empty(), "past it");
+        assert_eq!(
+            rollbacks(&mark, &later, Bound::VERIFIED).len(),
+            1,
+            "verified"
+        );
+    }
+
+    #[test]
     fn the_refusal_names_the_ref_and_both_commits() {
-        let got = rollbacks(&[r("x", 1, 200, None)], &[r("x", 2, 100, None)]);
+        let got = rollbacks(
+            &[r("x", 1, 200, None)],
+            &[r("x", 2, 100, None)],
+            Bound::VERIFIED,
+        );
         let text = got[0].to_string();
         for want in ["ref x", &c(1).to_hex(), &c(2).to_hex(), "older"] {
             assert!(text.contains(want), "{text:?} lacks {want:?}");
