@@ -132,7 +132,7 @@ fn upstream_and_registry_credentials_reach_no_log_and_no_file() {
         .spawn()
         .unwrap();
     let says = refused
-        .wait_stderr_lines("401", 2, REFUSAL_TIMEOUT)
+        .wait_stderr_lines("HTTP 401", 2, REFUSAL_TIMEOUT)
         .unwrap();
     assert!(
         says.iter()
