@@ -166,7 +166,34 @@ fn summary_attacks() -> Vec<Attack> {
             },
             says: "would move back",
         },
+        Attack {
+            id: "U11",
+            what: "the ref moved to a commit dated ten years ahead, nothing verifying it (it would freeze every later release)",
+            attack: |u| {
+                far_future(u);
+                None
+            },
+            says: "ahead of the local clock",
+        },
     ]
+}
+
+/// Points the upstream's ref at a new commit dated ten years ahead.
+fn far_future(u: &Upstream) {
+    use oscontent_testkit::signing::commit_tree;
+    let tree = tempdir();
+    std::fs::create_dir_all(tree.path().join("usr/bin")).unwrap();
+    std::fs::write(tree.path().join("usr/bin/hello"), "from the future\n").unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let at = format!("@{}", now + 10 * 365 * 24 * 3600);
+    let r = Ostree::at(&u.repo);
+    let c = commit_tree(&r, tree.path(), REF, "9.0", &at, None).unwrap();
+    r.run(["refs", "--delete", REF]).ok();
+    r.run(["refs", &format!("--create={REF}"), &c]).unwrap();
+    r.run(["summary", "-u"]).unwrap();
 }
 
 /// A new release whose objects or metadata lie.
