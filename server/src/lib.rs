@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod mirror;
 pub mod prepared;
 pub mod publish;
+pub mod redirect;
 pub mod serve;
 pub mod served;
 pub mod signing;
