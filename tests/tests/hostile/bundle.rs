@@ -452,7 +452,7 @@ fn fifo_bundle_manifest_does_not_block_refreshes() {
             std::fs::remove_file(d.join(MANIFEST)).unwrap();
             rustix::fs::mknodat(
                 rustix::fs::CWD,
-                &d.join(MANIFEST),
+                d.join(MANIFEST),
                 rustix::fs::FileType::Fifo,
                 rustix::fs::Mode::from_raw_mode(0o644),
                 0,
