@@ -316,6 +316,49 @@ pub fn open_file(root: &Path, rel: &str) -> io::Result<Option<(File, std::fs::Me
     Ok(Some((file, meta)))
 }
 
+/// What [`open_plain`] found where a regular file should be.
+#[derive(Debug)]
+pub enum Plain {
+    File(File, std::fs::Metadata),
+    Absent,
+    /// A symlink, not followed.
+    Symlink,
+    /// A FIFO, socket, device or directory: opened without waiting
+    /// (`O_NONBLOCK`) and not read.
+    Other(std::fs::FileType),
+}
+
+/// Opens `name`, one component of the directory `dir` (itself followed
+/// if a symlink, as [`open_dir`] does), only if it is a regular file:
+/// never through a symlink, never waiting on a FIFO, and saying what was
+/// there instead, so a caller can name it in its error.
+pub fn open_plain(dir: &Path, name: &str) -> io::Result<Plain> {
+    if name.contains('/') || !valid_component(name) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not one path component"),
+        ));
+    }
+    let Some(dir) = open_dir(dir)? else {
+        return Ok(Plain::Absent);
+    };
+    match openat(&dir, name, READ_FLAGS, Mode::empty()) {
+        Ok(fd) => {
+            let file = File::from(fd);
+            let meta = file.metadata()?;
+            Ok(if meta.is_file() {
+                Plain::File(file, meta)
+            } else {
+                Plain::Other(meta.file_type())
+            })
+        }
+        Err(Errno::NOENT) => Ok(Plain::Absent),
+        // With O_NOFOLLOW, ELOOP is the last component being a symlink.
+        Err(Errno::LOOP) => Ok(Plain::Symlink),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Reads a small file fully; files over `max` bytes are an error, because
 /// the callers (refs, config, summary) expect small metadata.
 pub fn read_file(

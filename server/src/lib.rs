@@ -16,6 +16,7 @@ pub mod mirror;
 pub mod prepared;
 pub mod publish;
 pub mod redact;
+pub mod redirect;
 pub mod serve;
 pub mod served;
 pub mod signing;

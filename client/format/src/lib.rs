@@ -61,7 +61,7 @@ pub use delta::Superblock;
 pub use error::FormatError;
 pub use gpgsigs::{build_gpgsigs, merge_gpgsigs, parse_gpgsigs};
 pub use path::{DeltaFile, DeltaName, ObjectKind, ObjectName, RefNamespace, RepoPath};
-pub use refname::{sanitize_ref_component, validate_collection_id, validate_ref};
+pub use refname::{sanitize_ref_component, validate_collection_id, validate_ref, MAX_REF_LEN};
 pub use retry::{parse_retry_after, response_retry_after, GiveUp, Retries, RetryPolicy};
 pub use summary::{
     build_delta_index, build_summary, parse_delta_index, parse_summary, Summary, SummaryDelta,

@@ -211,6 +211,7 @@ impl HttpRemote {
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(READ_TIMEOUT)
             .tcp_nodelay(true)
+            .redirect(crate::redirect::policy(crate::redirect::Rule::SameOrigin))
             .build()
             .context("building the HTTP client")?;
         Ok(Self {

@@ -5,7 +5,7 @@
 
 use super::detect::{self, Detected, ImageFormat};
 use super::error::{SourceError, Subject};
-use super::unpack::{Compression, LayerInfo, LayerSink, Tree};
+use super::unpack::{self, Compression, LayerInfo, LayerSink, Tree};
 use super::verify::{self, Stop, VerifyingReader};
 use super::{native, FetchOptions, StagedImage};
 use oci_spec::image::{Descriptor, ImageConfiguration, ImageManifest};
@@ -54,7 +54,16 @@ pub fn pull_into(
     check_diff_ids(&config, m.layers().len(), image)?;
     let (layer_bytes, written_bytes) = match detected.format {
         ImageFormat::Legacy => {
-            let n = apply_layers(store, image, m.layers(), &config.diff_ids, tree, stop, opts)?;
+            let n = apply_layers(
+                store,
+                image,
+                m.layers(),
+                &config.diff_ids,
+                tree,
+                root,
+                stop,
+                opts,
+            )?;
             check_commit_present(root, image, &config, &detected.commit)?;
             (n, tree.written_bytes)
         }
@@ -121,6 +130,7 @@ fn stage_native(
         &layers[..base],
         &config.diff_ids[..base],
         &mut conv,
+        root,
         stop,
         opts,
     )?;
@@ -254,15 +264,18 @@ fn check_diff_ids(config: &Config, layers: usize, image: &str) -> Result<(), Sou
 /// Streams every layer, in order, into `tree`, each verified by digest and
 /// size, and its decompressed stream by its diff ID (`diff_ids[i]`).
 /// Returns the compressed bytes read.
+#[allow(clippy::too_many_arguments)]
 fn apply_layers(
     store: &mut dyn Store,
     image: &str,
     layers: &[Descriptor],
     diff_ids: &[String],
     tree: &mut impl LayerSink,
+    root: &Path,
     stop: &Stop,
     opts: &FetchOptions,
 ) -> Result<u64, SourceError> {
+    check_declared_room(layers, image, root)?;
     let mut compressed_bytes = 0;
     for ((i, l), diff_id) in layers.iter().enumerate().zip(diff_ids) {
         let digest = l.digest().to_string();
@@ -283,6 +296,28 @@ fn apply_layers(
         tracing::debug!(image, layer = %digest, bytes = vr.count(), "layer applied");
     }
     Ok(compressed_bytes)
+}
+
+/// The layers about to be fetched, by the sizes the manifest declares
+/// (compressed: the least they unpack to), against the state volume's
+/// real room: what `statvfs` of the staging directory leaves free, which
+/// is what the served generation, its deltas and the access log have not
+/// taken, minus the unpacker's reserve. `--max-image-bytes` can be more
+/// than that; an image that cannot fit is refused here, before a byte is
+/// written, instead of filling the volume the served generation is on.
+/// What the layers then unpack to is checked entry by entry against the
+/// same room.
+fn check_declared_room(layers: &[Descriptor], image: &str, root: &Path) -> Result<(), SourceError> {
+    let declared: u64 = layers.iter().map(|l| l.size()).fold(0, u64::saturating_add);
+    let subject = Subject::new(image, "staging");
+    let dir = std::fs::File::open(root)
+        .map_err(|e| SourceError::from_io(&subject, root.display().to_string(), e))?;
+    let what = format!(
+        "the image's {} layer{} as the manifest declares them, before fetching any",
+        layers.len(),
+        if layers.len() == 1 { "" } else { "s" }
+    );
+    unpack::check_room(std::os::fd::AsFd::as_fd(&dir), &what, declared, &subject)
 }
 
 /// The commit the label names must be in the repo we extracted.

@@ -11,9 +11,10 @@
 //! `scope=repository:REPO:pull` (and the credentials, if any), then retry
 //! with `Authorization: Bearer`; tokens are cached per registry and
 //! repository, and a 401 later on (an expired token) renews once. Redirects
-//! (blob storage on a CDN) are followed; reqwest drops `Authorization` when
-//! a redirect leaves the host. Credentials never go to an `http://` token
-//! realm unless the registry itself is plain HTTP.
+//! (blob storage on a CDN) are followed, never from https to http
+//! (`crate::redirect`); reqwest drops `Authorization` when a redirect
+//! leaves the host. Credentials never go to an `http://` token realm
+//! unless the registry itself is plain HTTP.
 
 use super::auth::{AuthStore, Credentials};
 use super::error::{SourceError, Subject};
@@ -133,7 +134,8 @@ impl Client {
             .connect_timeout(opts.connect_timeout)
             // The blocking client applies this to the response headers and
             // then to each read of the body: a stalled transfer fails.
-            .timeout(opts.read_timeout);
+            .timeout(opts.read_timeout)
+            .redirect(crate::redirect::policy(crate::redirect::Rule::NoDowngrade));
         for ca in &opts.ca_files {
             let pem = std::fs::read(ca)
                 .map_err(|e| config(format!("reading CA file {}: {e}", ca.display())))?;

@@ -330,3 +330,170 @@ fn mirror_into_a_tampered_bundle_writes_nothing_through_a_symlink() {
         std::fs::remove_file(at).unwrap();
     }
 }
+
+/// What the site server may peak at while refusing a manifest bomb (it
+/// idles at a few tens of MiB; the audit saw 1,010 MiB).
+const MAX_PEAK_RSS_KIB: u64 = 100 << 10;
+
+/// The process's peak resident set (`VmHWM`), KiB.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
+
+/// A manifest whose one release names copies of `name`, `bytes` long at
+/// least: otherwise well-formed, so only its bounds can refuse it.
+fn ref_bomb(name: &str, bytes: usize) -> Vec<u8> {
+    let head = format!(
+        r#"{{"kind":"oscontent-bundle","format":1,"source":"x","summary_sha256":"","summary_signed":false,"releases":[{{"commit":"{}","timestamp":0,"refs":["#,
+        "a".repeat(64)
+    );
+    let item = format!("{name:?},");
+    let mut out = head.into_bytes();
+    out.reserve(bytes + 64);
+    while out.len() < bytes {
+        out.extend_from_slice(item.as_bytes());
+    }
+    out.extend_from_slice(format!("{name:?}]}}],\"files\":{{}}}}").as_bytes());
+    out
+}
+
+/// The served bundle at v2 with a server on it.
+struct Site {
+    usb: tempfile::TempDir,
+    dir: PathBuf,
+    sentinel: Sentinel,
+    server: Server,
+}
+
+fn site() -> Site {
+    let sentinel = Sentinel::new();
+    let usb = tempdir();
+    let dir = usb.path().join("os");
+    copy_dir(&bundles().at[1], &dir).unwrap();
+    let server = Server::bundle(&dir)
+        .state_dir(&sentinel.state())
+        .start()
+        .unwrap();
+    serves_only(&server, &[(REF, pristine().commits[1].as_str())]).unwrap();
+    Site {
+        usb,
+        dir,
+        sentinel,
+        server,
+    }
+}
+
+impl Site {
+    /// `attack` on the bundle, a refresh, and its refusal saying `says`;
+    /// the genuine v2 still served, nothing written beside the state dir.
+    fn refused(&mut self, attack: impl FnOnce(&Path), says: &str) -> Result<(), String> {
+        let before = refusals(&self.server);
+        attack(&self.dir);
+        self.server.sighup().map_err(|e| format!("{e:#}"))?;
+        wait_refused(&self.server, before, says)?;
+        serves_only(&self.server, &[(REF, pristine().commits[1].as_str())])?;
+        nothing_outside(&self.sentinel)
+    }
+}
+
+/// S5: a manifest of tens of MiB of tiny ref strings, read whole and
+/// deserialised before any check, took the site server past 1 GiB at
+/// every refresh. Now one over the size cap is refused by its size, and
+/// one under it at the first ref past the count cap; the peak stays small
+/// and the previous bundle is still served.
+#[test]
+fn bundle_manifest_bomb_is_refused_in_bounded_memory() {
+    struct Bomb {
+        what: &'static str,
+        bytes: fn() -> Vec<u8>,
+        says: &'static str,
+    }
+    let bombs = [
+        Bomb {
+            what: "64 MiB of empty ref strings",
+            bytes: || ref_bomb("", 64 << 20),
+            says: "byte limit of a bundle manifest",
+        },
+        Bomb {
+            what: "16 MiB of one-letter ref strings",
+            bytes: || ref_bomb("a", 16 << 20),
+            says: "more than 100000 refs in one release",
+        },
+    ];
+    for b in bombs {
+        let mut s = site();
+        let bomb = (b.bytes)();
+        let refused = s.refused(|d| std::fs::write(d.join(MANIFEST), &bomb).unwrap(), b.says);
+        // The peak first: whatever the refresh said, it has run by now.
+        let peak = peak_rss_kib(s.server.pid().unwrap());
+        assert!(
+            peak < MAX_PEAK_RSS_KIB,
+            "{}: the site server peaked at {peak} KiB (limit {MAX_PEAK_RSS_KIB} KiB)",
+            b.what
+        );
+        refused.unwrap_or_else(|e| panic!("{}: {e}", b.what));
+        eprintln!("{}: refused, peak RSS {peak} KiB", b.what);
+    }
+}
+
+/// A manifest that is a FIFO blocked the refresh (and every later one)
+/// in `open`. Now it is refused without waiting, and the next genuine
+/// bundle is still picked up.
+#[test]
+fn fifo_bundle_manifest_does_not_block_refreshes() {
+    let mut s = site();
+    s.refused(
+        |d| {
+            std::fs::remove_file(d.join(MANIFEST)).unwrap();
+            rustix::fs::mknodat(
+                rustix::fs::CWD,
+                d.join(MANIFEST),
+                rustix::fs::FileType::Fifo,
+                rustix::fs::Mode::from_raw_mode(0o644),
+                0,
+            )
+            .unwrap();
+        },
+        "is a FIFO, not a regular file",
+    )
+    .unwrap();
+    let p = pristine();
+    Scene {
+        dir: &s.dir,
+        p,
+        sentinel: &s.sentinel,
+    }
+    .swap_to(2);
+    s.server.sighup().unwrap();
+    published_only(&s.server, REF, &p.commits[2], &s.sentinel);
+}
+
+/// A manifest that is a symlink (here to the genuine next bundle's
+/// manifest, moved aside): followed, it would publish whatever the link
+/// names. Refused, naming the link.
+#[test]
+fn symlinked_bundle_manifest_is_refused() {
+    let mut s = site();
+    let aside = s.usb.path().join("elsewhere.json");
+    let p = pristine();
+    let scene_dir = s.dir.clone();
+    s.refused(
+        |d| {
+            Scene {
+                dir: &scene_dir,
+                p,
+                sentinel: &Sentinel::new(),
+            }
+            .swap_to(2);
+            std::fs::rename(d.join(MANIFEST), &aside).unwrap();
+            std::os::unix::fs::symlink(&aside, d.join(MANIFEST)).unwrap();
+        },
+        "is a symlink: a bundle manifest is read only as a regular file",
+    )
+    .unwrap();
+}

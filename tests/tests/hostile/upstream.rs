@@ -447,3 +447,43 @@ fn an_upstream_moved_back_while_the_server_was_down_is_refused_at_restart() {
     allowed.stop(REFUSAL_TIMEOUT).unwrap();
     nothing_outside(&sentinel).unwrap();
 }
+
+/// The upstream's summary redirected off its origin: to another port
+/// (the same upstream moved forward, which the site server would mirror,
+/// a host the operator never named), and to another scheme. Each is
+/// refused, naming the origins, and the genuine release stays served.
+#[test]
+fn upstream_redirect_to_another_origin_or_scheme_is_refused() {
+    let p = pristine();
+    let sentinel = Sentinel::new();
+    let switch = Switch::default();
+    let (_copy, _u, proxy, mut server) =
+        genuine_upstream(p, &sentinel, switch.rule(), &[]).unwrap();
+    let genuine = [(REF, p.commits[1].as_str())];
+    serves_only(&server, &genuine).unwrap();
+    let (_other_copy, other_repo) = fresh_copy(&p.repo);
+    let other = Upstream {
+        p,
+        repo: other_repo,
+        sentinel: &sentinel,
+    };
+    other.point(2);
+    let elsewhere = Proxy::serve_dir(&other.repo, Arc::new(|_: &str| None)).unwrap();
+    let rows = [
+        ("another port", format!("{}/summary", elsewhere.url)),
+        (
+            "another scheme",
+            format!("{}/summary", proxy.url.replacen("http://", "https://", 1)),
+        ),
+    ];
+    for (what, to) in rows {
+        let before = refusals(&server);
+        switch.set(Some(only("/summary", Action::Redirect(to))));
+        server.sighup().unwrap();
+        wait_refused(&server, before, "refusing a redirect from http://127.0.0.1")
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        switch.set(None);
+        serves_only(&server, &genuine).unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+    nothing_outside(&sentinel).unwrap();
+}

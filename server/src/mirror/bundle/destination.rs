@@ -244,9 +244,10 @@ impl Destination {
             releases,
             files,
         };
+        let bytes = manifest
+            .to_bytes()
+            .with_context(|| format!("completing {}", self.manifest_path.display()))?;
         self.store.sync()?;
-        let mut bytes = serde_json::to_vec_pretty(&manifest).context("serializing the manifest")?;
-        bytes.push(b'\n');
         write_atomic(&self.manifest_path, &bytes)?;
         let parked = self.work.join(PREVIOUS);
         if parked.exists() {

@@ -133,7 +133,7 @@ fn manifests_are_checked() {
         },
     );
     let e = BundleManifest::parse(&serde_json::to_vec(&m).unwrap(), "m").unwrap_err();
-    assert!(e.to_string().contains("not an archive repo path"), "{e}");
+    assert!(format!("{e:#}").contains("not an archive repo path"), "{e}");
     let mut m = manifest(&[]);
     m.kind = "something".into();
     assert!(BundleManifest::parse(&serde_json::to_vec(&m).unwrap(), "m").is_err());

@@ -39,12 +39,15 @@ use super::{Limits, SourceError, Subject};
 use objects::{Objects, WriteError};
 use oscontent_format::Checksum;
 use std::io::Read;
+use std::os::fd::AsFd;
 use std::path::Path;
 
 /// A native image being converted into a staging directory.
 #[derive(Debug)]
 pub struct Converter {
     objects: Objects,
+    /// The staging directory, for the room each entry needs.
+    staging: std::os::fd::OwnedFd,
     commit: Checksum,
     entries: u64,
     decompressed: u64,
@@ -77,8 +80,13 @@ impl Converter {
     /// Starts the archive repo under `root` (the new staging directory)
     /// for the commit the label names.
     pub fn create(root: &Path, commit: Checksum, subject: &Subject) -> Result<Self, SourceError> {
+        let objects = Objects::create(root).map_err(|e| write_err(subject, e))?;
+        let staging = std::fs::File::open(root)
+            .map_err(|e| SourceError::from_io(subject, root.display().to_string(), e))?
+            .into();
         Ok(Self {
-            objects: Objects::create(root).map_err(|e| write_err(subject, e))?,
+            objects,
+            staging,
             commit,
             entries: 0,
             decompressed: 0,
@@ -130,7 +138,17 @@ impl LayerSink for Converter {
             decompressed: &mut self.decompressed,
         };
         let objects = &mut self.objects;
+        let staging = self.staging.as_fd();
         unpack::each_entry(blob, info, limits, &mut totals, &mut |h, data| {
+            // As a legacy layer's entries: an object is no smaller than
+            // its entry's content (zlib of incompressible bytes is a
+            // little bigger, within the reserve).
+            unpack::check_room(
+                staging,
+                &unpack::decode::show(&h.path),
+                h.size,
+                info.subject,
+            )?;
             state.entry(objects, h, data)
         })?;
         state.finish()

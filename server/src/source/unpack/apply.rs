@@ -12,7 +12,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 use std::collections::HashSet;
 use std::io::{self, Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 const DIR_FLAGS: OFlags = OFlags::RDONLY
@@ -47,16 +47,9 @@ impl Fs {
         })
     }
 
-    /// Free and total bytes and inodes of the staging filesystem (free
-    /// for an unprivileged writer, as `df` shows them).
-    pub fn space(&self) -> io::Result<super::limits::Space> {
-        let v = rustix::fs::fstatvfs(&self.root)?;
-        Ok(super::limits::Space {
-            free_bytes: v.f_bavail.saturating_mul(v.f_frsize),
-            total_bytes: v.f_blocks.saturating_mul(v.f_frsize),
-            free_inodes: v.f_favail,
-            total_inodes: v.f_files,
-        })
+    /// The staging directory (for [`super::limits::check_room`]).
+    pub fn dir(&self) -> BorrowedFd<'_> {
+        self.root.as_fd()
     }
 
     /// Parent directories created so far that no entry named.

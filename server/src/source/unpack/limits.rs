@@ -4,6 +4,7 @@
 
 use crate::source::{Limits, SourceError, Subject};
 use std::io::{self, Read};
+use std::os::fd::BorrowedFd;
 
 /// Decompressed bytes, counted against the size and ratio limits.
 pub(super) struct Counted<'a, R, C> {
@@ -79,6 +80,36 @@ pub(super) struct Space {
     pub total_bytes: u64,
     pub free_inodes: u64,
     pub total_inodes: u64,
+}
+
+impl Space {
+    /// Free and total bytes and inodes of the filesystem holding `fd`
+    /// (free for an unprivileged writer, as `df` shows them).
+    pub(super) fn of(fd: BorrowedFd<'_>) -> io::Result<Space> {
+        let v = rustix::fs::fstatvfs(fd)?;
+        Ok(Space {
+            free_bytes: v.f_bavail.saturating_mul(v.f_frsize),
+            total_bytes: v.f_blocks.saturating_mul(v.f_frsize),
+            free_inodes: v.f_favail,
+            total_inodes: v.f_files,
+        })
+    }
+}
+
+/// The check every layer entry passes before it is written, legacy
+/// (`srv/repo` files) or native (objects): `size` bytes and an inode must
+/// fit on the staging filesystem (`staging`, a directory fd on it) and
+/// leave the reserve. Looked up before each entry, not once per image:
+/// the volume is shared with what is being served.
+pub(in crate::source) fn check_room(
+    staging: BorrowedFd<'_>,
+    path: &str,
+    size: u64,
+    subject: &Subject,
+) -> Result<(), SourceError> {
+    let space = Space::of(staging)
+        .map_err(|err| SourceError::from_io(subject, "the staging directory", err))?;
+    check_space(path, size, space, subject)
 }
 
 /// Refuses the file `path` of `size` bytes when writing it would leave

@@ -50,6 +50,7 @@ use super::Limits;
 use apply::{Applier, Fs};
 use decode::Decoder;
 pub(in crate::source) use decode::Header;
+pub(in crate::source) use limits::check_room;
 use limits::Counted;
 use sha2::{Digest as _, Sha256};
 use std::io::{self, Read};
@@ -118,12 +119,7 @@ impl Tree {
             let Some(e) = decode::classify(h, subject, limits)? else {
                 return Ok(());
             };
-            // Checked before each write, not once per image: the
-            // volume is shared with what is being served.
-            let space = fs
-                .space()
-                .map_err(|err| SourceError::from_io(subject, "the staging directory", err))?;
-            limits::check_space(&decode::show(&h.path), h.size, space, subject)?;
+            limits::check_room(fs.dir(), &decode::show(&h.path), h.size, subject)?;
             applier.apply(&e, &mut &mut *data)?;
             limits::count_dirs(applied, fs.implicit_dirs(), limits, subject)
         })
