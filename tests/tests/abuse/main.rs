@@ -20,6 +20,7 @@
 mod garbage;
 mod h2slow;
 mod h2stall;
+mod memory;
 mod starved;
 mod support;
 
