@@ -17,6 +17,7 @@
 // the failure report (clippy.toml allows it inside them).
 #![allow(clippy::unwrap_used)]
 
+mod capfull;
 mod garbage;
 mod h2slow;
 mod h2stall;
