@@ -39,7 +39,8 @@ fn net_ip(n: usize, a: usize) -> IpAddr {
 fn keepalive(from: IpAddr, server: SocketAddr) -> Option<TcpStream> {
     let mut s = connect_from(from, server).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .ok()?;
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
     // Bounded: one short answer.
@@ -150,11 +151,21 @@ fn a_keepalive_fill_from_many_addresses_leaves_room_for_other_clients() {
         (MAX as f64..=MAX as f64 + 2.0).contains(&open),
         "the cap is full: {open} open"
     );
-    assert!(per_net >= (NETS - 1) as f64, "/24s past their cap: {per_net}");
+    assert!(
+        per_net >= (NETS - 1) as f64,
+        "/24s past their cap: {per_net}"
+    );
 
     // Clients of another /24 (127.0.0.1), each on a new connection that it
     // keeps: each served in the place of the connection idle the longest.
-    let paths = ["/summary", "/config", &lab.big_object, "/readyz", "/healthz"].repeat(2);
+    let paths = [
+        "/summary",
+        "/config",
+        &lab.big_object,
+        "/readyz",
+        "/healthz",
+    ]
+    .repeat(2);
     let mut waits = Vec::new();
     let mut statuses = std::collections::BTreeMap::new();
     let mut mine = Vec::new();
@@ -174,7 +185,11 @@ fn a_keepalive_fill_from_many_addresses_leaves_room_for_other_clients() {
         waits[waits.len() / 2].as_secs_f64() * 1e3,
         waits[waits.len() - 1].as_secs_f64() * 1e3
     );
-    assert_eq!(statuses.get("HTTP/1.1 200"), Some(&paths.len()), "{statuses:?}");
+    assert_eq!(
+        statuses.get("HTTP/1.1 200"),
+        Some(&paths.len()),
+        "{statuses:?}"
+    );
     // And one more for the scrape that counted them.
     assert!(
         made_room >= paths.len() as f64,
@@ -215,7 +230,8 @@ fn readyz_fails_while_the_full_cap_refuses_clients_and_recovers() {
     let mut abusers: Vec<TcpStream> = (0..200)
         .map(|i| {
             let mut s = connect_from(abuser_ip(i / 50), addr).unwrap();
-            s.write_all(b"GET /summary HTTP/1.1\r\nHost: x\r\n").unwrap();
+            s.write_all(b"GET /summary HTTP/1.1\r\nHost: x\r\n")
+                .unwrap();
             s
         })
         .collect();
@@ -250,7 +266,10 @@ fn readyz_fails_while_the_full_cap_refuses_clients_and_recovers() {
         trace.join(", ")
     );
     let unready_at = unready_at.expect("/readyz never failed while the cap refused clients");
-    assert!(unready_at >= Duration::from_secs(UNREADY_AFTER), "{unready_at:?}");
+    assert!(
+        unready_at >= Duration::from_secs(UNREADY_AFTER),
+        "{unready_at:?}"
+    );
     assert_eq!(healthz, "HTTP/1.1 200");
     assert_eq!(refusing, 1.0);
     // The abusers' heads time out: room, and ready again.
