@@ -3,6 +3,7 @@
 
 pub mod cache;
 pub mod cli;
+pub mod clients;
 /// The Range and conditional request headers (in `oscontent-parse`, which
 /// the fuzz targets build).
 pub use oscontent_parse::conditional;
@@ -41,11 +42,20 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let metrics = state.metrics.clone();
+    let saturation = state.saturation.clone();
     let idle = state.clone();
     let app = listen::App::new(
         app(state.clone()),
         http::shortcut(state),
         Arc::new(move || idle.idle()),
     );
-    listen::serve(listener, workers, app, limits, metrics, shutdown).await
+    listen::serve(
+        listener,
+        workers,
+        app,
+        (limits, saturation),
+        metrics,
+        shutdown,
+    )
+    .await
 }

@@ -290,9 +290,20 @@ pub struct Connections {
     /// connection ([`Connections::open_now`]).
     open_series: [IntGauge; 2],
     pub accepted: IntCounter,
-    /// Closed at accept: `total` or `per_ip` cap reached, or an
-    /// `accept_error` (descriptors exhausted).
+    /// Closed at accept: `total`, `per_ip` or `per_net` cap reached (and
+    /// the probe reserve too), or an `accept_error` (descriptors
+    /// exhausted).
     pub refused: IntCounterVec,
+    /// Sent to the probe reserve (probes only) at accept: the `total`,
+    /// `per_ip` or `per_net` cap reached.
+    pub reserved: IntCounterVec,
+    /// Idle connections closed to make room for a new one, the cap full.
+    pub idle_closed: IntCounter,
+    /// 1 while `/readyz` says not ready for refusing new clients.
+    pub refusing: IntGauge,
+    /// Bytes of streamed bodies' chunks held now (`served::memory`), set
+    /// at each scrape.
+    pub body_bytes: IntGauge,
     /// Closed by the server for inactivity: `first_byte`, `idle`,
     /// `keepalive` (HTTP/2 PING unanswered), `header_read` (HTTP/1.1).
     pub expired: IntCounterVec,
@@ -324,8 +335,25 @@ impl Connections {
             ),
             refused: r.counter_vec(
                 "oscontent_http_connections_refused_total",
-                "Connections closed at accept: total or per_ip cap reached, or accept_error",
+                "Connections closed at accept: total, per_ip or per_net (/24, /64) cap reached and the probe reserve too, or accept_error",
                 &["reason"],
+            ),
+            reserved: r.counter_vec(
+                "oscontent_http_connections_reserved_total",
+                "Connections admitted to the probe reserve only (probes and metrics answered, content refused): total (none idle to close), per_ip or per_net cap reached",
+                &["reason"],
+            ),
+            idle_closed: r.counter(
+                "oscontent_http_connections_idle_closed_total",
+                "Idle connections closed to make room for a new one while every connection was in use",
+            ),
+            refusing: r.gauge(
+                "oscontent_http_refusing",
+                "1 while /readyz fails because new clients have been refused for want of room for longer than --unready-after-refusing",
+            ),
+            body_bytes: r.gauge(
+                "oscontent_http_body_bytes",
+                "Bytes of streamed response chunks held in memory now (at most --max-body-memory, plus 4 KiB a stream past a client's share)",
             ),
             expired: r.counter_vec(
                 "oscontent_http_connections_expired_total",
@@ -341,9 +369,11 @@ impl Connections {
                 "Bodies streamed past --max-streamed-files (or a client's share), opening their file for each 8 KiB read",
             ),
         };
-        for reason in ["total", "per_ip", "accept_error"] {
-            c.refused.with_label_values(&[reason]);
+        for why in crate::listen::limits::Refusal::ALL {
+            c.refused.with_label_values(&[why.label()]);
+            c.reserved.with_label_values(&[why.label()]);
         }
+        c.refused.with_label_values(&["accept_error"]);
         for why in crate::listen::watch::Expiry::ALL {
             c.expired.with_label_values(&[why.label()]);
         }

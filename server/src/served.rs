@@ -12,6 +12,7 @@
 //! an overlay is never written after it is published.
 
 pub mod body;
+pub mod memory;
 pub mod metadata;
 pub mod objects;
 pub mod streams;

@@ -249,6 +249,25 @@ pub struct ConnectionArgs {
     /// Connections served at once from one client address.
     #[arg(long, default_value_t = 64, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections_per_ip: u32,
+    /// Connections served at once from one network, all its addresses
+    /// together: a /24 for IPv4, a /64 for IPv6 (raise it when more nodes
+    /// than this allows share a /24 and connect at once).
+    #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections_per_net: u32,
+    /// /readyz says not ready once new clients have been refused for this
+    /// long because every connection was in use and none was idle (so the
+    /// Service stops routing to this pod until it has room); /healthz stays
+    /// 200.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub unready_after_refusing: u64,
+    /// Bytes of streamed response chunks (objects the cache does not keep,
+    /// delta parts) held in memory at once, all clients together; a client
+    /// address gets a sixteenth, its /24 or /64 a quarter. Past that a
+    /// response still moves, 4 KiB at a time (never a wait on others or a
+    /// refusal). Objects the cache holds and files sent by sendfile are not
+    /// counted: they are not copied per request.
+    #[arg(long, default_value = "64M", value_name = "BYTES", value_parser = parse_size)]
+    pub max_body_memory: usize,
     /// Connections accepted past --max-connections, or past a client's
     /// --max-connections-per-ip, that answer only /healthz, /readyz and
     /// /metrics, one request each (two per client address, 1 s to send it),
@@ -306,6 +325,7 @@ impl ConnectionArgs {
         Limits {
             max_connections: self.max_connections as usize,
             max_per_ip: self.max_connections_per_ip as usize,
+            max_per_net: self.max_connections_per_net as usize,
             probe_reserve: self.probe_reserve as usize,
             probe_reserve_per_ip: 2,
             first_byte_timeout: Duration::from_secs(self.first_byte_timeout),

@@ -14,8 +14,10 @@ pub(crate) use respond::header_line;
 
 use crate::cache::ObjectCache;
 use crate::listen::access_log::AccessLog;
+use crate::listen::saturation::Saturation;
 use crate::metrics::{gauge_value, Metrics};
 use crate::serve::sink::Sink;
+use crate::served::memory::BodyMemory;
 use crate::served::streams::StreamBudget;
 use axum::body::Body;
 use axum::extract::State;
@@ -39,6 +41,10 @@ const NO_STORE: &str = "no-store";
 /// The object cache's default size (`--cache-size`): with the metadata
 /// caches and connections, well inside the deployment's 512 MiB limit.
 pub const DEFAULT_CACHE_SIZE: usize = 128 << 20;
+/// `--unready-after-refusing`'s default: longer than a burst that fills
+/// the cap for a moment, shorter than a kubelet's default probe period
+/// times its failure threshold (10 s x 3).
+pub const DEFAULT_UNREADY_AFTER_REFUSING: Duration = Duration::from_secs(10);
 
 /// HTTP settings.
 #[derive(Debug, Clone)]
@@ -50,6 +56,12 @@ pub struct HttpConfig {
     /// Files streamed with a descriptor held at once, all clients together
     /// (`served::streams`).
     pub max_streamed_files: usize,
+    /// Bytes of streamed bodies' chunks held at once, all clients together
+    /// (`served::memory`).
+    pub body_memory: usize,
+    /// How long the listener may refuse normal clients (its cap full with
+    /// no idle connection to close) before `/readyz` says not ready.
+    pub unready_after_refusing: Duration,
 }
 
 impl Default for HttpConfig {
@@ -58,6 +70,8 @@ impl Default for HttpConfig {
             metadata_max_age: Duration::from_secs(30),
             cache_size: DEFAULT_CACHE_SIZE,
             max_streamed_files: crate::listen::limits::Limits::default().max_streamed_files,
+            body_memory: crate::served::memory::DEFAULT_BODY_MEMORY,
+            unready_after_refusing: DEFAULT_UNREADY_AFTER_REFUSING,
         }
     }
 }
@@ -76,6 +90,11 @@ pub struct Inner {
     pub cache: Arc<ObjectCache>,
     /// Places for files being streamed.
     pub streams: Arc<StreamBudget>,
+    /// Bytes held by streamed bodies' chunks.
+    pub memory: Arc<BodyMemory>,
+    /// Whether the listener has been refusing normal clients, and since
+    /// when (it records; `/readyz` reads).
+    pub saturation: Arc<Saturation>,
     /// `Cache-Control` of what is not immutable, made once.
     short_lived: HeaderValue,
     access_log: Option<AccessLog>,
@@ -120,11 +139,15 @@ impl AppState {
         .context("the metadata max-age as a header")?;
         let cache = sink.attach_cache(ObjectCache::new(config.cache_size));
         let streams = StreamBudget::new(config.max_streamed_files);
+        let memory = BodyMemory::new(config.body_memory);
+        let saturation = Arc::new(Saturation::new(config.unready_after_refusing));
         Ok(Self(Arc::new(Inner {
             metrics,
             sink,
             cache,
             streams,
+            memory,
+            saturation,
             short_lived,
             config,
             access_log,
@@ -154,7 +177,9 @@ impl AppState {
     }
 
     pub fn is_ready(&self) -> bool {
-        self.sink.has_generation() && !self.draining.load(Ordering::SeqCst)
+        self.sink.has_generation()
+            && !self.draining.load(Ordering::SeqCst)
+            && self.saturation.refusing().is_none()
     }
 }
 
@@ -200,6 +225,12 @@ async fn readyz(State(st): State<AppState>) -> Response {
         (StatusCode::OK, "ready\n").into_response()
     } else if st.draining.load(Ordering::SeqCst) {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+    } else if let Some(d) = st.saturation.refusing() {
+        let why = format!(
+            "refusing new clients for {} s: every connection in use\n",
+            d.as_secs()
+        );
+        (StatusCode::SERVICE_UNAVAILABLE, why).into_response()
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -214,6 +245,12 @@ async fn metrics(State(st): State<AppState>) -> Response {
     m.connections
         .streamed_files
         .set(gauge_value(st.streams.in_use()));
+    m.connections
+        .body_bytes
+        .set(gauge_value(st.memory.in_use()));
+    m.connections
+        .refusing
+        .set(i64::from(st.saturation.refusing().is_some()));
     let (bytes, objects) = st.cache.usage();
     m.cache_bytes.set(gauge_value(bytes));
     m.cache_objects.set(gauge_value(objects));

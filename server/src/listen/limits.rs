@@ -1,11 +1,15 @@
 //! What one listener admits: the connection caps and timeouts, the
-//! admission decision (pure, so it is table-tested), and the process's
+//! admission decision (pure, so it is table-tested), the closing of the
+//! longest idle connection when the cap is full, and the process's
 //! open-file limit.
 
+use super::idle::ConnIdle;
+use super::saturation::Saturation;
+use crate::clients::network;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Caps and timeouts of the HTTP listener (`serve`'s flags).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,6 +18,9 @@ pub struct Limits {
     pub max_connections: usize,
     /// Connections served at once from one client address.
     pub max_per_ip: usize,
+    /// Connections served at once from one network (/24, /64), all its
+    /// addresses together.
+    pub max_per_net: usize,
     /// Connections beyond `max_connections` kept for `/healthz`, `/readyz`
     /// and `/metrics` only, so probes and scrapes still get an answer when
     /// the cap is full.
@@ -51,6 +58,7 @@ impl Default for Limits {
         Self {
             max_connections: 4096,
             max_per_ip: 64,
+            max_per_net: 1024,
             probe_reserve: 32,
             probe_reserve_per_ip: 2,
             first_byte_timeout: Duration::from_secs(10),
@@ -64,25 +72,25 @@ impl Default for Limits {
     }
 }
 
-/// How a new connection is admitted.
+/// How a connection was admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
     /// Served normally.
     Normal,
-    /// Over the cap, inside the probe reserve: only `/healthz`, `/readyz`
+    /// Over a cap, inside the probe reserve: only `/healthz`, `/readyz`
     /// and `/metrics` are answered, one request a connection.
     ProbeOnly,
-    /// Closed at once.
-    Refused(Refusal),
 }
 
-/// Why a connection was refused (the metric's label).
+/// Why a connection was not served normally (the metric's label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// `max_connections` plus the probe reserve are in use.
+    /// `max_connections` are in use, none of them idle.
     Total,
     /// The client already holds its share.
     PerIp,
+    /// The client's network (/24, /64) already holds its share.
+    PerNet,
 }
 
 impl Refusal {
@@ -90,41 +98,109 @@ impl Refusal {
         match self {
             Refusal::Total => "total",
             Refusal::PerIp => "per_ip",
+            Refusal::PerNet => "per_net",
         }
     }
+
+    pub const ALL: [Refusal; 3] = [Refusal::Total, Refusal::PerIp, Refusal::PerNet];
 }
 
-/// Open connections, in all and by client address.
+/// What to do with one more connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Decision {
+    Normal,
+    /// Only the total cap stands in the way: close the longest idle
+    /// connection and serve this one in its place.
+    MakeRoom,
+    /// Over a cap: the probe reserve, for this reason.
+    Reserve(Refusal),
+    Refuse(Refusal),
+}
+
+/// Open connections, in all, by client address and by network; the
+/// normal ones' idleness, to find the longest idle.
 #[derive(Debug, Default)]
 struct Counts {
     normal: usize,
     reserve: usize,
     normal_by_ip: HashMap<IpAddr, usize>,
+    normal_by_net: HashMap<IpAddr, usize>,
     reserve_by_ip: HashMap<IpAddr, usize>,
+    /// The normal connections, by id: their address and idleness.
+    conns: HashMap<u64, (IpAddr, Arc<ConnIdle>)>,
+    next_id: u64,
 }
 
-/// The admission decision for one more connection from `ip`. Past either
-/// cap, the probe reserve: a kubelet probes from its node's address, which
-/// the node's own processes (its update among them) share, so a full
+/// The admission decision for one more connection from `ip`; `room`:
+/// whether an idle connection could be closed for it. Past a cap, the
+/// probe reserve: a kubelet probes from its node's address, which the
+/// node's own processes (its update among them) share, so a full
 /// per-address share must not fail the probes any more than a full server.
-fn decide(l: &Limits, c: &Counts, ip: IpAddr) -> Admission {
-    let by_ip = |m: &HashMap<IpAddr, usize>| m.get(&ip).copied().unwrap_or(0);
-    let total_full = c.normal >= l.max_connections;
-    if !total_full && by_ip(&c.normal_by_ip) < l.max_per_ip {
-        return Admission::Normal;
-    }
-    let over = if total_full {
-        Refusal::Total
+fn decide(l: &Limits, c: &Counts, ip: IpAddr, room: bool) -> Decision {
+    let get = |m: &HashMap<IpAddr, usize>, k: IpAddr| m.get(&k).copied().unwrap_or(0);
+    let own = if get(&c.normal_by_ip, ip) >= l.max_per_ip {
+        Some(Refusal::PerIp)
+    } else if get(&c.normal_by_net, network(ip)) >= l.max_per_net {
+        Some(Refusal::PerNet)
     } else {
-        Refusal::PerIp
+        None
+    };
+    let total_full = c.normal >= l.max_connections;
+    let over = match (own, total_full) {
+        (None, false) => return Decision::Normal,
+        (None, true) if room => return Decision::MakeRoom,
+        (_, true) => Refusal::Total,
+        (Some(own), false) => own,
     };
     if c.reserve >= l.probe_reserve {
-        return Admission::Refused(over);
+        return Decision::Refuse(over);
     }
-    if by_ip(&c.reserve_by_ip) >= l.probe_reserve_per_ip {
-        return Admission::Refused(Refusal::PerIp);
+    if get(&c.reserve_by_ip, ip) >= l.probe_reserve_per_ip {
+        return Decision::Refuse(Refusal::PerIp);
     }
-    Admission::ProbeOnly
+    Decision::Reserve(over)
+}
+
+/// Decrements `key`'s count, forgetting it at zero, so the maps hold only
+/// clients with open connections (they cannot grow with every address
+/// seen).
+fn release(m: &mut HashMap<IpAddr, usize>, key: IpAddr) {
+    if let Some(n) = m.get_mut(&key) {
+        *n -= 1;
+        if *n == 0 {
+            m.remove(&key);
+        }
+    }
+}
+
+impl Counts {
+    fn add_normal(&mut self, ip: IpAddr, idle: Arc<ConnIdle>) -> u64 {
+        self.normal += 1;
+        *self.normal_by_ip.entry(ip).or_default() += 1;
+        *self.normal_by_net.entry(network(ip)).or_default() += 1;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.conns.insert(id, (ip, idle));
+        id
+    }
+
+    fn remove_normal(&mut self, id: u64) {
+        if let Some((ip, _)) = self.conns.remove(&id) {
+            self.normal = self.normal.saturating_sub(1);
+            release(&mut self.normal_by_ip, ip);
+            release(&mut self.normal_by_net, network(ip));
+        }
+    }
+
+    /// The normal connection idle the longest, if any is.
+    fn longest_idle(&self) -> Option<u64> {
+        self.conns
+            .iter()
+            .filter(|(_, (_, c))| !c.is_evicted())
+            .filter_map(|(id, (_, c))| Some((c.idle_since()?, *id)))
+            .min()
+            .map(|(_, id)| id)
+    }
 }
 
 /// Counts open connections and decides on new ones.
@@ -132,21 +208,36 @@ fn decide(l: &Limits, c: &Counts, ip: IpAddr) -> Admission {
 pub struct Tracker {
     limits: Arc<Limits>,
     counts: Arc<Mutex<Counts>>,
+    saturation: Arc<Saturation>,
+    epoch: Instant,
 }
 
-/// One admitted connection; its count is released when this is dropped.
+/// One admitted connection; its count is released when this is dropped
+/// (or when it is closed to make room, at once).
 #[derive(Debug)]
 pub struct Slot {
     counts: Arc<Mutex<Counts>>,
     ip: IpAddr,
+    /// Its entry among the normal connections.
+    id: Option<u64>,
     pub admission: Admission,
+    /// The connection's idleness, which the tracker may close it for.
+    pub idle: Arc<ConnIdle>,
+    /// Over the total, the longest idle connection was closed for it.
+    pub made_room: bool,
+    /// Why it is in the probe reserve.
+    pub over: Option<Refusal>,
 }
 
 impl Tracker {
-    pub fn new(limits: Arc<Limits>) -> Self {
+    /// `saturation` hears of every normal client refused because every
+    /// connection was in use, and of every one that found room.
+    pub fn new(limits: Arc<Limits>, saturation: Arc<Saturation>) -> Self {
         Self {
             limits,
             counts: Arc::default(),
+            saturation,
+            epoch: Instant::now(),
         }
     }
 
@@ -155,22 +246,54 @@ impl Tracker {
         // A panic elsewhere cannot leave the counts half-updated: every
         // update below is a single step.
         let mut c = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let admission = decide(&self.limits, &c, ip);
-        match admission {
-            Admission::Normal => {
-                c.normal += 1;
-                *c.normal_by_ip.entry(ip).or_default() += 1;
+        let idle = ConnIdle::new(self.epoch);
+        let mut decision = decide(&self.limits, &c, ip, true);
+        let mut made_room = false;
+        if decision == Decision::MakeRoom {
+            match c.longest_idle() {
+                Some(victim) => {
+                    // Its place is this one's from now: it closes at its
+                    // next look (`ConnIdle::evicted`), and its slot then
+                    // releases nothing.
+                    if let Some((_, v)) = c.conns.get(&victim) {
+                        v.evict();
+                    }
+                    c.remove_normal(victim);
+                    made_room = true;
+                    decision = Decision::Normal;
+                }
+                None => decision = decide(&self.limits, &c, ip, false),
             }
-            Admission::ProbeOnly => {
+        }
+        let (admission, id, over) = match decision {
+            Decision::Normal | Decision::MakeRoom => {
+                self.saturation.room();
+                let id = c.add_normal(ip, idle.clone());
+                (Admission::Normal, Some(id), None)
+            }
+            Decision::Reserve(over) => {
+                if over == Refusal::Total {
+                    self.saturation.refused();
+                }
                 c.reserve += 1;
                 *c.reserve_by_ip.entry(ip).or_default() += 1;
+                (Admission::ProbeOnly, None, Some(over))
             }
-            Admission::Refused(r) => return Err(r),
-        }
+            Decision::Refuse(r) => {
+                if r == Refusal::Total {
+                    self.saturation.refused();
+                }
+                return Err(r);
+            }
+        };
         Ok(Slot {
             counts: self.counts.clone(),
             ip,
+            id,
             admission,
+            idle,
+            made_room,
+            over,
         })
     }
 
@@ -184,18 +307,12 @@ impl Tracker {
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut c = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let c = &mut *c;
-        let (total, by_ip) = match self.admission {
-            Admission::ProbeOnly => (&mut c.reserve, &mut c.reserve_by_ip),
-            _ => (&mut c.normal, &mut c.normal_by_ip),
-        };
-        *total = total.saturating_sub(1);
-        // Entries go when they reach zero, so the map holds only clients
-        // with open connections (it cannot grow with every address seen).
-        if let Some(n) = by_ip.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                by_ip.remove(&self.ip);
+        match self.id {
+            // Gone already if it was closed to make room.
+            Some(id) => c.remove_normal(id),
+            None => {
+                c.reserve = c.reserve.saturating_sub(1);
+                release(&mut c.reserve_by_ip, self.ip);
             }
         }
     }
@@ -272,53 +389,122 @@ mod tests {
         }
     }
 
+    fn counts(entries: &[(IpAddr, usize)], reserve: &[(IpAddr, usize)]) -> Counts {
+        let mut c = Counts::default();
+        for &(ip, n) in entries {
+            for _ in 0..n {
+                c.add_normal(ip, ConnIdle::new(Instant::now()));
+            }
+        }
+        for &(ip, n) in reserve {
+            c.reserve += n;
+            *c.reserve_by_ip.entry(ip).or_default() += n;
+        }
+        c
+    }
+
     #[test]
     fn admission_table() {
         let a: IpAddr = [10, 0, 0, 1].into();
         let b: IpAddr = [10, 0, 0, 2].into();
-        let counts = |normal: usize, a_normal: usize, reserve: usize, a_reserve: usize| Counts {
-            normal,
-            reserve,
-            normal_by_ip: [(a, a_normal), (b, normal - a_normal)].into(),
-            reserve_by_ip: [(a, a_reserve), (b, reserve - a_reserve)].into(),
+        let other_net: IpAddr = [10, 0, 9, 2].into();
+        let l = |max, per_ip, per_net, reserve| Limits {
+            max_per_net: per_net,
+            ..limits(max, per_ip, reserve, 1)
         };
-        use Admission::*;
+        use Decision::*;
         #[rustfmt::skip]
         let cases = [
-            // limits(max, per ip, reserve, reserve per ip), counts(normal, of them a's, reserve, of them a's), for a
-            ("empty", limits(4, 2, 2, 1), counts(0, 0, 0, 0), Normal),
-            ("under both caps", limits(4, 2, 2, 1), counts(3, 1, 0, 0), Normal),
-            ("a at its share: probes only", limits(4, 2, 2, 1), counts(2, 2, 0, 0), ProbeOnly),
-            ("a at its share, holds its reserve share", limits(4, 2, 2, 1), counts(2, 2, 1, 1), Refused(Refusal::PerIp)),
-            ("a at its share, reserve full", limits(4, 2, 2, 1), counts(2, 2, 2, 0), Refused(Refusal::PerIp)),
-            ("full: probes only", limits(4, 2, 2, 1), counts(4, 0, 0, 0), ProbeOnly),
-            ("full, a holds its reserve share", limits(4, 2, 2, 1), counts(4, 0, 1, 1), Refused(Refusal::PerIp)),
-            ("full, reserve full", limits(4, 2, 2, 1), counts(4, 0, 2, 0), Refused(Refusal::Total)),
-            ("no reserve", limits(4, 4, 0, 1), counts(4, 4, 0, 0), Refused(Refusal::Total)),
+            // (limits(max, per ip, per net, reserve), a's, b's, the other net's, reserve held (a's, b's), room to make, for a)
+            ("empty", l(4, 2, 4, 2), (0, 0, 0), (0, 0), false, Normal),
+            ("under every cap", l(4, 2, 4, 2), (1, 2, 0), (0, 0), false, Normal),
+            ("a at its share: probes only", l(4, 2, 4, 2), (2, 0, 0), (0, 0), false, Reserve(Refusal::PerIp)),
+            ("a at its share, holds its reserve share", l(4, 2, 4, 2), (2, 0, 0), (1, 0), false, Refuse(Refusal::PerIp)),
+            ("a at its share, reserve full", l(4, 2, 4, 2), (2, 0, 0), (0, 2), false, Refuse(Refusal::PerIp)),
+            ("a's /24 at its share", l(8, 2, 3, 2), (1, 2, 0), (0, 0), false, Reserve(Refusal::PerNet)),
+            ("a's /24 at its share, room to make", l(3, 2, 3, 2), (1, 2, 0), (0, 0), true, Reserve(Refusal::Total)),
+            ("another /24 full is not a's", l(8, 2, 2, 2), (0, 0, 2), (0, 0), false, Normal),
+            ("full: probes only", l(4, 4, 4, 2), (0, 2, 2), (0, 0), false, Reserve(Refusal::Total)),
+            ("full, an idle one to close", l(4, 4, 4, 2), (0, 2, 2), (0, 0), true, MakeRoom),
+            ("full, a at its share too", l(4, 2, 4, 2), (2, 0, 2), (0, 0), true, Reserve(Refusal::Total)),
+            ("full, a holds its reserve share", l(4, 4, 4, 2), (0, 2, 2), (1, 0), false, Refuse(Refusal::PerIp)),
+            ("full, reserve full", l(4, 4, 4, 2), (0, 2, 2), (0, 2), false, Refuse(Refusal::Total)),
+            ("no reserve", l(4, 4, 4, 0), (4, 0, 0), (0, 0), false, Refuse(Refusal::Total)),
         ];
-        for (what, l, c, want) in cases {
-            assert_eq!(decide(&l, &c, a), want, "{what}");
+        for (what, limits, (na, nb, no), (ra, rb), room, want) in cases {
+            let c = counts(&[(a, na), (b, nb), (other_net, no)], &[(a, ra), (b, rb)]);
+            assert_eq!(decide(&limits, &c, a, room), want, "{what}");
         }
+    }
+
+    fn tracker(l: Limits) -> (Tracker, Arc<Saturation>) {
+        let sat = Arc::new(Saturation::new(Duration::ZERO));
+        (Tracker::new(Arc::new(l), sat.clone()), sat)
     }
 
     #[test]
     fn slots_release_their_counts_and_forget_idle_clients() {
-        let t = Tracker::new(Arc::new(limits(2, 1, 1, 1)));
+        let (t, _) = tracker(limits(2, 1, 1, 1));
         let a: IpAddr = [10, 0, 0, 1].into();
-        let b: IpAddr = [10, 0, 0, 2].into();
+        let b: IpAddr = [10, 0, 1, 2].into();
         let s1 = t.admit(a).unwrap();
         // a's share is full: its next one is the reserve's.
         let probe = t.admit(a).unwrap();
         assert_eq!(probe.admission, Admission::ProbeOnly);
+        assert_eq!(probe.over, Some(Refusal::PerIp));
         assert_eq!(t.admit(a).unwrap_err(), Refusal::PerIp);
         let s2 = t.admit(b).unwrap();
         assert_eq!(s2.admission, Admission::Normal);
+        // Full, and nobody idle.
         assert_eq!(t.admit(b).unwrap_err(), Refusal::Total);
         assert_eq!(t.open(), (2, 1));
         drop((s1, s2, probe));
         assert_eq!(t.open(), (0, 0));
         let c = t.counts.lock().unwrap();
         assert!(c.normal_by_ip.is_empty() && c.reserve_by_ip.is_empty());
+        assert!(c.normal_by_net.is_empty() && c.conns.is_empty());
+    }
+
+    /// The cap full: a new client takes the place of the connection idle
+    /// the longest, which is told to close and whose slot then releases
+    /// nothing; with none idle, it goes to the probe reserve, and that is
+    /// what `/readyz` hears of.
+    #[test]
+    fn when_full_the_longest_idle_connection_makes_room() {
+        let (t, sat) = tracker(Limits {
+            max_per_net: 8,
+            ..limits(3, 8, 1, 1)
+        });
+        let ip = |n: u8| IpAddr::from([10, 0, n, 1]);
+        let busy = t.admit(ip(1)).unwrap();
+        let older = t.admit(ip(2)).unwrap();
+        let newer = t.admit(ip(3)).unwrap();
+        older.idle.idle();
+        std::thread::sleep(Duration::from_millis(5));
+        newer.idle.idle();
+        let first = t.admit(ip(4)).unwrap();
+        assert_eq!(
+            (first.admission, first.made_room),
+            (Admission::Normal, true)
+        );
+        assert!(older.idle.is_evicted() && !newer.idle.is_evicted());
+        assert!(!older.idle.busy(), "the evicted one is to close");
+        assert_eq!(t.open(), (3, 0));
+        assert_eq!(sat.refusing(), None);
+        // Its slot, dropped when the connection closes, releases nothing.
+        drop(older);
+        assert_eq!(t.open(), (3, 0));
+        // A connection that became busy again is not a candidate.
+        assert!(newer.idle.busy());
+        let reserve = t.admit(ip(5)).unwrap();
+        assert_eq!(reserve.admission, Admission::ProbeOnly);
+        assert_eq!(reserve.over, Some(Refusal::Total));
+        assert!(sat.refusing().is_some(), "refusing for lack of room");
+        newer.idle.idle();
+        assert!(t.admit(ip(6)).unwrap().made_room);
+        assert_eq!(sat.refusing(), None, "room again");
+        drop((busy, newer, first, reserve));
+        assert_eq!(t.open(), (0, 0));
     }
 
     #[test]

@@ -1,13 +1,18 @@
 //! The HTTP listener: the accept loop axum's own `serve` does not give us.
 //! Every connection gets hyper's timer (so its header-read timeout works),
 //! a first-byte and an idle watchdog, HTTP/2 keepalive pings and small
-//! HTTP/2 buffers, and a place under the total and per-client caps; over
-//! the cap, a small reserve of connections answers only the probes. The
-//! access log's writer lives here too (`access_log.rs`).
+//! HTTP/2 buffers, and a place under the total, per-client and
+//! per-network caps; when the total is full, the connection idle the
+//! longest is closed to make room (`idle.rs`), and with none idle a small
+//! reserve of connections answers only the probes, while `/readyz` learns
+//! how long that lasts (`saturation.rs`). The access log's writer lives
+//! here too (`access_log.rs`).
 
 pub mod access_log;
 mod h1;
+pub mod idle;
 pub mod limits;
+pub mod saturation;
 pub mod watch;
 mod workers;
 
@@ -20,7 +25,9 @@ use futures_util::future::BoxFuture;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use idle::ConnIdle;
 use limits::{Admission, Limits, Tracker};
+use saturation::Saturation;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -118,18 +125,19 @@ impl App {
 /// then stops accepting and lets open connections finish their requests.
 /// `workers` threads accept from the listener, each serving the
 /// connections it accepted on a single-threaded runtime of its own
-/// (`workers.rs`); the caps hold across them all.
+/// (`workers.rs`); the caps hold across them all. `saturation` hears
+/// of the clients refused for want of room (`/readyz` reads it).
 pub async fn serve(
     listener: TcpListener,
     workers: NonZeroUsize,
     app: App,
-    limits: Limits,
+    (limits, saturation): (Limits, Arc<Saturation>),
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let limits = Arc::new(limits);
     let shared = Arc::new(Shared {
-        tracker: Tracker::new(limits.clone()),
+        tracker: Tracker::new(limits.clone(), saturation),
         builders: Builders {
             fresh: connection_builder(&limits),
             after_h1: connection_builder(&limits).http1_only(),
@@ -204,6 +212,16 @@ async fn accept_loop(
             }
         };
         metrics.connections.accepted.inc();
+        if slot.made_room {
+            metrics.connections.idle_closed.inc();
+        }
+        if let Some(why) = slot.over {
+            metrics
+                .connections
+                .reserved
+                .with_label_values(&[why.label()])
+                .inc();
+        }
         // Without TCP_NODELAY, Nagle plus the client's delayed ACK adds
         // ~40 ms to every small response on a keep-alive connection.
         if let Err(e) = stream.set_nodelay(true) {
@@ -212,11 +230,13 @@ async fn accept_loop(
         let act = Activity::new();
         let io = Watched::new(stream, act.clone());
         let probe_only = slot.admission == Admission::ProbeOnly;
+        let conn_idle = slot.idle.clone();
         let svc = Svc {
             app: app.clone(),
             probe_only,
             peer,
             act: act.clone(),
+            idle: conn_idle.clone(),
         };
         let (first_byte, idle, h1) = if probe_only {
             (RESERVE_TIMEOUT, RESERVE_TIMEOUT, None)
@@ -225,6 +245,7 @@ async fn accept_loop(
                 app: app.clone(),
                 peer,
                 act: act.clone(),
+                idle: conn_idle.clone(),
                 header_read_timeout: limits.header_read_timeout,
                 shutdown: stop.subscribe(),
             };
@@ -240,7 +261,7 @@ async fn accept_loop(
             // answered) before the watchdog judges it idle.
             tokio::select! {
                 biased;
-                r = drive(io, h1, &shared.builders, svc, stopping) => if let Err(e) = r {
+                r = drive(io, h1, &shared.builders, svc, stopping, &conn_idle) => if let Err(e) = r {
                     tracing::debug!(%peer, "connection: {e}");
                     if let Some(why) = Expiry::of_connection_error(&*e, &act) {
                         metrics.connections.expired.with_label_values(&[why.label()]).inc();
@@ -263,13 +284,15 @@ async fn accept_loop(
 
 /// One connection: plain HTTP/1.1 requests answered by `h1` (given), the
 /// rest of the connection, or all of it, by hyper; until it closes, or
-/// gracefully once `stopping` says so.
+/// gracefully once `stopping` says so or it was chosen to make room
+/// (`idle`: then it has no request in flight).
 async fn drive(
     io: Watched<TcpStream>,
     h1: Option<h1::Conn>,
     builders: &Builders,
     svc: Svc,
     mut stopping: tokio::sync::watch::Receiver<bool>,
+    idle: &ConnIdle,
 ) -> Result<(), h1::BoxError> {
     let (io, builder) = match h1 {
         Some(conn) => match h1::serve(io, conn).await? {
@@ -288,6 +311,7 @@ async fn drive(
     tokio::select! {
         r = conn.as_mut() => return r,
         _ = stopping.wait_for(|stop| *stop) => {}
+        () = idle.evicted() => {}
     }
     conn.as_mut().graceful_shutdown();
     conn.await
@@ -300,6 +324,7 @@ struct Svc {
     probe_only: bool,
     peer: SocketAddr,
     act: Arc<Activity>,
+    idle: Arc<ConnIdle>,
 }
 
 impl hyper::service::Service<Request<hyper::body::Incoming>> for Svc {
@@ -310,7 +335,13 @@ impl hyper::service::Service<Request<hyper::body::Incoming>> for Svc {
 
     fn call(&self, req: Request<hyper::body::Incoming>) -> Self::Future {
         self.act.requested();
-        Box::pin(respond(self.app.clone(), self.probe_only, self.peer, req))
+        // Busy until the answer's body is done (or dropped).
+        let guard = self.idle.request();
+        let answer = respond(self.app.clone(), self.probe_only, self.peer, req);
+        Box::pin(async move {
+            let r = answer.await?;
+            Ok(r.map(|body| idle::tracked(body, guard)))
+        })
     }
 }
 

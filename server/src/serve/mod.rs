@@ -74,6 +74,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
             metadata_max_age: Duration::from_secs(args.metadata_max_age),
             cache_size: args.cache_size,
             max_streamed_files: limits.max_streamed_files,
+            body_memory: args.connections.max_body_memory,
+            unready_after_refusing: Duration::from_secs(args.connections.unready_after_refusing),
         },
         sink.clone(),
         access_log,
@@ -117,6 +119,7 @@ fn listener_limits(args: &ServeArgs) -> Result<crate::listen::limits::Limits> {
         nofile,
         max_connections = l.max_connections,
         per_ip = l.max_per_ip,
+        per_net = l.max_per_net,
         probe_reserve = l.probe_reserve,
         streamed_files = l.max_streamed_files,
         "connection limits"

@@ -119,33 +119,12 @@ fn zero_window_streams_hold_no_more_files_than_the_budget() {
     assert_eq!(lab.metric(STREAMED, &[]), 0.0, "places released");
 }
 
-/// An HTTP/2 frame.
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
-    let mut f = vec![len[1], len[2], len[3], kind, flags];
-    f.extend_from_slice(&stream.to_be_bytes());
-    f.extend_from_slice(payload);
-    f
-}
-
 /// SETTINGS with two parameters: 21 bytes on the wire, which a watchdog
 /// counting reads of 18 bytes or more took for a live client.
 fn settings_pair() -> Vec<u8> {
     // HEADER_TABLE_SIZE 4096, INITIAL_WINDOW_SIZE 0.
     let p = [0, 1, 0, 0, 0x10, 0, 0, 4, 0, 0, 0, 0];
     frame(4, 0, 0, &p)
-}
-
-/// A GET as HPACK literals (no Huffman, no table).
-fn get(stream: u32, authority: &str, path: &str) -> Vec<u8> {
-    let mut h = vec![0x82, 0x86]; // :method GET, :scheme http
-    for (index, value) in [(4u8, path), (1, authority)] {
-        let len = u8::try_from(value.len()).unwrap();
-        assert!(len < 127, "one-byte HPACK length");
-        h.extend_from_slice(&[index, len]);
-        h.extend_from_slice(value.as_bytes());
-    }
-    frame(1, 0x5, stream, &h) // END_STREAM | END_HEADERS
 }
 
 /// The attacker of the F3 finding: a zero window, 16 requests it will never

@@ -4,10 +4,12 @@
 
 use oscontent_testkit::metrics::Metrics;
 use oscontent_testkit::objects::{largest_filez, object_url_path};
+use oscontent_testkit::server::builder::ServerBuilder;
 use oscontent_testkit::server::Server;
 use oscontent_testkit::tools::v1;
 use std::io::{ErrorKind, Read};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -72,12 +74,27 @@ pub struct Lab {
 impl Lab {
     pub fn start(extra: &[&str]) -> Self {
         let release = v1();
-        // The suite's timeouts, unless the attack sets its own.
+        Self::serving(
+            Server::oscontainer(&release.oscontainer),
+            &release.repo,
+            extra,
+        )
+    }
+
+    /// The server started by `builder`, which serves `repo` (its biggest
+    /// object is the normal traffic's), with the suite's timeouts and
+    /// `extra` arguments.
+    pub fn serving(builder: ServerBuilder, repo: &Path, extra: &[&str]) -> Self {
+        // The suite's timeouts, unless the attack sets its own; and its
+        // abusers, from 127.0.1.0/24 on, are the nodes of a few subnets,
+        // which the cap per /24 does not hold back unless the attack is
+        // about it (`capfull.rs`).
         let timeouts: Vec<String> = [
             format!("--first-byte-timeout={FIRST_BYTE}"),
             format!("--header-read-timeout={HEADER_READ}"),
             format!("--idle-timeout={IDLE}"),
             "--h2-keepalive=2".to_owned(),
+            "--max-connections-per-net=100000".to_owned(),
         ]
         .into_iter()
         .filter(|t| {
@@ -85,13 +102,9 @@ impl Lab {
             !extra.iter().any(|e| e.starts_with(flag))
         })
         .collect();
-        let server = Server::oscontainer(&release.oscontainer)
-            .args(&timeouts)
-            .args(extra)
-            .start()
-            .unwrap();
+        let server = builder.args(&timeouts).args(extra).start().unwrap();
         let pid = server.pid().unwrap();
-        let (checksum, big_len) = largest_filez(&release.repo).unwrap();
+        let (checksum, big_len) = largest_filez(repo).unwrap();
         Self {
             server,
             pid,
@@ -436,4 +449,25 @@ fn rss_of(pid: u32) -> Option<u64> {
         .parse()
         .ok()?;
     Some(kb * 1024)
+}
+
+/// An HTTP/2 frame.
+pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+    let mut f = vec![len[1], len[2], len[3], kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// A GET as HPACK literals (no Huffman, no table).
+pub fn get(stream: u32, authority: &str, path: &str) -> Vec<u8> {
+    let mut h = vec![0x82, 0x86]; // :method GET, :scheme http
+    for (index, value) in [(4u8, path), (1, authority)] {
+        let len = u8::try_from(value.len()).unwrap();
+        assert!(len < 127, "one-byte HPACK length");
+        h.extend_from_slice(&[index, len]);
+        h.extend_from_slice(value.as_bytes());
+    }
+    frame(1, 0x5, stream, &h) // END_STREAM | END_HEADERS
 }

@@ -22,6 +22,7 @@ mod respond;
 
 pub(super) use prefixed::Prefixed;
 
+use super::idle::ConnIdle;
 use super::watch::{Activity, Watched};
 use crate::http::direct::{self, Direct};
 use crate::http::sendfile::CanSendFile;
@@ -55,6 +56,8 @@ pub(super) struct Conn {
     pub app: super::App,
     pub peer: SocketAddr,
     pub act: Arc<Activity>,
+    /// Idle between requests: closed to make room when the cap is full.
+    pub idle: Arc<ConnIdle>,
     /// Bounds the wait for each request's head, as hyper's does.
     pub header_read_timeout: Duration,
     /// Signalled once: finish the request in hand, then close.
@@ -121,6 +124,10 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, conn: Conn) -> Result<Ende
         }
     });
     let mut answered = false;
+    // Between requests, with nothing of the next read: closed if the cap
+    // needs its place (`ConnIdle`), as nginx closes keep-alive ones.
+    let mut evicted = std::pin::pin!(conn.idle.evicted());
+    let mut idle = false;
     loop {
         let step = {
             let mut headers = [const { MaybeUninit::uninit() }; super::MAX_HEADERS];
@@ -164,6 +171,10 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, conn: Conn) -> Result<Ende
                 if buf.capacity() - buf.len() < READ / 4 {
                     buf.reserve(READ);
                 }
+                if buf.is_empty() && !idle {
+                    conn.idle.idle();
+                    idle = true;
+                }
                 // What arrived is read before the timer is looked at.
                 let read = tokio::select! {
                     biased;
@@ -173,10 +184,19 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, conn: Conn) -> Result<Ende
                     }
                     // Between requests only: a head half read is finished.
                     () = &mut stopping, if buf.is_empty() => return Ok(Ended::Closed),
+                    () = &mut evicted, if buf.is_empty() => return Ok(Ended::Closed),
                 };
                 match read {
                     Ok(0) => return Ok(Ended::Closed),
-                    Ok(_) => continue,
+                    Ok(_) => {
+                        // Its place given away as the request came: it
+                        // closes, as a keep-alive connection nginx closed
+                        // would (the client asks again on a new one).
+                        if std::mem::take(&mut idle) && !conn.idle.busy() {
+                            return Ok(Ended::Closed);
+                        }
+                        continue;
+                    }
                     Err(e) => return Err(Box::new(e)),
                 }
             }

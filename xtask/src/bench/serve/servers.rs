@@ -166,6 +166,7 @@ pub fn oscontent(
         .arg(state)
         // The replay's connections all come from 127.0.0.1.
         .args(["--max-connections-per-ip", "4096"])
+        .args(["--max-connections-per-net", "4096"])
         .args(extra);
     let mut srv = ServerProcess::spawn(&mut cmd, Duration::from_secs(60))?;
     srv.wait_ready(Duration::from_secs(120))?;
