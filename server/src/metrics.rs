@@ -74,6 +74,8 @@ pub struct Metrics {
     pub deltas: IntCounterVec,
     /// Generated static deltas the current generation serves.
     pub deltas_published: IntGauge,
+    /// Delta compilations stopped by a bound, by `bound`: time or memory.
+    pub delta_bounds: IntCounterVec,
     /// An `--image` whose new release a check refused while the others
     /// moved on, by `image` (as given) and `reason`: `rollback`,
     /// `signatures` or `failed` (fetch or verification).
@@ -180,6 +182,14 @@ impl Metrics {
             "oscontent_deltas_published",
             "Generated static deltas the current generation serves",
         );
+        let delta_bounds = r.counter_vec(
+            "oscontent_delta_bounds_hit_total",
+            "Static delta compilations stopped by a bound (and counted failed), by bound: time (killed at --delta-timeout) or memory (--delta-memory)",
+            &["bound"],
+        );
+        for bound in ["time", "memory"] {
+            delta_bounds.with_label_values(&[bound]);
+        }
         let image_refusals = r.counter_vec(
             "oscontent_image_refusals_total",
             "Checks that kept an --image at its previous release (or did not serve it) while the others moved on, by image and reason: rollback, signatures or failed",
@@ -217,6 +227,7 @@ impl Metrics {
             rollback_allowed,
             deltas,
             deltas_published,
+            delta_bounds,
             image_refusals,
             cache_warmed_bytes,
             cache_warmed_objects,

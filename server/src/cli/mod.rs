@@ -43,6 +43,9 @@ pub enum Cmd {
     /// Copy a release, verified, into an OCI layout or a bundle (a
     /// self-contained served remote to carry to a disconnected site).
     Mirror(MirrorArgs),
+    /// The server's own delta compiler process (internal).
+    #[command(hide = true)]
+    DeltaCompile(crate::deltas::compile::CompileArgs),
 }
 
 /// Sets up logging once, on stderr, filtered by `RUST_LOG` (default info).
@@ -75,5 +78,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Sign(args) => sign::sign(args),
         Cmd::Mirror(args) => mirror::mirror(args),
         Cmd::Serve(args) => crate::serve::run(*args),
+        Cmd::DeltaCompile(args) => crate::deltas::compile::run(&args),
     }
 }

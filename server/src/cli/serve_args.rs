@@ -214,10 +214,15 @@ pub struct ServeArgs {
     /// (they are listed in delta indexes); kept in the state dir.
     #[arg(long, value_enum, default_value_t = DeltaMode::Latest)]
     pub deltas: DeltaMode,
-    /// Longest the compilation of one static delta may take before it is
-    /// abandoned (nodes then fetch objects).
+    /// Longest the compilation of one static delta may take before its
+    /// process is killed (nodes then fetch objects).
     #[arg(long, default_value_t = 600, value_name = "SECONDS")]
     pub delta_timeout: u64,
+    /// Address space the process compiling one static delta may map
+    /// (RLIMIT_AS); past it the delta fails and nodes fetch objects. The
+    /// default fits beside the server in the Deployment's 512Mi.
+    #[arg(long, default_value = DEFAULT_DELTA_MEMORY, value_name = "BYTES", value_parser = parse_delta_memory)]
+    pub delta_memory: usize,
     /// After SIGTERM, how long in-flight requests may take before the
     /// server exits anyway.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
@@ -383,6 +388,20 @@ fn parse_listen(s: &str) -> Result<SocketAddr, String> {
 }
 
 /// `N`, `NK`, `NM` or `NG` (powers of 1024) as bytes.
+/// `--delta-memory`'s default.
+pub const DEFAULT_DELTA_MEMORY: &str = "256M";
+
+/// Below this the compiler cannot even start.
+const MIN_DELTA_MEMORY: usize = 32 << 20;
+
+fn parse_delta_memory(s: &str) -> Result<usize, String> {
+    let n = parse_size(s)?;
+    if n < MIN_DELTA_MEMORY {
+        return Err(format!("{s:?} is below the compiler's least, 32M"));
+    }
+    Ok(n)
+}
+
 pub fn parse_size(s: &str) -> Result<usize, String> {
     let t = s.trim();
     let (num, shift) = match t.char_indices().last() {
@@ -423,17 +442,23 @@ mod delta_flag_tests {
     use crate::deltas::DeltaMode;
     use clap::Parser;
 
-    /// Extra `serve` arguments, and the mode and timeout they parse to.
-    type Case<'a> = (&'a [&'a str], Option<(DeltaMode, u64)>);
+    /// Extra `serve` arguments, and the mode, timeout and memory bound
+    /// they parse to.
+    type Case<'a> = (&'a [&'a str], Option<(DeltaMode, u64, usize)>);
 
     #[test]
-    fn deltas_and_their_timeout() {
+    fn deltas_and_their_bounds() {
+        const M: usize = 1 << 20;
         #[rustfmt::skip]
         let cases: &[Case] = &[
-            (&[], Some((DeltaMode::Latest, 600))),
-            (&["--deltas", "none"], Some((DeltaMode::None, 600))),
-            (&["--deltas", "latest"], Some((DeltaMode::Latest, 600))),
-            (&["--deltas=all", "--delta-timeout", "30"], Some((DeltaMode::All, 30))),
+            (&[], Some((DeltaMode::Latest, 600, 256 * M))),
+            (&["--deltas", "none"], Some((DeltaMode::None, 600, 256 * M))),
+            (&["--deltas", "latest"], Some((DeltaMode::Latest, 600, 256 * M))),
+            (&["--deltas=all", "--delta-timeout", "30"], Some((DeltaMode::All, 30, 256 * M))),
+            (&["--delta-memory", "1G"], Some((DeltaMode::Latest, 600, 1024 * M))),
+            (&["--delta-memory=32M"], Some((DeltaMode::Latest, 600, 32 * M))),
+            (&["--delta-memory", "31M"], None),
+            (&["--delta-memory", "lots"], None),
             (&["--deltas", "every"], None),
             (&["--deltas"], None),
             (&["--delta-timeout", "-1"], None),
@@ -442,7 +467,7 @@ mod delta_flag_tests {
             let argv = ["oscontent-server", "serve", "--repo", "/srv/repo"];
             let parsed = Cli::try_parse_from(argv.iter().chain(extra.iter()));
             let got = parsed.ok().map(|c| match c.cmd {
-                Cmd::Serve(a) => (a.deltas, a.delta_timeout),
+                Cmd::Serve(a) => (a.deltas, a.delta_timeout, a.delta_memory),
                 other => panic!("{other:?}"),
             });
             assert_eq!(got, *want, "{extra:?}");

@@ -2,46 +2,33 @@
 //! state dir holding the commits' closures (hard links to the verified
 //! files of the generation's sources, opened beneath them without
 //! following a link; the sources are never opened through libostree,
-//! which would write into them), libostree's delta compiler, and the
-//! result moved into the store once it verifies.
+//! which would write into them), libostree's delta compiler in a bounded
+//! process of its own (`child.rs`), and the result moved into the store
+//! once it verifies.
 
+use super::child::{self, Bounds};
 use super::store::{Store, StoredDelta, TMP_PREFIX};
 use crate::fsutil;
 use crate::served::Generation;
 use crate::verify::{self, Root, VerifiedSet, VerifyOptions};
 use anyhow::{Context, Result};
 use oscontent_format::{Checksum, DeltaName, ObjectKind, ObjectName};
-use ostree::gio::{self, prelude::CancellableExt};
-use ostree::glib::{self, prelude::ToVariant};
+use ostree::gio;
 use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
-
-/// The compiler's settings (README, "Static deltas", says why):
-/// objects up to 64 MB go into parts rather than being fetched loose
-/// (`min-fallback-size`, in MB; libostree's default 4), parts of up to
-/// 32 MB (`max-chunk-size`), parts as files beside the superblock (a
-/// superblock stays small enough for clients' caps) and bsdiff on.
-const MIN_FALLBACK_MB: u32 = 64;
-const MAX_CHUNK_MB: u32 = 32;
 
 /// What the free space check keeps free on the state volume, as the image
 /// unpacker does: 256 MiB or 1/20 of a smaller volume.
 const RESERVE_BYTES: u64 = 256 << 20;
 
-/// Bounds of one delta's compilation.
-#[derive(Debug, Clone, Copy)]
-pub struct Budget {
-    /// Cancelled past this.
-    pub timeout: Duration,
-}
+/// The compiler's `TMPDIR`, inside the scratch repo (on the state volume).
+const COMPILER_TMP: &str = "compiler-tmp";
 
 /// The scratch repo of one round, removed when dropped.
 pub struct Scratch {
     dir: tempfile::TempDir,
-    repo: ostree::Repo,
     /// Each commit's closure.
     closures: HashMap<Checksum, VerifiedSet>,
     /// Each linked object's size.
@@ -94,7 +81,6 @@ impl Scratch {
         }
         Ok(Self {
             dir,
-            repo,
             closures,
             sizes,
         })
@@ -124,7 +110,7 @@ impl Scratch {
         key: &str,
         name: &DeltaName,
         commitmeta: Option<&[u8]>,
-        budget: Budget,
+        bounds: &Bounds,
     ) -> Result<Arc<StoredDelta>> {
         let need = self.new_bytes(name).saturating_mul(2);
         check_space(store.path(), need)?;
@@ -134,24 +120,26 @@ impl Scratch {
             Some(m) => write_new(&meta_path, m)?,
             None => remove_file(&meta_path)?,
         }
-        let from = name.from.map(|f| f.to_hex());
-        let cancel = gio::Cancellable::new();
-        let watchdog = Watchdog::start(cancel.clone(), budget.timeout);
-        let result = self.repo.static_delta_generate(
-            ostree::StaticDeltaGenerateOpt::Major,
-            from.as_deref(),
-            &name.to.to_hex(),
-            None,
-            Some(&params()),
-            Some(&cancel),
-        );
-        let timed_out = watchdog.stop();
-        if let Err(e) = result {
-            if timed_out {
-                anyhow::bail!("compiling took longer than {:?}: {e}", budget.timeout);
+        let rel = name.dir();
+        let tmpdir = self.dir.path().join(COMPILER_TMP);
+        std::fs::create_dir_all(&tmpdir)
+            .with_context(|| format!("creating {}", tmpdir.display()))?;
+        let compiled = child::compile(bounds, self.dir.path(), &tmpdir, name);
+        // Whatever a killed or failed compiler left, and its temporary
+        // files, go before anything else is compiled here.
+        remove_dir(&tmpdir)?;
+        let compiled = match compiled {
+            Ok(c) => c,
+            Err(e) => {
+                remove_dir(&self.dir.path().join(&rel))?;
+                return Err(e.into());
             }
-            return Err(anyhow::Error::from(e).context("libostree's delta compiler"));
-        }
+        };
+        tracing::info!(
+            delta = name.summary_name(),
+            peak_rss_bytes = compiled.peak_rss,
+            "the delta compiler ended"
+        );
         let rel = name.dir();
         pin_superblock_time(&self.dir.path().join(&rel).join("superblock"))?;
         let tmp = tempfile::Builder::new()
@@ -180,16 +168,6 @@ fn pin_superblock_time(path: &Path) -> Result<()> {
     let pinned = oscontent_format::delta::reproducible_superblock(&bytes)
         .context("the compiled superblock")?;
     std::fs::write(path, pinned).with_context(|| format!("rewriting {}", path.display()))
-}
-
-/// The options dict of `ostree_repo_static_delta_generate` (`a{sv}`).
-fn params() -> glib::Variant {
-    let d = glib::VariantDict::new(None);
-    d.insert_value("min-fallback-size", &MIN_FALLBACK_MB.to_variant());
-    d.insert_value("max-chunk-size", &MAX_CHUNK_MB.to_variant());
-    d.insert_value("inline-parts", &false.to_variant());
-    d.insert_value("bsdiff-enabled", &true.to_variant());
-    d.end()
 }
 
 /// Links (or copies) object `o` as `g` serves it into the scratch repo
@@ -241,6 +219,14 @@ fn write_new(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
+fn remove_dir(path: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+    }
+}
+
 fn remove_file(path: &Path) -> Result<()> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
@@ -261,35 +247,6 @@ fn check_space(dir: &Path, need: u64) -> Result<()> {
         dir.display()
     );
     Ok(())
-}
-
-/// Cancels a compilation that runs past its time.
-struct Watchdog {
-    done: std::sync::mpsc::Sender<()>,
-    thread: std::thread::JoinHandle<bool>,
-}
-
-impl Watchdog {
-    fn start(cancel: gio::Cancellable, timeout: Duration) -> Self {
-        let (done, rx) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            let fired = matches!(
-                rx.recv_timeout(timeout),
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout)
-            );
-            if fired {
-                cancel.cancel();
-            }
-            fired
-        });
-        Self { done, thread }
-    }
-
-    /// Whether it fired.
-    fn stop(self) -> bool {
-        let _ = self.done.send(());
-        self.thread.join().unwrap_or(false)
-    }
 }
 
 /// The commits a round needs in its scratch repo.

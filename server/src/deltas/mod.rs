@@ -10,6 +10,8 @@
 //! summary's bytes and signature do not change. Serving never waits for
 //! it; a delta that fails is logged and counted, and nodes fetch objects.
 
+mod child;
+pub mod compile;
 mod generate;
 pub mod select;
 mod store;
@@ -41,6 +43,10 @@ pub struct DeltaOptions {
     pub state_dir: PathBuf,
     /// Longest one delta may take to compile.
     pub timeout: Duration,
+    /// Address space of the compiler's process, in bytes.
+    pub memory: u64,
+    /// The compiler: this server's own executable.
+    pub exe: PathBuf,
 }
 
 /// Runs a round for every generation published into `sink`, for the
@@ -181,12 +187,14 @@ fn round(
         let names: Vec<_> = missing.iter().map(|(n, _, _)| *n).collect();
         match generate::Scratch::build(store.path(), base, &generate::commits_of(&names)) {
             Ok(scratch) => {
-                let budget = generate::Budget {
+                let bounds = child::Bounds {
+                    exe: opts.exe.clone(),
+                    memory: opts.memory,
                     timeout: opts.timeout,
                 };
                 for (name, key, meta) in &missing {
                     let started = std::time::Instant::now();
-                    match scratch.generate(store, key, name, meta.as_deref(), budget) {
+                    match scratch.generate(store, key, name, meta.as_deref(), &bounds) {
                         Ok(d) => {
                             metrics.deltas.with_label_values(&["generated"]).inc();
                             tracing::info!(
@@ -197,7 +205,10 @@ fn round(
                             );
                             out.push(d);
                         }
-                        Err(e) => failed(metrics, name, &e),
+                        Err(e) => {
+                            bound_hit(metrics, &e);
+                            failed(metrics, name, &e);
+                        }
                     }
                 }
             }
@@ -217,6 +228,16 @@ fn store_of<'a>(opts: &DeltaOptions, store: &'a mut Option<Store>) -> Result<&'a
         Some(s) => s,
         None => store.insert(Store::open(&opts.state_dir)?),
     })
+}
+
+/// Counts a compilation stopped by one of its bounds.
+fn bound_hit(metrics: &Metrics, e: &anyhow::Error) {
+    let bound = match e.downcast_ref::<child::CompileError>() {
+        Some(child::CompileError::Timeout { .. }) => "time",
+        Some(child::CompileError::Memory { .. }) => "memory",
+        _ => return,
+    };
+    metrics.delta_bounds.with_label_values(&[bound]).inc();
 }
 
 fn failed(metrics: &Metrics, name: &oscontent_format::DeltaName, e: &anyhow::Error) {

@@ -92,6 +92,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
         mode: args.deltas,
         state_dir: args.state_dir.clone(),
         timeout: Duration::from_secs(args.delta_timeout.max(1)),
+        memory: args.delta_memory as u64,
+        exe: std::env::current_exe().context("finding the server's executable")?,
     };
     tokio::spawn(crate::deltas::run(deltas, sink.clone()));
     let addr = listener.local_addr().context("reading the bound address")?;

@@ -16,7 +16,8 @@
 //! `--trusted-keys` and `--signatures`.
 //!
 //! Build first: `cargo build --workspace --bins`; needs kubectl (kustomize
-//! v5), docker-registry, skopeo, htpasswd, openssl and ostree.
+//! v5), docker-registry, skopeo, htpasswd, openssl, ostree, umoci and
+//! bubblewrap (`sandbox.rs`).
 
 // Test code: outside #[test] functions too, a panic that names the value is
 // the failure report (clippy.toml allows it inside them).
@@ -25,6 +26,7 @@
 mod cache;
 mod manifest;
 mod plan;
+mod sandbox;
 
 use manifest::{Manifest, INJECTED_CA_KEY};
 use oscontent_testkit::registry::{write_authfile, Pki, Registry};

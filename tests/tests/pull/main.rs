@@ -9,6 +9,7 @@
 // the failure report (clippy.toml allows it inside them).
 #![allow(clippy::unwrap_used)]
 
+mod bounded_deltas;
 mod cli;
 mod crash;
 mod deltas;

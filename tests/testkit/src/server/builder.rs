@@ -25,6 +25,9 @@ pub struct ServerBuilder {
     verbatim: bool,
     /// `--listen`; `None`: a free loopback port.
     listen: Option<String>,
+    /// A program and its arguments that run the server (a sandbox such
+    /// as `bwrap ...`); empty: run it directly.
+    wrapper: Vec<OsString>,
 }
 
 impl ServerBuilder {
@@ -65,11 +68,29 @@ impl ServerBuilder {
         self
     }
 
+    /// Runs the server through `wrapper` (a program and its arguments,
+    /// the server's path and arguments appended), e.g. a sandbox.
+    pub fn wrapped_in<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(mut self, wrapper: I) -> Self {
+        self.wrapper = wrapper.into_iter().map(|a| a.as_ref().to_owned()).collect();
+        self
+    }
+
+    fn new_command(&self) -> Command {
+        match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(server_bin());
+                cmd
+            }
+            None => Command::new(server_bin()),
+        }
+    }
+
     fn command(&self, tmp: &Path) -> (Command, PathBuf, PathBuf) {
         let state = self.state_dir.clone().unwrap_or_else(|| tmp.join("state"));
         let log = tmp.join("access.log");
         if self.verbatim {
-            let mut cmd = Command::new(server_bin());
+            let mut cmd = self.new_command();
             cmd.env_clear().args(&self.source);
             for (k, v) in &self.env {
                 if let Some(v) = v {
@@ -78,7 +99,7 @@ impl ServerBuilder {
             }
             return (cmd, state, log);
         }
-        let mut cmd = Command::new(server_bin());
+        let mut cmd = self.new_command();
         local_only(&mut cmd);
         cmd.arg("serve")
             .args(&self.source)
