@@ -1,0 +1,545 @@
+//! Static delta parts, checked before libostree applies them: a part file
+//! is one compression byte (`0` none, `x` xz), then the payload
+//! `(a(uuu)aa(ayay)ayay)`: file modes, xattr sets, raw data, and the op
+//! stream that writes the part's objects (ostree
+//! `src/libostree/ostree-repo-static-delta-private.h` names the opcodes,
+//! `-processing.c` executes them; every argument is a LEB128 varint).
+//!
+//! libostree bounds none of what an op declares: a WRITE appends however
+//! many bytes it names to the object OPEN created, and a BSPATCH allocates
+//! the size OPEN gave. [`check_part_payload`] walks the op stream as
+//! libostree will and refuses, before anything is written, any op that
+//! would write past its object's declared size, declare more than the
+//! caller's cap for that object, read outside the payload, name a mode or
+//! xattr set the part lacks, or open more objects than the superblock
+//! lists for the part; what it accepts writes at most
+//! [`PartWrites::bytes`].
+
+use crate::checksum::Checksum;
+use crate::commit::read_varint;
+use crate::error::FormatError;
+use crate::variant::parse_normal;
+
+/// The payload of a part, once uncompressed.
+pub const PART_PAYLOAD_TYPE: &str = "(a(uuu)aa(ayay)ayay)";
+/// Uncompressed payloads above this are refused: libostree maps a part
+/// whole, and ostree's generator cuts parts at `max-chunk-size` (32 MiB
+/// by default, what oscontent-server uses) plus at most one object of up
+/// to `max-bsdiff-size` (128 MiB).
+pub const MAX_PART_PAYLOAD: u64 = 256 << 20;
+/// BSPATCH builds its whole output in memory (`g_malloc0` of the object's
+/// size) before writing it: objects above this may not be patched.
+pub const MAX_BSPATCH_SIZE: u64 = 256 << 20;
+
+const WHAT: &str = "delta part";
+
+fn err(why: impl Into<String>) -> FormatError {
+    FormatError::Variant {
+        what: WHAT,
+        why: why.into(),
+    }
+}
+
+/// The compression byte a part file starts with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartCompression {
+    None,
+    Xz,
+}
+
+impl PartCompression {
+    pub fn from_byte(b: u8) -> Result<Self, FormatError> {
+        match b {
+            0 => Ok(Self::None),
+            b'x' => Ok(Self::Xz),
+            other => Err(err(format!("unknown compression byte {other:#04x}"))),
+        }
+    }
+
+    pub fn byte(self) -> u8 {
+        match self {
+            Self::None => 0,
+            Self::Xz => b'x',
+        }
+    }
+}
+
+/// libostree's op codes (`OstreeStaticDeltaOpCode`).
+mod op {
+    pub const OPEN_SPLICE_AND_CLOSE: u8 = b'S';
+    pub const OPEN: u8 = b'o';
+    pub const WRITE: u8 = b'w';
+    pub const SET_READ_SOURCE: u8 = b'r';
+    pub const UNSET_READ_SOURCE: u8 = b'R';
+    pub const CLOSE: u8 = b'c';
+    pub const BSPATCH: u8 = b'B';
+}
+
+/// libostree's object type numbers a part may write.
+const OBJTYPE_FILE: u8 = 1;
+const OBJTYPE_LAST_META: u8 = 4;
+
+/// What an accepted part writes at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PartWrites {
+    /// Objects it opens.
+    pub objects: u64,
+    /// The sum of their declared sizes: what its ops write, at most.
+    pub bytes: u64,
+}
+
+/// The shape of a payload the op stream refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadShape {
+    /// Entries of the mode array.
+    pub modes: u64,
+    /// Entries of the xattr array.
+    pub xattrs: u64,
+    /// Bytes of raw data.
+    pub raw_len: u64,
+}
+
+/// Checks an uncompressed payload against the part's object list (from
+/// the verified superblock) and `cap(objtype, checksum)`, the most bytes
+/// the caller lets that object declare.
+pub fn check_part_payload(
+    payload: &[u8],
+    objects: &[(u8, Checksum)],
+    cap: impl Fn(u8, &Checksum) -> u64,
+) -> Result<PartWrites, FormatError> {
+    if payload.len() as u64 > MAX_PART_PAYLOAD {
+        return Err(err(format!(
+            "payload of {} bytes exceeds the {MAX_PART_PAYLOAD} byte limit",
+            payload.len()
+        )));
+    }
+    let v = parse_normal(payload, PART_PAYLOAD_TYPE, WHAT)?;
+    let shape = PayloadShape {
+        modes: v.child_value(0).n_children() as u64,
+        xattrs: v.child_value(1).n_children() as u64,
+        raw_len: v.child_value(2).size() as u64,
+    };
+    let ops = v.child_value(3);
+    check_ops(ops.data(), shape, objects, cap)
+}
+
+/// The object being written between OPEN and CLOSE.
+#[derive(Debug)]
+struct Open {
+    size: u64,
+    written: u64,
+}
+
+/// Where the op stream is, for errors.
+struct Ops<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    /// Index of the op being read, and its name.
+    n: usize,
+    name: &'static str,
+}
+
+impl<'a> Ops<'a> {
+    fn fail(&self, why: impl std::fmt::Display) -> FormatError {
+        err(format!("op {} ({}): {why}", self.n, self.name))
+    }
+
+    fn varint(&mut self, what: &str) -> Result<u64, FormatError> {
+        let rest = &self.bytes[self.pos..];
+        let (v, after) =
+            read_varint(rest).ok_or_else(|| self.fail(format!("truncated varint ({what})")))?;
+        self.pos += rest.len() - after.len();
+        Ok(v)
+    }
+}
+
+/// `[offset, offset + len)` must lie within the raw data.
+fn within(ops: &Ops, shape: PayloadShape, offset: u64, len: u64) -> Result<(), FormatError> {
+    match offset.checked_add(len) {
+        Some(end) if end <= shape.raw_len => Ok(()),
+        _ => Err(ops.fail(format!(
+            "reads {len} bytes at {offset}, outside the {} bytes of raw data",
+            shape.raw_len
+        ))),
+    }
+}
+
+/// The op stream, walked as libostree executes it (see the module doc).
+pub fn check_ops(
+    bytes: &[u8],
+    shape: PayloadShape,
+    objects: &[(u8, Checksum)],
+    cap: impl Fn(u8, &Checksum) -> u64,
+) -> Result<PartWrites, FormatError> {
+    let mut ops = Ops {
+        bytes,
+        pos: 0,
+        n: 0,
+        name: "",
+    };
+    let mut next_object = 0usize;
+    let mut open: Option<Open> = None;
+    let mut read_source = false;
+    let mut out = PartWrites::default();
+    let cap = &cap;
+    let mut start = |ops: &Ops, next: &mut usize, size: u64, want_file: bool| {
+        start_object(ops, objects, cap, next, &mut out, size, want_file)
+    };
+    // The next listed object, which OPEN and OPEN_SPLICE_AND_CLOSE write,
+    // and the size it may declare.
+    while ops.pos < bytes.len() {
+        let code = bytes[ops.pos];
+        ops.pos += 1;
+        ops.name = match code {
+            op::OPEN_SPLICE_AND_CLOSE => "open-splice-and-close",
+            op::OPEN => "open",
+            op::WRITE => "write",
+            op::SET_READ_SOURCE => "set-read-source",
+            op::UNSET_READ_SOURCE => "unset-read-source",
+            op::CLOSE => "close",
+            op::BSPATCH => "bspatch",
+            other => return Err(err(format!("op {}: unknown opcode {other:#04x}", ops.n))),
+        };
+        let needs_open = matches!(code, op::WRITE | op::BSPATCH | op::CLOSE);
+        if needs_open && open.is_none() {
+            return Err(ops.fail("no object is open"));
+        }
+        if matches!(code, op::OPEN_SPLICE_AND_CLOSE | op::OPEN) && open.is_some() {
+            return Err(ops.fail("an object is already open"));
+        }
+        match code {
+            op::OPEN_SPLICE_AND_CLOSE => {
+                let meta = objects
+                    .get(next_object)
+                    .is_some_and(|(t, _)| *t != OBJTYPE_FILE);
+                let (size, offset) = if meta {
+                    let len = ops.varint("length")?;
+                    (len, ops.varint("offset")?)
+                } else {
+                    mode_and_xattrs(&mut ops, shape)?;
+                    let size = ops.varint("size")?;
+                    (size, ops.varint("offset")?)
+                };
+                start(&ops, &mut next_object, size, false)?;
+                within(&ops, shape, offset, size)?;
+                read_source = false;
+            }
+            op::OPEN => {
+                mode_and_xattrs(&mut ops, shape)?;
+                let size = ops.varint("size")?;
+                start(&ops, &mut next_object, size, true)?;
+                open = Some(Open { size, written: 0 });
+            }
+            op::WRITE => {
+                let size = ops.varint("size")?;
+                let offset = ops.varint("offset")?;
+                if !read_source {
+                    within(&ops, shape, offset, size)?;
+                }
+                let o = open.as_mut().expect("checked above");
+                o.written = o
+                    .written
+                    .checked_add(size)
+                    .filter(|w| *w <= o.size)
+                    .ok_or_else(|| {
+                        ops.fail(format!(
+                            "writes {size} bytes after {}, past the {} bytes its object declared",
+                            o.written, o.size
+                        ))
+                    })?;
+            }
+            op::SET_READ_SOURCE => {
+                let offset = ops.varint("offset")?;
+                within(&ops, shape, offset, Checksum::LEN as u64)?;
+                read_source = true;
+            }
+            op::UNSET_READ_SOURCE => read_source = false,
+            op::CLOSE => {
+                let o = open.take().expect("checked above");
+                if o.written != o.size {
+                    return Err(ops.fail(format!(
+                        "closes an object of {} bytes after writing {}",
+                        o.size, o.written
+                    )));
+                }
+                read_source = false;
+            }
+            op::BSPATCH => {
+                let offset = ops.varint("offset")?;
+                let len = ops.varint("length")?;
+                within(&ops, shape, offset, len)?;
+                let o = open.as_mut().expect("checked above");
+                if !read_source {
+                    return Err(ops.fail("patches without a read source"));
+                }
+                if o.written != 0 {
+                    return Err(ops.fail("patches an object already written to"));
+                }
+                if o.size > MAX_BSPATCH_SIZE {
+                    return Err(ops.fail(format!(
+                        "patches an object of {} bytes, above the {MAX_BSPATCH_SIZE} byte limit",
+                        o.size
+                    )));
+                }
+                o.written = o.size;
+            }
+            _ => unreachable!("named above"),
+        }
+        ops.n += 1;
+    }
+    drop(start);
+    if open.is_some() {
+        return Err(err(format!(
+            "the op stream ends with object {} still open",
+            next_object - 1
+        )));
+    }
+    Ok(out)
+}
+
+/// Takes the next listed object, which OPEN and OPEN_SPLICE_AND_CLOSE
+/// write, checking its type and the size it declares against `cap`.
+fn start_object(
+    ops: &Ops,
+    objects: &[(u8, Checksum)],
+    cap: &impl Fn(u8, &Checksum) -> u64,
+    next: &mut usize,
+    out: &mut PartWrites,
+    size: u64,
+    want_file: bool,
+) -> Result<(), FormatError> {
+    let Some((objtype, checksum)) = objects.get(*next) else {
+        return Err(ops.fail(format!(
+            "opens object {next}, but the part lists {}",
+            objects.len()
+        )));
+    };
+    let objtype = *objtype;
+    if !(OBJTYPE_FILE..=OBJTYPE_LAST_META).contains(&objtype)
+        || (want_file && objtype != OBJTYPE_FILE)
+    {
+        return Err(ops.fail(format!("object {checksum} has type {objtype}")));
+    }
+    let max = cap(objtype, checksum);
+    if size > max {
+        return Err(ops.fail(format!(
+            "object {checksum} declares {size} bytes, more than the {max} allowed"
+        )));
+    }
+    *next += 1;
+    out.objects += 1;
+    out.bytes = out
+        .bytes
+        .checked_add(size)
+        .ok_or_else(|| ops.fail("sizes overflow 64 bits"))?;
+    Ok(())
+}
+
+/// The mode and xattr indexes of a content object's open, each within
+/// the payload's arrays (libostree indexes them unchecked).
+fn mode_and_xattrs(ops: &mut Ops, shape: PayloadShape) -> Result<(), FormatError> {
+    let mode = ops.varint("mode index")?;
+    let xattr = ops.varint("xattr index")?;
+    if mode >= shape.modes {
+        return Err(ops.fail(format!("mode {mode} of {}", shape.modes)));
+    }
+    if xattr >= shape.xattrs {
+        return Err(ops.fail(format!("xattr set {xattr} of {}", shape.xattrs)));
+    }
+    Ok(())
+}
+
+/// LEB128, as libostree writes op arguments.
+pub fn write_varint(mut v: u64, out: &mut Vec<u8>) {
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use glib::prelude::ToVariant;
+    use glib::Variant;
+
+    fn c(n: u8) -> Checksum {
+        Checksum::from([n; 32])
+    }
+
+    /// An op: its code and varint arguments.
+    fn ops(list: &[(u8, &[u64])]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (code, args) in list {
+            out.push(*code);
+            for a in *args {
+                write_varint(*a, &mut out);
+            }
+        }
+        out
+    }
+
+    /// A payload of one mode, one (empty) xattr set and `raw` bytes.
+    fn payload(raw: &[u8], ops: &[u8]) -> Vec<u8> {
+        let modes = vec![(0u32, 0u32, 0o100644u32.to_be())].to_variant();
+        let xattrs = Variant::array_from_iter_with_type(
+            glib::VariantTy::new("a(ayay)").unwrap(),
+            [Variant::array_from_iter_with_type(
+                glib::VariantTy::new("(ayay)").unwrap(),
+                std::iter::empty::<Variant>(),
+            )],
+        );
+        Variant::tuple_from_iter([
+            modes,
+            xattrs,
+            Variant::array_from_fixed_array(raw),
+            Variant::array_from_fixed_array(ops),
+        ])
+        .data()
+        .to_vec()
+    }
+
+    const CAP: u64 = 1000;
+
+    #[test]
+    fn op_streams() {
+        let file = [(1u8, c(1))];
+        let two = [(1u8, c(1)), (2u8, c(2))];
+        let many_writes: Vec<(u8, &[u64])> = std::iter::once((b'o', &[0, 0, 100][..]))
+            .chain(std::iter::repeat_n((b'w', &[64, 0][..]), 100))
+            .collect();
+        // (what, objects, ops, accepted bytes or refusal substring)
+        type Case<'a> = (&'a str, &'a [(u8, Checksum)], Vec<u8>, Result<u64, &'a str>);
+        let cases: Vec<Case> = vec![
+            ("nothing", &file, vec![], Ok(0)),
+            ("splice a file", &file, ops(&[(b'S', &[0, 0, 10, 0])]), Ok(10)),
+            (
+                "splice a file, then a dirtree",
+                &two,
+                ops(&[(b'S', &[0, 0, 10, 0]), (b'S', &[20, 10])]),
+                Ok(30),
+            ),
+            (
+                "open, two writes, close",
+                &file,
+                ops(&[(b'o', &[0, 0, 64]), (b'w', &[32, 0]), (b'w', &[32, 32]), (b'c', &[])]),
+                Ok(64),
+            ),
+            (
+                "write from a read source",
+                &file,
+                ops(&[
+                    (b'o', &[0, 0, 500]),
+                    (b'r', &[0]),
+                    (b'w', &[500, 1 << 40]),
+                    (b'R', &[]),
+                    (b'c', &[]),
+                ]),
+                Ok(500),
+            ),
+            (
+                "bspatch",
+                &file,
+                ops(&[(b'o', &[0, 0, 900]), (b'r', &[0]), (b'B', &[32, 8]), (b'c', &[])]),
+                Ok(900),
+            ),
+            ("repeated writes past open", &file, ops(&many_writes), Err("past the 100 bytes")),
+            (
+                "one write past open",
+                &file,
+                ops(&[(b'o', &[0, 0, 10]), (b'w', &[11, 0])]),
+                Err("past the 10 bytes"),
+            ),
+            (
+                "write overflowing",
+                &file,
+                ops(&[(b'o', &[0, 0, 10]), (b'r', &[0]), (b'w', &[10, 0]), (b'w', &[u64::MAX, 0])]),
+                Err("past the 10 bytes"),
+            ),
+            ("open over the cap", &file, ops(&[(b'o', &[0, 0, CAP + 1])]), Err("more than the 1000")),
+            ("splice over the cap", &file, ops(&[(b'S', &[0, 0, CAP + 1, 0])]), Err("more than")),
+            ("splice outside raw", &file, ops(&[(b'S', &[0, 0, 10, 60])]), Err("outside the 64")),
+            ("splice offset overflow", &file, ops(&[(b'S', &[0, 0, 10, u64::MAX])]), Err("outside")),
+            ("write outside raw", &file, ops(&[(b'o', &[0, 0, 100]), (b'w', &[65, 0])]), Err("outside")),
+            ("mode out of range", &file, ops(&[(b'o', &[1, 0, 1])]), Err("mode 1 of 1")),
+            ("xattr out of range", &file, ops(&[(b'o', &[0, 1, 1])]), Err("xattr set 1 of 1")),
+            ("more objects than listed", &file, ops(&[(b'S', &[0, 0, 1, 0]), (b'S', &[0, 0, 1, 0])]), Err("opens object 1, but the part lists 1")),
+            ("open a dirtree", &two[1..], ops(&[(b'o', &[0, 0, 1])]), Err("has type 2")),
+            ("write with nothing open", &file, ops(&[(b'w', &[1, 0])]), Err("no object is open")),
+            ("close with nothing open", &file, ops(&[(b'c', &[])]), Err("no object is open")),
+            ("open twice", &file, ops(&[(b'o', &[0, 0, 1]), (b'o', &[0, 0, 1])]), Err("already open")),
+            ("closed short", &file, ops(&[(b'o', &[0, 0, 10]), (b'w', &[5, 0]), (b'c', &[])]), Err("after writing 5")),
+            ("left open", &file, ops(&[(b'o', &[0, 0, 10])]), Err("still open")),
+            ("bspatch without source", &file, ops(&[(b'o', &[0, 0, 10]), (b'B', &[0, 8])]), Err("without a read source")),
+            (
+                "bspatch after a write",
+                &file,
+                ops(&[(b'o', &[0, 0, 10]), (b'w', &[1, 0]), (b'r', &[0]), (b'B', &[0, 8])]),
+                Err("already written"),
+            ),
+            ("read source outside raw", &file, ops(&[(b'r', &[40])]), Err("reads 32 bytes at 40")),
+            ("unknown opcode", &file, vec![b'z'], Err("unknown opcode 0x7a")),
+            ("truncated varint", &file, vec![b'o', 0x80], Err("truncated varint")),
+            ("varint past 64 bits", &file, vec![b'r', 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f], Err("truncated varint")),
+        ];
+        let raw = [7u8; 64];
+        for (what, objects, stream, want) in cases {
+            let got = check_part_payload(&payload(&raw, &stream), objects, |_, _| CAP);
+            match (got, want) {
+                (Ok(w), Ok(bytes)) => assert_eq!(w.bytes, bytes, "{what}"),
+                (Err(e), Err(needle)) => {
+                    assert!(e.to_string().contains(needle), "{what}: {e}")
+                }
+                (got, want) => panic!("{what}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn payloads() {
+        let big_patch = ops(&[
+            (b'o', &[0, 0, MAX_BSPATCH_SIZE + 1]),
+            (b'r', &[0]),
+            (b'B', &[0, 1]),
+        ]);
+        let file = [(1u8, c(1))];
+        // (what, payload, refusal substring)
+        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+            ("not a payload", b"garbage".to_vec(), "invalid delta part"),
+            ("bspatch too big", payload(&[0; 64], &big_patch), "above the"),
+        ];
+        // An empty payload is glib's default value: no ops, nothing written.
+        let empty = check_part_payload(&[], &file, |_, _| 0);
+        assert_eq!(empty, Ok(PartWrites::default()));
+        for (what, p, needle) in cases {
+            let e = check_part_payload(&p, &file, |_, _| u64::MAX).unwrap_err();
+            assert!(e.to_string().contains(needle), "{what}: {e}");
+        }
+    }
+
+    #[test]
+    fn compression_bytes() {
+        let cases = [(0u8, Some(PartCompression::None)), (b'x', Some(PartCompression::Xz)), (b'g', None)];
+        for (b, want) in cases {
+            let got = PartCompression::from_byte(b).ok();
+            assert_eq!(got, want, "{b}");
+            if let Some(w) = want {
+                assert_eq!(w.byte(), b);
+            }
+        }
+    }
+
+    #[test]
+    fn varints_round_trip() {
+        for v in [0, 1, 127, 128, 300, 1 << 40, u64::MAX] {
+            let mut out = Vec::new();
+            write_varint(v, &mut out);
+            assert_eq!(read_varint(&out), Some((v, &[][..])), "{v}");
+        }
+    }
+}
