@@ -1,10 +1,18 @@
 //! Static deltas: when the summary lists one from the local commit to the
 //! target, and it costs fewer bytes than the loose objects still missing,
-//! download its parts into the repo's `tmp/` and let libostree apply them
-//! (`ostree_repo_static_delta_execute_offline`: it checks each part against
-//! the superblock's checksum and each object's checksum as it writes).
-//! The walk that follows fetches loose anything the delta did not bring
-//! (fallbacks), so a delta that fails to apply costs time, not correctness.
+//! download its parts into the repo's `tmp/`, unpack and check each
+//! (`part.rs`: inflated size, op stream, object sizes), and let libostree
+//! apply the unpacked parts (`ostree_repo_static_delta_execute_offline`:
+//! it checks each object's checksum as it writes). The walk that follows
+//! fetches loose anything the delta did not bring (fallbacks).
+//!
+//! Which deltas are taken: from a remote whose summary is verified
+//! (`gpg-verify-summary`, or `--trusted-keys`), only those its signed
+//! `ostree.static-deltas` lists; a delta index is not signed, so there it
+//! is not read and the objects come loose. From an unverified remote, the
+//! summary's list and the target's delta index alike, as stock ostree
+//! does: nothing vouches for either, and the bounds of `part.rs` and the
+//! space guard hold for every delta however it was found.
 
 use super::error::{PullError, PullResult, Tag};
 use super::fetch::{BodyReader, ConsumeError, FetchError};
@@ -13,12 +21,16 @@ use super::walk::Ctx;
 use anyhow::{anyhow, Context};
 use bytes::Bytes;
 use oscontent_format::delta::{delta_is_smaller, MAX_SUPERBLOCK_SIZE};
+use super::space::Reservation;
+use oscontent_format::deltapart::PartWrites;
 use oscontent_format::{Checksum, DeltaName, ObjectKind, Summary, Superblock};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
+
+mod part;
 
 fn kind_of(objtype: u8) -> Option<ObjectKind> {
     // libostree's OstreeObjectType numbering.
@@ -31,13 +43,16 @@ fn kind_of(objtype: u8) -> Option<ObjectKind> {
     }
 }
 
-/// Tries the delta `from` → `to`: if the summary lists it, its superblock
-/// checks out, and it is smaller than the loose objects still missing, its
-/// parts are downloaded and applied. Returns whether it was applied.
+/// Tries the delta `from` → `to`: if the summary lists it (or, when the
+/// summary is not `verified`, the target's delta index), its superblock
+/// checks out, and it is smaller than the loose objects still missing,
+/// its parts are downloaded, checked and applied. Returns whether it was
+/// applied.
 pub async fn try_delta(
     ctx: &Arc<Ctx>,
     reporter: &Reporter,
     summary: &Summary,
+    verified: bool,
     from: Checksum,
     to: Checksum,
 ) -> PullResult<bool> {
@@ -47,6 +62,14 @@ pub async fn try_delta(
     };
     let listed = match summary.deltas.iter().find(|d| d.name == name) {
         Some(d) => Some(d.superblock),
+        None if summary.indexed_deltas && verified => {
+            reporter.event(
+                "delta-skipped",
+                json!({"reason": "not in the signed summary (a delta index is not signed)"}),
+                None,
+            );
+            None
+        }
         None if summary.indexed_deltas => indexed(ctx, &name).await?,
         None => None,
     };
@@ -59,22 +82,79 @@ pub async fn try_delta(
     if !worth_it(ctx, reporter, &name, &sb) {
         return Ok(false);
     }
-    // The parts are downloaded whole, then unpacked: room for both, held
-    // until libostree has applied them.
+    // The parts are downloaded whole, then unpacked, each within what the
+    // superblock declares: room for both until they are unpacked; then,
+    // before libostree runs, room for every object their checked op
+    // streams may write.
+    let what = format!("static delta {}", name.summary_name());
     let need = sb
         .total_size()
         .zip(sb.total_uncompressed_size())
         .and_then(|(a, b)| a.checked_add(b))
         .unwrap_or(u64::MAX);
-    let space = ctx.space.clone();
-    let what = format!("static delta {}", name.summary_name());
-    let _room = tokio::task::spawn_blocking(move || space.reserve(&what, need))
-        .await
-        .map_err(|e| PullError::LocalRepo(anyhow!("space check: {e}")))?
-        .local()?;
-    let tmp = download(ctx, &name, &sb_bytes, &sb).await?;
+    let room = reserve(ctx, format!("{what} parts"), need).await?;
+    let tmp = download(ctx, &name, &sb).await?;
+    let writes = unpack_all(ctx, tmp.path(), &sb_bytes, &sb).await?;
+    drop(room);
+    // Each object takes whole blocks and an inode besides its bytes.
+    let objects_need = writes
+        .bytes
+        .saturating_add(writes.objects.saturating_mul(2 * 4096));
+    let _room = reserve(ctx, format!("{what} objects"), objects_need).await?;
     apply(ctx, tmp.path(), &sb).await?;
     Ok(true)
+}
+
+/// Space for `len` bytes of `what`, from a blocking thread (the check may
+/// wait for writes in flight).
+async fn reserve(ctx: &Ctx, what: String, len: u64) -> PullResult<Reservation> {
+    let space = ctx.space.clone();
+    tokio::task::spawn_blocking(move || space.reserve(&what, len))
+        .await
+        .map_err(|e| PullError::LocalRepo(anyhow!("space check: {e}")))?
+        .local()
+}
+
+/// Unpacks and checks every downloaded part (`part.rs`), replacing each
+/// with its unpacked form and the superblock with one that names those;
+/// returns what their op streams write, in all.
+async fn unpack_all(
+    ctx: &Arc<Ctx>,
+    dir: &Path,
+    sb_bytes: &Bytes,
+    sb: &Superblock,
+) -> PullResult<PartWrites> {
+    let (ctx, dir, sb_bytes, parts) = (
+        ctx.clone(),
+        dir.to_path_buf(),
+        sb_bytes.clone(),
+        sb.parts.clone(),
+    );
+    let done = tokio::task::spawn_blocking(move || {
+        let mut total = PartWrites::default();
+        let mut unpacked = Vec::with_capacity(parts.len());
+        for (i, p) in parts.iter().enumerate() {
+            let (src, dest) = (dir.join(format!("{i}.download")), dir.join(i.to_string()));
+            let checked = part::payload_cap(&ctx, p)
+                .and_then(|cap| part::unpack(&ctx, &src, &dest, p, cap));
+            let (entry, writes) = checked.map_err(|e| match e {
+                part::PartError::Corrupt(e) => {
+                    PullError::Verification(e.context(format!("delta part {i}: refused")))
+                }
+                part::PartError::Local(e) => PullError::LocalRepo(e),
+            })?;
+            std::fs::remove_file(&src)
+                .with_context(|| format!("removing {}", src.display()))
+                .local()?;
+            total.objects = total.objects.saturating_add(writes.objects);
+            total.bytes = total.bytes.saturating_add(writes.bytes);
+            unpacked.push(entry);
+        }
+        part::write_superblock(&dir, &sb_bytes, &unpacked).local()?;
+        Ok(total)
+    });
+    done.await
+        .map_err(|e| PullError::LocalRepo(anyhow!("delta task: {e}")))?
 }
 
 /// The superblock checksum the target's delta index lists for `name`
@@ -172,13 +252,12 @@ fn worth_it(ctx: &Ctx, reporter: &Reporter, name: &DeltaName, sb: &Superblock) -
     true
 }
 
-/// Downloads the superblock and every part, each hashed as it streams,
-/// into a fresh directory under the repo's `tmp/` (removed when the
-/// returned handle is dropped).
+/// Downloads every part, each hashed as it streams, into a fresh
+/// directory under the repo's `tmp/` (removed when the returned handle is
+/// dropped), as `I.download`.
 async fn download(
     ctx: &Ctx,
     name: &DeltaName,
-    sb_bytes: &[u8],
     sb: &Superblock,
 ) -> PullResult<tempfile::TempDir> {
     let tmp = tempfile::Builder::new()
@@ -186,12 +265,9 @@ async fn download(
         .tempdir_in(ctx.store().path.join("tmp"))
         .context("creating a delta directory in the repo's tmp/")
         .local()?;
-    std::fs::write(tmp.path().join("superblock"), sb_bytes)
-        .context("writing the superblock")
-        .local()?;
     for (i, part) in sb.parts.iter().enumerate() {
         let path = format!("{}/{i}", name.dir());
-        let dest = tmp.path().join(i.to_string());
+        let dest = tmp.path().join(format!("{i}.download"));
         let want = part.checksum;
         let got = ctx
             .content
