@@ -167,8 +167,9 @@ pub fn reproducible_superblock(bytes: &[u8]) -> Result<Vec<u8>, FormatError> {
 }
 
 /// `bytes`, a superblock, with its part entries replaced by `parts` (as
-/// many, in order: version and object lists kept, checksum and sizes from
-/// `parts`, stored in the byte order the superblock declares). The client
+/// many, in order: each part's version kept, its checksum, sizes and
+/// object list from `parts`, sizes stored in the byte order the
+/// superblock declares). The client
 /// stores each checked part uncompressed and has libostree apply those,
 /// so libostree never inflates a remote's bytes itself; the superblock it
 /// reads must then name them.
@@ -191,7 +192,7 @@ pub fn superblock_with_parts(bytes: &[u8], parts: &[DeltaPart]) -> Result<Vec<u8
             Variant::array_from_fixed_array(p.checksum.as_bytes()),
             raw(p.size).to_variant(),
             raw(p.uncompressed_size).to_variant(),
-            o.child_value(4),
+            Variant::array_from_fixed_array(&object_list(&p.objects)),
         ])
     });
     let ty = VariantTy::new("(uayttay)").expect("valid type string");
@@ -204,6 +205,14 @@ pub fn superblock_with_parts(bytes: &[u8], parts: &[DeltaPart]) -> Result<Vec<u8
         }
     });
     Ok(Variant::tuple_from_iter(children).data().to_vec())
+}
+
+/// A part's packed object list: type byte and checksum, each.
+fn object_list(objects: &[(u8, Checksum)]) -> Vec<u8> {
+    objects
+        .iter()
+        .flat_map(|(t, c)| std::iter::once(*t).chain(c.as_bytes().iter().copied()))
+        .collect()
 }
 
 /// Whether the superblock's sizes are big-endian (`ostree.endianness`,
@@ -404,7 +413,11 @@ mod tests {
 
     #[test]
     fn parts_are_replaced_and_nothing_else_changes() {
-        for endianness in ["", "'ostree.endianness': <byte 0x42>", "'ostree.endianness': <byte 0x6c>"] {
+        for endianness in [
+            "",
+            "'ostree.endianness': <byte 0x42>",
+            "'ostree.endianness': <byte 0x6c>",
+        ] {
             let ty = VariantTy::new(SUPERBLOCK_GVARIANT_TYPE).unwrap();
             let zeros = format!("[{}]", vec!["0"; 32].join(", "));
             let objs = format!("[{}]", vec!["1"; 33].join(", "));
@@ -420,6 +433,7 @@ mod tests {
             part.checksum = Checksum::from([9; 32]);
             part.size = 1 << 33;
             part.uncompressed_size = 12345;
+            part.objects.push((2, Checksum::from([3; 32])));
             let out = superblock_with_parts(&orig, std::slice::from_ref(&part)).unwrap();
             let after = Superblock::parse(&out).unwrap();
             assert_eq!(after.parts, vec![part], "{endianness}");

@@ -31,7 +31,24 @@ pub const MAX_PART_PAYLOAD: u64 = 256 << 20;
 /// size) before writing it: objects above this may not be patched.
 pub const MAX_BSPATCH_SIZE: u64 = 256 << 20;
 
+/// Room in a payload besides its objects' bytes (the mode and xattr
+/// tables, the op stream, bsdiff's control blocks): per object, and in all.
+const PER_OBJECT_SLACK: u64 = 4 << 10;
+const PART_SLACK: u64 = 64 << 10;
+
 const WHAT: &str = "delta part";
+
+/// The most a payload may inflate to when its part declares `declared`
+/// bytes of objects (a superblock's `uncompressed_size` is what ostree's
+/// generator added up for the part's objects, not the payload's length)
+/// and lists `objects` of them: that, plus the tables and op stream, and
+/// an eighth for patches that came out larger than their object.
+pub fn payload_allowance(declared: u64, objects: usize) -> u64 {
+    PART_SLACK
+        .saturating_add(PER_OBJECT_SLACK.saturating_mul(objects as u64))
+        .saturating_add(declared / 8)
+        .saturating_add(declared)
+}
 
 fn err(why: impl Into<String>) -> FormatError {
     FormatError::Variant {
@@ -349,6 +366,46 @@ fn mode_and_xattrs(ops: &mut Ops, shape: PayloadShape) -> Result<(), FormatError
     Ok(())
 }
 
+/// A payload as ostree's generator lays it out: `modes` (uid, gid, mode;
+/// stored big-endian), one empty xattr set, `raw` and `ops`. For tests
+/// and fuzz seeds; the client only reads payloads.
+pub fn build_part_payload(modes: &[(u32, u32, u32)], raw: &[u8], ops: &[u8]) -> Vec<u8> {
+    use glib::prelude::ToVariant;
+    use glib::{Variant, VariantTy};
+    let modes: Vec<(u32, u32, u32)> = modes
+        .iter()
+        .map(|(u, g, m)| (u.to_be(), g.to_be(), m.to_be()))
+        .collect();
+    let ty = |t: &'static str| VariantTy::new(t).expect("valid type string");
+    let xattrs = Variant::array_from_iter_with_type(
+        ty("a(ayay)"),
+        [Variant::array_from_iter_with_type(
+            ty("(ayay)"),
+            std::iter::empty::<Variant>(),
+        )],
+    );
+    Variant::tuple_from_iter([
+        modes.to_variant(),
+        xattrs,
+        Variant::array_from_fixed_array(raw),
+        Variant::array_from_fixed_array(ops),
+    ])
+    .data()
+    .to_vec()
+}
+
+/// An op stream: each op's code and varint arguments.
+pub fn build_ops(list: &[(u8, &[u64])]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (code, args) in list {
+        out.push(*code);
+        for a in *args {
+            write_varint(*a, &mut out);
+        }
+    }
+    out
+}
+
 /// LEB128, as libostree writes op arguments.
 pub fn write_varint(mut v: u64, out: &mut Vec<u8>) {
     loop {
@@ -365,43 +422,17 @@ pub fn write_varint(mut v: u64, out: &mut Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use glib::prelude::ToVariant;
-    use glib::Variant;
 
     fn c(n: u8) -> Checksum {
         Checksum::from([n; 32])
     }
 
-    /// An op: its code and varint arguments.
     fn ops(list: &[(u8, &[u64])]) -> Vec<u8> {
-        let mut out = Vec::new();
-        for (code, args) in list {
-            out.push(*code);
-            for a in *args {
-                write_varint(*a, &mut out);
-            }
-        }
-        out
+        build_ops(list)
     }
 
-    /// A payload of one mode, one (empty) xattr set and `raw` bytes.
     fn payload(raw: &[u8], ops: &[u8]) -> Vec<u8> {
-        let modes = vec![(0u32, 0u32, 0o100644u32.to_be())].to_variant();
-        let xattrs = Variant::array_from_iter_with_type(
-            glib::VariantTy::new("a(ayay)").unwrap(),
-            [Variant::array_from_iter_with_type(
-                glib::VariantTy::new("(ayay)").unwrap(),
-                std::iter::empty::<Variant>(),
-            )],
-        );
-        Variant::tuple_from_iter([
-            modes,
-            xattrs,
-            Variant::array_from_fixed_array(raw),
-            Variant::array_from_fixed_array(ops),
-        ])
-        .data()
-        .to_vec()
+        build_part_payload(&[(0, 0, 0o100644)], raw, ops)
     }
 
     const CAP: u64 = 1000;
@@ -417,7 +448,12 @@ mod tests {
         type Case<'a> = (&'a str, &'a [(u8, Checksum)], Vec<u8>, Result<u64, &'a str>);
         let cases: Vec<Case> = vec![
             ("nothing", &file, vec![], Ok(0)),
-            ("splice a file", &file, ops(&[(b'S', &[0, 0, 10, 0])]), Ok(10)),
+            (
+                "splice a file",
+                &file,
+                ops(&[(b'S', &[0, 0, 10, 0])]),
+                Ok(10),
+            ),
             (
                 "splice a file, then a dirtree",
                 &two,
@@ -427,7 +463,12 @@ mod tests {
             (
                 "open, two writes, close",
                 &file,
-                ops(&[(b'o', &[0, 0, 64]), (b'w', &[32, 0]), (b'w', &[32, 32]), (b'c', &[])]),
+                ops(&[
+                    (b'o', &[0, 0, 64]),
+                    (b'w', &[32, 0]),
+                    (b'w', &[32, 32]),
+                    (b'c', &[]),
+                ]),
                 Ok(64),
             ),
             (
@@ -445,10 +486,20 @@ mod tests {
             (
                 "bspatch",
                 &file,
-                ops(&[(b'o', &[0, 0, 900]), (b'r', &[0]), (b'B', &[32, 8]), (b'c', &[])]),
+                ops(&[
+                    (b'o', &[0, 0, 900]),
+                    (b'r', &[0]),
+                    (b'B', &[32, 8]),
+                    (b'c', &[]),
+                ]),
                 Ok(900),
             ),
-            ("repeated writes past open", &file, ops(&many_writes), Err("past the 100 bytes")),
+            (
+                "repeated writes past open",
+                &file,
+                ops(&many_writes),
+                Err("past the 100 bytes"),
+            ),
             (
                 "one write past open",
                 &file,
@@ -458,34 +509,141 @@ mod tests {
             (
                 "write overflowing",
                 &file,
-                ops(&[(b'o', &[0, 0, 10]), (b'r', &[0]), (b'w', &[10, 0]), (b'w', &[u64::MAX, 0])]),
+                ops(&[
+                    (b'o', &[0, 0, 10]),
+                    (b'r', &[0]),
+                    (b'w', &[10, 0]),
+                    (b'w', &[u64::MAX, 0]),
+                ]),
                 Err("past the 10 bytes"),
             ),
-            ("open over the cap", &file, ops(&[(b'o', &[0, 0, CAP + 1])]), Err("more than the 1000")),
-            ("splice over the cap", &file, ops(&[(b'S', &[0, 0, CAP + 1, 0])]), Err("more than")),
-            ("splice outside raw", &file, ops(&[(b'S', &[0, 0, 10, 60])]), Err("outside the 64")),
-            ("splice offset overflow", &file, ops(&[(b'S', &[0, 0, 10, u64::MAX])]), Err("outside")),
-            ("write outside raw", &file, ops(&[(b'o', &[0, 0, 100]), (b'w', &[65, 0])]), Err("outside")),
-            ("mode out of range", &file, ops(&[(b'o', &[1, 0, 1])]), Err("mode 1 of 1")),
-            ("xattr out of range", &file, ops(&[(b'o', &[0, 1, 1])]), Err("xattr set 1 of 1")),
-            ("more objects than listed", &file, ops(&[(b'S', &[0, 0, 1, 0]), (b'S', &[0, 0, 1, 0])]), Err("opens object 1, but the part lists 1")),
-            ("open a dirtree", &two[1..], ops(&[(b'o', &[0, 0, 1])]), Err("has type 2")),
-            ("write with nothing open", &file, ops(&[(b'w', &[1, 0])]), Err("no object is open")),
-            ("close with nothing open", &file, ops(&[(b'c', &[])]), Err("no object is open")),
-            ("open twice", &file, ops(&[(b'o', &[0, 0, 1]), (b'o', &[0, 0, 1])]), Err("already open")),
-            ("closed short", &file, ops(&[(b'o', &[0, 0, 10]), (b'w', &[5, 0]), (b'c', &[])]), Err("after writing 5")),
-            ("left open", &file, ops(&[(b'o', &[0, 0, 10])]), Err("still open")),
-            ("bspatch without source", &file, ops(&[(b'o', &[0, 0, 10]), (b'B', &[0, 8])]), Err("without a read source")),
+            (
+                "open over the cap",
+                &file,
+                ops(&[(b'o', &[0, 0, CAP + 1])]),
+                Err("more than the 1000"),
+            ),
+            (
+                "splice over the cap",
+                &file,
+                ops(&[(b'S', &[0, 0, CAP + 1, 0])]),
+                Err("more than"),
+            ),
+            (
+                "splice outside raw",
+                &file,
+                ops(&[(b'S', &[0, 0, 10, 60])]),
+                Err("outside the 64"),
+            ),
+            (
+                "splice offset overflow",
+                &file,
+                ops(&[(b'S', &[0, 0, 10, u64::MAX])]),
+                Err("outside"),
+            ),
+            (
+                "write outside raw",
+                &file,
+                ops(&[(b'o', &[0, 0, 100]), (b'w', &[65, 0])]),
+                Err("outside"),
+            ),
+            (
+                "mode out of range",
+                &file,
+                ops(&[(b'o', &[1, 0, 1])]),
+                Err("mode 1 of 1"),
+            ),
+            (
+                "xattr out of range",
+                &file,
+                ops(&[(b'o', &[0, 1, 1])]),
+                Err("xattr set 1 of 1"),
+            ),
+            (
+                "more objects than listed",
+                &file,
+                ops(&[(b'S', &[0, 0, 1, 0]), (b'S', &[0, 0, 1, 0])]),
+                Err("opens object 1, but the part lists 1"),
+            ),
+            (
+                "open a dirtree",
+                &two[1..],
+                ops(&[(b'o', &[0, 0, 1])]),
+                Err("has type 2"),
+            ),
+            (
+                "write with nothing open",
+                &file,
+                ops(&[(b'w', &[1, 0])]),
+                Err("no object is open"),
+            ),
+            (
+                "close with nothing open",
+                &file,
+                ops(&[(b'c', &[])]),
+                Err("no object is open"),
+            ),
+            (
+                "open twice",
+                &file,
+                ops(&[(b'o', &[0, 0, 1]), (b'o', &[0, 0, 1])]),
+                Err("already open"),
+            ),
+            (
+                "closed short",
+                &file,
+                ops(&[(b'o', &[0, 0, 10]), (b'w', &[5, 0]), (b'c', &[])]),
+                Err("after writing 5"),
+            ),
+            (
+                "left open",
+                &file,
+                ops(&[(b'o', &[0, 0, 10])]),
+                Err("still open"),
+            ),
+            (
+                "bspatch without source",
+                &file,
+                ops(&[(b'o', &[0, 0, 10]), (b'B', &[0, 8])]),
+                Err("without a read source"),
+            ),
             (
                 "bspatch after a write",
                 &file,
-                ops(&[(b'o', &[0, 0, 10]), (b'w', &[1, 0]), (b'r', &[0]), (b'B', &[0, 8])]),
+                ops(&[
+                    (b'o', &[0, 0, 10]),
+                    (b'w', &[1, 0]),
+                    (b'r', &[0]),
+                    (b'B', &[0, 8]),
+                ]),
                 Err("already written"),
             ),
-            ("read source outside raw", &file, ops(&[(b'r', &[40])]), Err("reads 32 bytes at 40")),
-            ("unknown opcode", &file, vec![b'z'], Err("unknown opcode 0x7a")),
-            ("truncated varint", &file, vec![b'o', 0x80], Err("truncated varint")),
-            ("varint past 64 bits", &file, vec![b'r', 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f], Err("truncated varint")),
+            (
+                "read source outside raw",
+                &file,
+                ops(&[(b'r', &[40])]),
+                Err("reads 32 bytes at 40"),
+            ),
+            (
+                "unknown opcode",
+                &file,
+                vec![b'z'],
+                Err("unknown opcode 0x7a"),
+            ),
+            (
+                "truncated varint",
+                &file,
+                vec![b'o', 0x80],
+                Err("truncated varint"),
+            ),
+            (
+                "varint past 64 bits",
+                &file,
+                vec![
+                    b'r', 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f,
+                ],
+                Err("truncated varint"),
+            ),
         ];
         let raw = [7u8; 64];
         for (what, objects, stream, want) in cases {
@@ -511,7 +669,11 @@ mod tests {
         // (what, payload, refusal substring)
         let cases: Vec<(&str, Vec<u8>, &str)> = vec![
             ("not a payload", b"garbage".to_vec(), "invalid delta part"),
-            ("bspatch too big", payload(&[0; 64], &big_patch), "above the"),
+            (
+                "bspatch too big",
+                payload(&[0; 64], &big_patch),
+                "above the",
+            ),
         ];
         // An empty payload is glib's default value: no ops, nothing written.
         let empty = check_part_payload(&[], &file, |_, _| 0);
@@ -524,7 +686,11 @@ mod tests {
 
     #[test]
     fn compression_bytes() {
-        let cases = [(0u8, Some(PartCompression::None)), (b'x', Some(PartCompression::Xz)), (b'g', None)];
+        let cases = [
+            (0u8, Some(PartCompression::None)),
+            (b'x', Some(PartCompression::Xz)),
+            (b'g', None),
+        ];
         for (b, want) in cases {
             let got = PartCompression::from_byte(b).ok();
             assert_eq!(got, want, "{b}");

@@ -1,9 +1,9 @@
 //! Static deltas: when the summary lists one from the local commit to the
 //! target, and it costs fewer bytes than the loose objects still missing,
-//! download its parts into the repo's `tmp/`, unpack and check each
-//! (`part.rs`: inflated size, op stream, object sizes), and let libostree
-//! apply the unpacked parts (`ostree_repo_static_delta_execute_offline`:
-//! it checks each object's checksum as it writes). The walk that follows
+//! download its parts into the repo's `tmp/`, check each (`part.rs`:
+//! inflated size, op stream, object sizes), and let libostree apply them
+//! (`ostree_repo_static_delta_execute_offline`: it checks each part
+//! against the superblock's checksum and each object's as it writes). The walk that follows
 //! fetches loose anything the delta did not bring (fallbacks).
 //!
 //! Which deltas are taken: from a remote whose summary is verified
@@ -17,12 +17,12 @@
 use super::error::{PullError, PullResult, Tag};
 use super::fetch::{BodyReader, ConsumeError, FetchError};
 use super::report::Reporter;
+use super::space::Reservation;
 use super::walk::Ctx;
 use anyhow::{anyhow, Context};
 use bytes::Bytes;
 use oscontent_format::delta::{delta_is_smaller, MAX_SUPERBLOCK_SIZE};
-use super::space::Reservation;
-use oscontent_format::deltapart::PartWrites;
+use oscontent_format::deltapart::{payload_allowance, PartWrites};
 use oscontent_format::{Checksum, DeltaName, ObjectKind, Summary, Superblock};
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -82,26 +82,27 @@ pub async fn try_delta(
     if !worth_it(ctx, reporter, &name, &sb) {
         return Ok(false);
     }
-    // The parts are downloaded whole, then unpacked, each within what the
-    // superblock declares: room for both until they are unpacked; then,
-    // before libostree runs, room for every object their checked op
-    // streams may write.
+    // The parts are downloaded whole, and libostree inflates each within
+    // what the superblock declares allows (checked first): room for both,
+    // held until it has applied them; and, before it runs, room for
+    // every object their checked op streams may write.
     let what = format!("static delta {}", name.summary_name());
     let need = sb
-        .total_size()
-        .zip(sb.total_uncompressed_size())
-        .and_then(|(a, b)| a.checked_add(b))
+        .parts
+        .iter()
+        .map(|p| payload_allowance(p.uncompressed_size, p.objects.len()))
+        .try_fold(sb.total_size().unwrap_or(u64::MAX), u64::checked_add)
         .unwrap_or(u64::MAX);
     let room = reserve(ctx, format!("{what} parts"), need).await?;
-    let tmp = download(ctx, &name, &sb).await?;
-    let writes = unpack_all(ctx, tmp.path(), &sb_bytes, &sb).await?;
-    drop(room);
+    let tmp = download(ctx, &name, &sb_bytes, &sb).await?;
+    let writes = check_all(ctx, tmp.path(), &sb).await?;
     // Each object takes whole blocks and an inode besides its bytes.
     let objects_need = writes
         .bytes
         .saturating_add(writes.objects.saturating_mul(2 * 4096));
-    let _room = reserve(ctx, format!("{what} objects"), objects_need).await?;
+    let _objects = reserve(ctx, format!("{what} objects"), objects_need).await?;
     apply(ctx, tmp.path(), &sb).await?;
+    drop(room);
     Ok(true)
 }
 
@@ -115,42 +116,24 @@ async fn reserve(ctx: &Ctx, what: String, len: u64) -> PullResult<Reservation> {
         .local()
 }
 
-/// Unpacks and checks every downloaded part (`part.rs`), replacing each
-/// with its unpacked form and the superblock with one that names those;
-/// returns what their op streams write, in all.
-async fn unpack_all(
-    ctx: &Arc<Ctx>,
-    dir: &Path,
-    sb_bytes: &Bytes,
-    sb: &Superblock,
-) -> PullResult<PartWrites> {
-    let (ctx, dir, sb_bytes, parts) = (
-        ctx.clone(),
-        dir.to_path_buf(),
-        sb_bytes.clone(),
-        sb.parts.clone(),
-    );
+/// Checks every downloaded part (`part.rs`); returns what their op
+/// streams write, in all.
+async fn check_all(ctx: &Arc<Ctx>, dir: &Path, sb: &Superblock) -> PullResult<PartWrites> {
+    let (ctx, dir, parts) = (ctx.clone(), dir.to_path_buf(), sb.parts.clone());
     let done = tokio::task::spawn_blocking(move || {
         let mut total = PartWrites::default();
-        let mut unpacked = Vec::with_capacity(parts.len());
         for (i, p) in parts.iter().enumerate() {
-            let (src, dest) = (dir.join(format!("{i}.download")), dir.join(i.to_string()));
-            let checked = part::payload_cap(&ctx, p)
-                .and_then(|cap| part::unpack(&ctx, &src, &dest, p, cap));
-            let (entry, writes) = checked.map_err(|e| match e {
-                part::PartError::Corrupt(e) => {
-                    PullError::Verification(e.context(format!("delta part {i}: refused")))
-                }
-                part::PartError::Local(e) => PullError::LocalRepo(e),
-            })?;
-            std::fs::remove_file(&src)
-                .with_context(|| format!("removing {}", src.display()))
-                .local()?;
+            let writes = part::payload_cap(&ctx, p)
+                .and_then(|cap| part::check(&ctx, &dir.join(i.to_string()), p, cap))
+                .map_err(|e| match e {
+                    part::PartError::Corrupt(e) => {
+                        PullError::Verification(e.context(format!("delta part {i}: refused")))
+                    }
+                    part::PartError::Local(e) => PullError::LocalRepo(e),
+                })?;
             total.objects = total.objects.saturating_add(writes.objects);
             total.bytes = total.bytes.saturating_add(writes.bytes);
-            unpacked.push(entry);
         }
-        part::write_superblock(&dir, &sb_bytes, &unpacked).local()?;
         Ok(total)
     });
     done.await
@@ -252,12 +235,13 @@ fn worth_it(ctx: &Ctx, reporter: &Reporter, name: &DeltaName, sb: &Superblock) -
     true
 }
 
-/// Downloads every part, each hashed as it streams, into a fresh
-/// directory under the repo's `tmp/` (removed when the returned handle is
-/// dropped), as `I.download`.
+/// Downloads the superblock and every part, each hashed as it streams,
+/// into a fresh directory under the repo's `tmp/` (removed when the
+/// returned handle is dropped).
 async fn download(
     ctx: &Ctx,
     name: &DeltaName,
+    sb_bytes: &[u8],
     sb: &Superblock,
 ) -> PullResult<tempfile::TempDir> {
     let tmp = tempfile::Builder::new()
@@ -265,9 +249,12 @@ async fn download(
         .tempdir_in(ctx.store().path.join("tmp"))
         .context("creating a delta directory in the repo's tmp/")
         .local()?;
+    std::fs::write(tmp.path().join("superblock"), sb_bytes)
+        .context("writing the superblock")
+        .local()?;
     for (i, part) in sb.parts.iter().enumerate() {
         let path = format!("{}/{i}", name.dir());
-        let dest = tmp.path().join(format!("{i}.download"));
+        let dest = tmp.path().join(i.to_string());
         let want = part.checksum;
         let got = ctx
             .content

@@ -1,34 +1,32 @@
-//! One downloaded delta part, unpacked and checked before libostree sees
-//! it: inflated here (xz) to at most the size the superblock declares,
+//! One downloaded delta part, checked before libostree sees it: inflated
+//! here (xz) to at most what the size the superblock declares allows,
 //! that size itself within what the commit's `ostree.sizes` allows for
-//! the part's objects, its op stream walked by
-//! [`oscontent_format::deltapart::check_part_payload`], and stored
-//! uncompressed beside the superblock, so libostree maps it as it is and
-//! never inflates a remote's bytes into `$TMPDIR` itself.
+//! the part's objects, and its op stream walked by
+//! [`oscontent_format::deltapart::check_part_payload`]. libostree then
+//! applies the very file that was checked (its checksum is the one the
+//! superblock gives), so its own inflation stops where this one did.
+//!
+//! The part is handed over as downloaded, not stored uncompressed:
+//! libostree 2022.7 maps an uncompressed part file at offset 1
+//! (`ot_variant_read_fd`), which `mmap` refuses for any part past 16 KiB.
 
 use super::kind_of;
 use crate::pull::store::MAX_CONTENT_SIZE;
 use crate::pull::walk::Ctx;
-use anyhow::{anyhow, Context, Result};
+use anyhow::anyhow;
 use oscontent_format::commit::MAX_COMMIT_SIZE;
 use oscontent_format::delta::DeltaPart;
 use oscontent_format::deltapart::{
-    check_part_payload, PartCompression, PartWrites, MAX_PART_PAYLOAD,
+    check_part_payload, payload_allowance, PartCompression, PartWrites, MAX_PART_PAYLOAD,
 };
 use oscontent_format::tree::{MAX_DIRMETA_SIZE, MAX_DIRTREE_SIZE};
 use oscontent_format::{Checksum, ObjectKind};
-use sha2::{Digest, Sha256};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::Path;
 
 /// Memory the xz decoder may use: ostree compresses parts at preset 6
 /// (an 8 MiB dictionary); preset 9 needs 65 MiB.
 const XZ_MEMLIMIT: u64 = 128 << 20;
-/// Room in a part's payload besides its objects' bytes: the mode and
-/// xattr tables and the op stream, per object and in all.
-const PER_OBJECT_SLACK: u64 = 4 << 10;
-const PART_SLACK: u64 = 64 << 10;
-
 /// Why a part was refused: its bytes (the remote's fault) or our side.
 #[derive(Debug)]
 pub enum PartError {
@@ -50,11 +48,12 @@ fn object_cap(ctx: &Ctx, objtype: u8, c: &Checksum) -> u64 {
 }
 
 /// The most the part's payload may inflate to: what the superblock
-/// declares, within [`MAX_PART_PAYLOAD`], and, when the commit's
-/// `ostree.sizes` lists every object of the part, within their sizes
-/// plus the part's tables.
+/// declares for its objects ([`payload_allowance`]), within
+/// [`MAX_PART_PAYLOAD`]; when the commit's `ostree.sizes` lists every
+/// object of the part, the declaration may not exceed their sizes (with
+/// the same allowance).
 pub fn payload_cap(ctx: &Ctx, part: &DeltaPart) -> Result<u64, PartError> {
-    let mut cap = part.uncompressed_size.min(MAX_PART_PAYLOAD);
+    let n = part.objects.len();
     let listed: Option<u64> = part
         .objects
         .iter()
@@ -64,19 +63,16 @@ pub fn payload_cap(ctx: &Ctx, part: &DeltaPart) -> Result<u64, PartError> {
         })
         .try_fold(0u64, |sum, s| s.map(|s| sum.saturating_add(s)));
     if let Some(sum) = listed {
-        let slack = PART_SLACK
-            .saturating_add(PER_OBJECT_SLACK.saturating_mul(part.objects.len() as u64))
-            .saturating_add(sum / 8);
-        let allowed = sum.saturating_add(slack);
+        let allowed = payload_allowance(sum, n);
         if part.uncompressed_size > allowed {
             return Err(PartError::Corrupt(anyhow!(
                 "declares {} bytes unpacked, but its objects' ostree.sizes allow {allowed}",
                 part.uncompressed_size
             )));
         }
-        cap = cap.min(allowed);
     }
-    if part.uncompressed_size > MAX_PART_PAYLOAD {
+    let cap = payload_allowance(part.uncompressed_size, n);
+    if cap > MAX_PART_PAYLOAD {
         return Err(PartError::Corrupt(anyhow!(
             "declares {} bytes unpacked, above the {MAX_PART_PAYLOAD} byte limit",
             part.uncompressed_size
@@ -85,21 +81,12 @@ pub fn payload_cap(ctx: &Ctx, part: &DeltaPart) -> Result<u64, PartError> {
     Ok(cap)
 }
 
-/// Unpacks the downloaded part `src` into `dest` (compression byte 0, the
-/// payload), inflating at most `cap` bytes, and checks its op stream.
-/// Returns the part entry that describes `dest` and what it writes.
-pub fn unpack(
-    ctx: &Ctx,
-    src: &Path,
-    dest: &Path,
-    part: &DeltaPart,
-    cap: u64,
-) -> Result<(DeltaPart, PartWrites), PartError> {
+/// Inflates the downloaded part `src`, at most `cap` bytes, and checks
+/// its op stream; returns what it writes.
+pub fn check(ctx: &Ctx, src: &Path, part: &DeltaPart, cap: u64) -> Result<PartWrites, PartError> {
     let corrupt = PartError::Corrupt;
-    let local = |e: std::io::Error, what: &str, p: &Path| {
-        PartError::Local(anyhow!("{what} {}: {e}", p.display()))
-    };
-    let mut f = std::fs::File::open(src).map_err(|e| local(e, "opening", src))?;
+    let mut f = std::fs::File::open(src)
+        .map_err(|e| PartError::Local(anyhow!("opening {}: {e}", src.display())))?;
     let mut first = [0u8; 1];
     f.read_exact(&mut first)
         .map_err(|_| corrupt(anyhow!("empty part file")))?;
@@ -123,32 +110,10 @@ pub fn unpack(
         .map_err(|e| corrupt(anyhow!("inflating: {e}")))?;
     if payload.len() as u64 > cap {
         return Err(corrupt(anyhow!(
-            "inflates past {cap} bytes; the superblock declares {} unpacked",
+            "inflates past {cap} bytes, more than the {} the superblock declares allow",
             part.uncompressed_size
         )));
     }
-    let writes = check_part_payload(&payload, &part.objects, |t, c| object_cap(ctx, t, c))
-        .map_err(|e| corrupt(e.into()))?;
-    let mut out = std::fs::File::create(dest).map_err(|e| local(e, "creating", dest))?;
-    let mut h = Sha256::new();
-    let head = [PartCompression::None.byte()];
-    h.update(head);
-    h.update(&payload);
-    out.write_all(&head)
-        .and_then(|()| out.write_all(&payload))
-        .map_err(|e| local(e, "writing", dest))?;
-    let unpacked = DeltaPart {
-        checksum: Checksum::from(<[u8; 32]>::from(h.finalize())),
-        size: payload.len() as u64 + 1,
-        uncompressed_size: payload.len() as u64,
-        objects: part.objects.clone(),
-    };
-    Ok((unpacked, writes))
-}
-
-/// The part files that libostree reads, described to it.
-pub fn write_superblock(dir: &Path, original: &[u8], parts: &[DeltaPart]) -> Result<()> {
-    let sb = oscontent_format::delta::superblock_with_parts(original, parts)
-        .context("rewriting the superblock for the unpacked parts")?;
-    std::fs::write(dir.join("superblock"), sb).context("writing the superblock")
+    check_part_payload(&payload, &part.objects, |t, c| object_cap(ctx, t, c))
+        .map_err(|e| corrupt(e.into()))
 }
