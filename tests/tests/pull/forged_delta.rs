@@ -19,9 +19,7 @@ use sha2::Digest;
 use std::io::Write;
 use std::path::Path;
 use std::process::Output;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// The node repo's filesystem, and `$TMPDIR`'s.
 const FS_BYTES: u64 = 64 << 20;
@@ -121,38 +119,15 @@ fn first_file(src: &Src, name: &DeltaName) -> (u8, Checksum) {
         .expect("the part carries a file")
 }
 
-/// Runs the pull with `$TMPDIR` in `tmp`, sampling both filesystems'
-/// free space while it runs; returns the output and the lowest free
-/// space seen on each (repo, tmp).
+/// Runs the pull with `$TMPDIR` in `tmp`, watching both filesystems;
+/// returns the output and the lowest free space seen on each (repo, tmp).
 fn pull_watched(node: &Ostree, repo_fs: &SmallFs, tmp: &SmallFs, url: &str) -> (Output, u64, u64) {
-    let done = Arc::new(AtomicBool::new(false));
-    let (repo_path, tmp_path) = (repo_fs.path().to_path_buf(), tmp.path().to_path_buf());
-    let watcher = {
-        let done = done.clone();
-        std::thread::spawn(move || {
-            let free = |p: &Path| {
-                let st = rustix::fs::statvfs(p).unwrap();
-                st.f_bavail * st.f_frsize
-            };
-            let (mut low_repo, mut low_tmp) = (u64::MAX, u64::MAX);
-            // Bounded: 180 s at 5 ms, the client's own bound.
-            for _ in 0..36_000 {
-                low_repo = low_repo.min(free(&repo_path));
-                low_tmp = low_tmp.min(free(&tmp_path));
-                if done.load(Ordering::SeqCst) {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            (low_repo, low_tmp)
-        })
-    };
-    let mut cmd = client(pull_args(&node.repo, url, REF, &[]));
-    cmd.env("TMPDIR", tmp.path());
-    let out = run_bounded(&mut cmd, CLIENT_TIMEOUT).unwrap();
-    done.store(true, Ordering::SeqCst);
-    let (low_repo, low_tmp) = watcher.join().unwrap();
-    (out, low_repo, low_tmp)
+    let (out, low) = lowest_free_while(&[repo_fs.path(), tmp.path()], || {
+        let mut cmd = client(pull_args(&node.repo, url, REF, &[]));
+        cmd.env("TMPDIR", tmp.path());
+        run_bounded(&mut cmd, CLIENT_TIMEOUT).unwrap()
+    });
+    (out, low[0], low[1])
 }
 
 /// Asserts the forged delta was refused with `needle`, the ref stayed at
