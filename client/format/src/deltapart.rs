@@ -198,10 +198,6 @@ pub fn check_ops(
     let mut open: Option<Open> = None;
     let mut read_source = false;
     let mut out = PartWrites::default();
-    let cap = &cap;
-    let mut start = |ops: &Ops, next: &mut usize, size: u64, want_file: bool| {
-        start_object(ops, objects, cap, next, &mut out, size, want_file)
-    };
     // The next listed object, which OPEN and OPEN_SPLICE_AND_CLOSE write,
     // and the size it may declare.
     while ops.pos < bytes.len() {
@@ -237,14 +233,14 @@ pub fn check_ops(
                     let size = ops.varint("size")?;
                     (size, ops.varint("offset")?)
                 };
-                start(&ops, &mut next_object, size, false)?;
+                start_object(&ops, objects, &cap, &mut next_object, &mut out, size, false)?;
                 within(&ops, shape, offset, size)?;
                 read_source = false;
             }
             op::OPEN => {
                 mode_and_xattrs(&mut ops, shape)?;
                 let size = ops.varint("size")?;
-                start(&ops, &mut next_object, size, true)?;
+                start_object(&ops, objects, &cap, &mut next_object, &mut out, size, true)?;
                 open = Some(Open { size, written: 0 });
             }
             op::WRITE => {
@@ -304,7 +300,6 @@ pub fn check_ops(
         }
         ops.n += 1;
     }
-    drop(start);
     if open.is_some() {
         return Err(err(format!(
             "the op stream ends with object {} still open",
