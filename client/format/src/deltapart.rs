@@ -679,6 +679,23 @@ mod tests {
         }
     }
 
+    /// The layout ostree writes (and the fuzz seeds are laid out by hand
+    /// in): modes, xattr sets, raw data, ops, then the tuple's frame
+    /// offsets, last member first.
+    #[test]
+    fn payload_layout() {
+        let got = build_part_payload(&[(0, 0, 0o100644)], b"ab", b"R");
+        let mut want = vec![0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x81, 0xa4];
+        want.push(0); // one empty xattr set: its end offset
+        want.extend_from_slice(b"abR");
+        want.extend_from_slice(&[15, 13, 12]);
+        assert_eq!(got, want);
+        assert_eq!(
+            check_part_payload(&got, &[], |_, _| 0),
+            Ok(PartWrites::default())
+        );
+    }
+
     #[test]
     fn compression_bytes() {
         let cases = [
