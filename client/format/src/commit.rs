@@ -69,7 +69,7 @@ impl ObjectSize {
 }
 
 /// A LEB128 varint (at most 10 bytes, no bits past 64) and what follows.
-fn read_varint(b: &[u8]) -> Option<(u64, &[u8])> {
+pub(crate) fn read_varint(b: &[u8]) -> Option<(u64, &[u8])> {
     let mut v = 0u64;
     for (i, byte) in b.iter().enumerate().take(10) {
         let bits = u64::from(byte & 0x7f);

@@ -11,6 +11,7 @@
 use crate::checksum::Checksum;
 use crate::error::FormatError;
 use crate::variant::{check_size, parse_normal};
+use glib::prelude::ToVariant;
 use glib::{Variant, VariantDict, VariantTy};
 
 pub const SUPERBLOCK_GVARIANT_TYPE: &str = "(a{sv}tayay(a{sv}aya(say)sstayay)aya(uayttay)a(yaytt))";
@@ -64,11 +65,7 @@ impl Superblock {
     pub fn parse(bytes: &[u8]) -> Result<Self, FormatError> {
         check_size(bytes, MAX_SUPERBLOCK_SIZE, WHAT)?;
         let v = parse_normal(bytes, SUPERBLOCK_GVARIANT_TYPE, WHAT)?;
-        let big_endian = VariantDict::new(Some(&v.child_value(0)))
-            .lookup_value(KEY_ENDIANNESS, Some(VariantTy::BYTE))
-            .and_then(|e| e.get::<u8>())
-            .map(|e| e == b'B')
-            .unwrap_or(cfg!(target_endian = "big"));
+        let big_endian = big_endian(&v);
         let size = |v: Variant| -> u64 {
             let raw = v.get::<u64>().unwrap_or(0);
             if big_endian {
@@ -167,6 +164,65 @@ pub fn reproducible_superblock(bytes: &[u8]) -> Result<Vec<u8>, FormatError> {
         }
     });
     Ok(Variant::tuple_from_iter(children).data().to_vec())
+}
+
+/// `bytes`, a superblock, with its part entries replaced by `parts` (as
+/// many, in order: each part's version kept, its checksum, sizes and
+/// object list from `parts`, sizes stored in the byte order the
+/// superblock declares). The client
+/// stores each checked part uncompressed and has libostree apply those,
+/// so libostree never inflates a remote's bytes itself; the superblock it
+/// reads must then name them.
+pub fn superblock_with_parts(bytes: &[u8], parts: &[DeltaPart]) -> Result<Vec<u8>, FormatError> {
+    check_size(bytes, MAX_SUPERBLOCK_SIZE, WHAT)?;
+    let v = parse_normal(bytes, SUPERBLOCK_GVARIANT_TYPE, WHAT)?;
+    let old = v.child_value(6);
+    if old.n_children() != parts.len() {
+        return Err(err(format!(
+            "{} parts, {} replacements",
+            old.n_children(),
+            parts.len()
+        )));
+    }
+    let big_endian = big_endian(&v);
+    let raw = |n: u64| if big_endian { n.to_be() } else { n.to_le() };
+    let entries = old.iter().zip(parts).map(|(o, p)| {
+        Variant::tuple_from_iter([
+            o.child_value(0),
+            Variant::array_from_fixed_array(p.checksum.as_bytes()),
+            raw(p.size).to_variant(),
+            raw(p.uncompressed_size).to_variant(),
+            Variant::array_from_fixed_array(&object_list(&p.objects)),
+        ])
+    });
+    let ty = VariantTy::new("(uayttay)").expect("valid type string");
+    let new_parts = Variant::array_from_iter_with_type(ty, entries);
+    let children = (0..v.n_children()).map(|i| {
+        if i == 6 {
+            new_parts.clone()
+        } else {
+            v.child_value(i)
+        }
+    });
+    Ok(Variant::tuple_from_iter(children).data().to_vec())
+}
+
+/// A part's packed object list: type byte and checksum, each.
+fn object_list(objects: &[(u8, Checksum)]) -> Vec<u8> {
+    objects
+        .iter()
+        .flat_map(|(t, c)| std::iter::once(*t).chain(c.as_bytes().iter().copied()))
+        .collect()
+}
+
+/// Whether the superblock's sizes are big-endian (`ostree.endianness`,
+/// else the host's order, as libostree reads them).
+fn big_endian(v: &Variant) -> bool {
+    VariantDict::new(Some(&v.child_value(0)))
+        .lookup_value(KEY_ENDIANNESS, Some(VariantTy::BYTE))
+        .and_then(|e| e.get::<u8>())
+        .map(|e| e == b'B')
+        .unwrap_or(cfg!(target_endian = "big"))
 }
 
 /// The sum, or `None` if it does not fit: sizes come from the remote, so a
@@ -353,6 +409,39 @@ mod tests {
         assert_eq!(ra, with_time(1234), "the commit's timestamp");
         assert_eq!(reproducible_superblock(&ra).unwrap(), ra, "idempotent");
         assert!(reproducible_superblock(b"garbage").is_err());
+    }
+
+    #[test]
+    fn parts_are_replaced_and_nothing_else_changes() {
+        for endianness in [
+            "",
+            "'ostree.endianness': <byte 0x42>",
+            "'ostree.endianness': <byte 0x6c>",
+        ] {
+            let ty = VariantTy::new(SUPERBLOCK_GVARIANT_TYPE).unwrap();
+            let zeros = format!("[{}]", vec!["0"; 32].join(", "));
+            let objs = format!("[{}]", vec!["1"; 33].join(", "));
+            let text = format!(
+                "(@a{{sv}} {{{endianness}}}, uint64 5, @ay [], @ay {zeros}, \
+                 (@a{{sv}} {{}}, @ay [], @a(say) [], 'subject', '', uint64 1234, @ay {zeros}, @ay {zeros}), \
+                 @ay [], @a(uayttay) [(uint32 0, @ay {zeros}, uint64 7, uint64 9, @ay {objs})], \
+                 @a(yaytt) [(1, @ay {zeros}, 3, 4)])"
+            );
+            let orig = Variant::parse(Some(ty), &text).unwrap().data().to_vec();
+            let before = Superblock::parse(&orig).unwrap();
+            let mut part = before.parts[0].clone();
+            part.checksum = Checksum::from([9; 32]);
+            part.size = 1 << 33;
+            part.uncompressed_size = 12345;
+            part.objects.push((2, Checksum::from([3; 32])));
+            let out = superblock_with_parts(&orig, std::slice::from_ref(&part)).unwrap();
+            let after = Superblock::parse(&out).unwrap();
+            assert_eq!(after.parts, vec![part], "{endianness}");
+            assert_eq!(after.fallbacks, before.fallbacks, "{endianness}");
+            assert_eq!((after.from, after.to), (before.from, before.to));
+            assert_eq!(after.commit, before.commit);
+            assert!(superblock_with_parts(&orig, &[]).is_err());
+        }
     }
 
     #[test]

@@ -22,6 +22,7 @@
 //!   the `.filez` encoder (what the server converts native images with).
 //! - [`summary`]: deterministic summary building and bounded parsing.
 //! - [`delta`]: static delta superblocks.
+//! - [`deltapart`]: static delta parts: the op-stream checker.
 //! - [`digits`]: numbers as text without the formatter.
 //! - [`gpgsigs`]: the `ostree.gpgsigs` container of `.commitmeta` and
 //!   `summary.sig`.
@@ -41,6 +42,7 @@ pub mod commit;
 pub mod config;
 pub mod content;
 pub mod delta;
+pub mod deltapart;
 pub mod digits;
 mod error;
 pub mod filez;

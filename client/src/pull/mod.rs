@@ -75,6 +75,12 @@ fn runtime(concurrency: usize) -> PullResult<tokio::runtime::Runtime> {
 /// final error in the same format.
 pub fn pull(opts: &PullOptions, reporter: Arc<Reporter>) -> PullResult<()> {
     check_usage(opts)?;
+    // libostree inflates a static delta's xz parts into an anonymous file
+    // under `$TMPDIR`: in the repo's own `tmp/` they are on the filesystem
+    // the space guard keeps, within what it reserved for them (`delta/`),
+    // not on whatever `$TMPDIR` is. Set before any thread exists (nothing
+    // reads the environment meanwhile).
+    std::env::set_var("TMPDIR", opts.repo.join("tmp"));
     // Before any thread exists, so that all of them inherit the I/O class.
     let governor = Arc::new(
         Governor::new(opts.io_mode, opts.io_latency_target, opts.io_max_rate)

@@ -111,8 +111,15 @@ async fn delta_then_walk(
     let mut delta_used = false;
     if let (Some(cur), Some(summary)) = (target.current, &view.summary) {
         if cur != target.checksum && !req.store.is_partial(&cur).local()? {
-            delta_used =
-                delta::try_delta(ctx, &req.reporter, summary, cur, target.checksum).await?;
+            delta_used = delta::try_delta(
+                ctx,
+                &req.reporter,
+                summary,
+                req.remote.trust.summary,
+                cur,
+                target.checksum,
+            )
+            .await?;
         }
     }
     walk::walk(

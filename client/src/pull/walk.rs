@@ -114,6 +114,11 @@ impl Ctx {
         self.sizes.get().and_then(|m| m.content.get(c).copied())
     }
 
+    /// The size the target commit declares for metadata object `c`.
+    pub fn declared_metadata(&self, c: &Checksum) -> Option<u64> {
+        self.sizes.get().and_then(|m| m.metadata.get(c).copied())
+    }
+
     /// The most a metadata object `c` may be: what the commit declares,
     /// within the cap for its kind.
     pub fn metadata_cap(&self, c: &Checksum, kind_cap: usize) -> usize {

@@ -182,3 +182,68 @@ fn a_body_longer_than_its_header_is_refused() {
         assert!(!object_path(&node.repo, c, "file").exists(), "{what}");
     }
 }
+
+/// C1: the `.filez` bomb against a commit made by stock `ostree commit`
+/// (no `ostree.sizes`, so nothing vouches for a header's size): eight
+/// files, each header declaring 8 MiB of a body that inflates to zeros,
+/// fetched eight at a time onto a 32 MiB filesystem. However the headers
+/// lie, what is written at any moment stays above the repo's reserve
+/// (3%): each declared size is promised before its first byte is written,
+/// and a body is cut at its declared size. The pull is refused and the
+/// ref does not move.
+#[test]
+fn a_filez_bomb_without_ostree_sizes_never_writes_past_the_reserve() {
+    const DECLARED: u64 = 8 << 20;
+    let t = tempdir();
+    let files: Vec<(String, Vec<u8>)> = (0..8)
+        .map(|i| (format!("usr/lib/f{i}"), noise(1 << 20, 100 + i)))
+        .collect();
+    let borrowed: Vec<(&str, Vec<u8>)> =
+        files.iter().map(|(p, b)| (p.as_str(), b.clone())).collect();
+    let src = source(t.path(), &borrowed, &[]);
+    let commit = Ostree::at(&src.repo)
+        .run(["show", "--print-metadata-key=ostree.sizes", &src.commit])
+        .is_err();
+    assert!(commit, "stock ostree commit writes no ostree.sizes");
+    let zeros = vec![0u8; DECLARED as usize + (1 << 20)];
+    let body = deflate(&[&zeros]);
+    let mut lies = std::collections::HashMap::new();
+    for (p, _) in &files {
+        let c = content_checksum(&src, &format!("/{p}"));
+        let genuine = std::fs::read(object_path(&src.repo, &c, "filez")).unwrap();
+        lies.insert(
+            obj_path(&c, "filez"),
+            forged_filez(&genuine, DECLARED, &body),
+        );
+    }
+    let liar = serve_lying(
+        &src.repo,
+        std::sync::Arc::new(move |p: &str| lies.get(p).map(|b| Action::Bytes(b.clone()))),
+    );
+    let fs = SmallFs::mount(FS_BYTES);
+    let node = Ostree::init(&fs.path().join("repo"), "bare-user").unwrap();
+    let args = pull_args(&node.repo, &liar.url, REF, &["--concurrency", "8"]);
+    let (out, low) = lowest_free_while(&[fs.path()], || run_client(&args));
+    let reserve = FS_BYTES * 3 / 100;
+    eprintln!(
+        "exit {:?}; lowest free {} of {FS_BYTES} (reserve {reserve})",
+        out.status.code(),
+        low[0]
+    );
+    assert!(
+        !out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("checksum mismatch") || text.contains("does not fit"),
+        "{text}"
+    );
+    assert!(
+        low[0] >= reserve,
+        "the filesystem fell to {} free, below the {reserve} reserve",
+        low[0]
+    );
+    assert_eq!(ref_target(&node, REF), None);
+}

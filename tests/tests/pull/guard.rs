@@ -81,7 +81,7 @@ pub fn expect_refusal(out: &Output, code: i32, needle: &str, what: &str) {
 
 /// The commit and the summary signed with a fresh key; returns the path
 /// of its public key.
-fn sign(dir: &Path, src: &Src) -> PathBuf {
+pub fn sign(dir: &Path, src: &Src) -> PathBuf {
     let (tsk, public) =
         openpgp::generate_key("guard <guard@example.com>", KeyAlgo::Ed25519).unwrap();
     let key = dir.join("good.asc");

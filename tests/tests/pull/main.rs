@@ -16,6 +16,7 @@ mod deltas;
 mod diskfill;
 mod faults;
 mod fetch;
+mod forged_delta;
 mod guard;
 mod support;
 mod trust;

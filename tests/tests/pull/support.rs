@@ -178,3 +178,37 @@ pub fn serve_lying(root: &Path, rule: oscontent_testkit::proxy::Rule) -> Proxy {
 pub fn serve_lying_about(root: &Path, path: &str, action: Action) -> Proxy {
     serve_lying(root, oscontent_testkit::proxy::only(path, action))
 }
+
+/// Runs `run` while sampling the free space of each of `paths` (every
+/// 5 ms, for at most [`CLIENT_TIMEOUT`]); returns its result and the
+/// lowest free space seen on each: how much a pull wrote at its peak,
+/// temporary files included.
+pub fn lowest_free_while<T>(paths: &[&Path], run: impl FnOnce() -> T) -> (T, Vec<u64>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let free = |p: &Path| {
+        let st = rustix::fs::statvfs(p).unwrap();
+        st.f_bavail * st.f_frsize
+    };
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let owned: Vec<std::path::PathBuf> = paths.iter().map(|p| p.to_path_buf()).collect();
+    let watcher = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut low = vec![u64::MAX; owned.len()];
+            let rounds = CLIENT_TIMEOUT.as_millis() / 5;
+            for _ in 0..rounds {
+                for (l, p) in low.iter_mut().zip(&owned) {
+                    *l = (*l).min(free(p));
+                }
+                if done.load(Ordering::SeqCst) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            low
+        })
+    };
+    let out = run();
+    done.store(true, Ordering::SeqCst);
+    (out, watcher.join().unwrap())
+}

@@ -1,24 +1,36 @@
 //! Static deltas: when the summary lists one from the local commit to the
 //! target, and it costs fewer bytes than the loose objects still missing,
-//! download its parts into the repo's `tmp/` and let libostree apply them
-//! (`ostree_repo_static_delta_execute_offline`: it checks each part against
-//! the superblock's checksum and each object's checksum as it writes).
-//! The walk that follows fetches loose anything the delta did not bring
-//! (fallbacks), so a delta that fails to apply costs time, not correctness.
+//! download its parts into the repo's `tmp/`, check each (`part.rs`:
+//! inflated size, op stream, object sizes), and let libostree apply them
+//! (`ostree_repo_static_delta_execute_offline`: it checks each part
+//! against the superblock's checksum and each object's as it writes). The walk that follows
+//! fetches loose anything the delta did not bring (fallbacks).
+//!
+//! Which deltas are taken: from a remote whose summary is verified
+//! (`gpg-verify-summary`, or `--trusted-keys`), only those its signed
+//! `ostree.static-deltas` lists; a delta index is not signed, so there it
+//! is not read and the objects come loose. From an unverified remote, the
+//! summary's list and the target's delta index alike, as stock ostree
+//! does: nothing vouches for either, and the bounds of `part.rs` and the
+//! space guard hold for every delta however it was found.
 
 use super::error::{PullError, PullResult, Tag};
 use super::fetch::{BodyReader, ConsumeError, FetchError};
 use super::report::Reporter;
+use super::space::Reservation;
 use super::walk::Ctx;
 use anyhow::{anyhow, Context};
 use bytes::Bytes;
 use oscontent_format::delta::{delta_is_smaller, MAX_SUPERBLOCK_SIZE};
+use oscontent_format::deltapart::{payload_allowance, PartWrites};
 use oscontent_format::{Checksum, DeltaName, ObjectKind, Summary, Superblock};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Arc;
+
+mod part;
 
 fn kind_of(objtype: u8) -> Option<ObjectKind> {
     // libostree's OstreeObjectType numbering.
@@ -31,13 +43,16 @@ fn kind_of(objtype: u8) -> Option<ObjectKind> {
     }
 }
 
-/// Tries the delta `from` → `to`: if the summary lists it, its superblock
-/// checks out, and it is smaller than the loose objects still missing, its
-/// parts are downloaded and applied. Returns whether it was applied.
+/// Tries the delta `from` → `to`: if the summary lists it (or, when the
+/// summary is not `verified`, the target's delta index), its superblock
+/// checks out, and it is smaller than the loose objects still missing,
+/// its parts are downloaded, checked and applied. Returns whether it was
+/// applied.
 pub async fn try_delta(
     ctx: &Arc<Ctx>,
     reporter: &Reporter,
     summary: &Summary,
+    verified: bool,
     from: Checksum,
     to: Checksum,
 ) -> PullResult<bool> {
@@ -47,6 +62,14 @@ pub async fn try_delta(
     };
     let listed = match summary.deltas.iter().find(|d| d.name == name) {
         Some(d) => Some(d.superblock),
+        None if summary.indexed_deltas && verified => {
+            reporter.event(
+                "delta-skipped",
+                json!({"reason": "not in the signed summary (a delta index is not signed)"}),
+                None,
+            );
+            None
+        }
         None if summary.indexed_deltas => indexed(ctx, &name).await?,
         None => None,
     };
@@ -59,22 +82,62 @@ pub async fn try_delta(
     if !worth_it(ctx, reporter, &name, &sb) {
         return Ok(false);
     }
-    // The parts are downloaded whole, then unpacked: room for both, held
-    // until libostree has applied them.
-    let need = sb
-        .total_size()
-        .zip(sb.total_uncompressed_size())
-        .and_then(|(a, b)| a.checked_add(b))
-        .unwrap_or(u64::MAX);
-    let space = ctx.space.clone();
+    // The parts are downloaded whole, and libostree inflates each within
+    // what the superblock declares allows (checked first): room for both,
+    // held until it has applied them; and, before it runs, room for
+    // every object their checked op streams may write.
     let what = format!("static delta {}", name.summary_name());
-    let _room = tokio::task::spawn_blocking(move || space.reserve(&what, need))
+    let need = sb
+        .parts
+        .iter()
+        .map(|p| payload_allowance(p.uncompressed_size, p.objects.len()))
+        .try_fold(sb.total_size().unwrap_or(u64::MAX), u64::checked_add)
+        .unwrap_or(u64::MAX);
+    let room = reserve(ctx, format!("{what} parts"), need).await?;
+    let tmp = download(ctx, &name, &sb_bytes, &sb).await?;
+    let writes = check_all(ctx, tmp.path(), &sb).await?;
+    // Each object takes whole blocks and an inode besides its bytes.
+    let objects_need = writes
+        .bytes
+        .saturating_add(writes.objects.saturating_mul(2 * 4096));
+    let _objects = reserve(ctx, format!("{what} objects"), objects_need).await?;
+    apply(ctx, tmp.path(), &sb).await?;
+    drop(room);
+    Ok(true)
+}
+
+/// Space for `len` bytes of `what`, from a blocking thread (the check may
+/// wait for writes in flight).
+async fn reserve(ctx: &Ctx, what: String, len: u64) -> PullResult<Reservation> {
+    let space = ctx.space.clone();
+    tokio::task::spawn_blocking(move || space.reserve(&what, len))
         .await
         .map_err(|e| PullError::LocalRepo(anyhow!("space check: {e}")))?
-        .local()?;
-    let tmp = download(ctx, &name, &sb_bytes, &sb).await?;
-    apply(ctx, tmp.path(), &sb).await?;
-    Ok(true)
+        .local()
+}
+
+/// Checks every downloaded part (`part.rs`); returns what their op
+/// streams write, in all.
+async fn check_all(ctx: &Arc<Ctx>, dir: &Path, sb: &Superblock) -> PullResult<PartWrites> {
+    let (ctx, dir, parts) = (ctx.clone(), dir.to_path_buf(), sb.parts.clone());
+    let done = tokio::task::spawn_blocking(move || {
+        let mut total = PartWrites::default();
+        for (i, p) in parts.iter().enumerate() {
+            let writes = part::payload_cap(&ctx, p)
+                .and_then(|cap| part::check(&ctx, &dir.join(i.to_string()), p, cap))
+                .map_err(|e| match e {
+                    part::PartError::Corrupt(e) => {
+                        PullError::Verification(e.context(format!("delta part {i}: refused")))
+                    }
+                    part::PartError::Local(e) => PullError::LocalRepo(e),
+                })?;
+            total.objects = total.objects.saturating_add(writes.objects);
+            total.bytes = total.bytes.saturating_add(writes.bytes);
+        }
+        Ok(total)
+    });
+    done.await
+        .map_err(|e| PullError::LocalRepo(anyhow!("delta task: {e}")))?
 }
 
 /// The superblock checksum the target's delta index lists for `name`
