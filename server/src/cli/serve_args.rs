@@ -69,6 +69,7 @@ impl SignatureArgs {
             bundle_dir: self.signatures.clone(),
             trusted,
             sign_key: sign_key.map(Arc::new),
+            sign_pins: None,
         })
     }
 }
@@ -161,9 +162,13 @@ pub struct ServeArgs {
     /// or HOST:PORT resolved once at start (its first address).
     #[arg(long, default_value = "0.0.0.0:8080", env = "OSCONTENT_LISTEN", value_parser = parse_listen)]
     pub listen: SocketAddr,
-    /// Commit to publish; default: the only commit in the repo.
+    /// Commit to publish (full checksum); default: the only commit in the
+    /// repo (an --oscontainer), or the repo's own refs (a --repo). With
+    /// --sign-key, the commits it may sign: repeat it to pin several (a
+    /// --repo then publishes its own refs, and a publication whose refs or
+    /// summary name any other commit is refused, not served unsigned).
     #[arg(long, value_name = "CHECKSUM")]
-    pub commit: Option<Checksum>,
+    pub commit: Vec<Checksum>,
     /// Ref name to publish the commit under (repeatable); default: the
     /// commit's ostree.ref-binding, else `version/<version>`.
     #[arg(long = "ref", value_name = "NAME")]
@@ -307,6 +312,32 @@ impl ConnectionArgs {
             h2_max_streams: self.h2_max_streams,
             h2_send_buffer: self.h2_send_buffer as usize,
             max_streamed_files: self.max_streamed_files as usize,
+        }
+    }
+}
+
+/// The commit `--commit` names for publication to derive refs for: the one
+/// given, if it is one. Several pin a `--repo`'s own refs instead; an
+/// oscontainer holds one commit, and `--ref` names one commit's refs.
+pub fn derive_commit(
+    source: &Source,
+    commits: &[Checksum],
+    refs: &[String],
+) -> Result<Option<Checksum>> {
+    match commits {
+        [] => Ok(None),
+        [one] => Ok(Some(*one)),
+        several => {
+            anyhow::ensure!(
+                matches!(source, Source::Repo(_)),
+                "--commit is given {} times; an --oscontainer holds one commit",
+                several.len()
+            );
+            anyhow::ensure!(
+                refs.is_empty(),
+                "--ref names the refs of one --commit; with several, the repo's own refs are published"
+            );
+            Ok(None)
         }
     }
 }

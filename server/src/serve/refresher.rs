@@ -84,6 +84,9 @@ pub struct Schedule {
 struct SignaturePoll {
     bundle_dir: Option<PathBuf>,
     every: Duration,
+    /// A served summary that moved triggers a publication: never with
+    /// `--sign-key`, which would sign what a repo's writer changed.
+    follow_summary: bool,
 }
 
 /// What ended a wait.
@@ -138,6 +141,7 @@ impl<P: Publisher> Refresher<P> {
         self.signatures = sigs.is_active().then(|| SignaturePoll {
             bundle_dir: sigs.bundle_dir.clone(),
             every,
+            follow_summary: sigs.sign_key.is_none(),
         });
         self
     }
@@ -327,9 +331,10 @@ impl<P: Publisher> Refresher<P> {
             return false;
         }
         let dir = self.signatures.as_ref().and_then(|s| s.bundle_dir.clone());
+        let follow = self.signatures.as_ref().is_some_and(|s| s.follow_summary);
         let watch = self.watch.clone();
         tokio::task::spawn_blocking(move || {
-            watch.should_republish(dir.as_deref(), current.as_deref())
+            watch.should_republish(dir.as_deref(), current.as_deref(), follow)
         })
         .await
         .unwrap_or(false)
