@@ -162,11 +162,13 @@ pub struct ServeArgs {
     /// or HOST:PORT resolved once at start (its first address).
     #[arg(long, default_value = "0.0.0.0:8080", env = "OSCONTENT_LISTEN", value_parser = parse_listen)]
     pub listen: SocketAddr,
-    /// Commit to publish (full checksum); default: the only commit in the
-    /// repo (an --oscontainer), or the repo's own refs (a --repo). With
-    /// --sign-key, the commits it may sign: repeat it to pin several (a
-    /// --repo then publishes its own refs, and a publication whose refs or
-    /// summary name any other commit is refused, not served unsigned).
+    /// Commit to publish (full checksum) under refs derived from it;
+    /// default: the only commit in the repo. A --repo with refs of its own
+    /// publishes those (and its summary) instead, unless --ref is given.
+    /// With --sign-key, the commits it may sign: repeat it to pin several;
+    /// a publication whose refs or summary name any other commit is
+    /// refused (the previous generation stays served), never served
+    /// unsigned.
     #[arg(long, value_name = "CHECKSUM")]
     pub commit: Vec<Checksum>,
     /// Ref name to publish the commit under (repeatable); default: the
