@@ -38,8 +38,11 @@ pub struct SignatureArgs {
     pub sign_key_env: Option<String>,
     /// With signatures (--signatures, --trusted-keys or --sign-key): how often
     /// to look for a changed bundle, or a changed summary in --repo mode, and
-    /// re-publish. Without them, a source is checked again at SIGHUP (and
-    /// every --refresh-interval for images).
+    /// re-publish. A --repo without --sign-key also follows its refs,
+    /// summary, summary.sig and detached metadata by itself (inotify, and a
+    /// look this often as the fallback); with --sign-key only SIGHUP
+    /// publishes what its writers changed. Otherwise a source is checked
+    /// again at SIGHUP (and every --refresh-interval for images).
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     pub signatures_poll: u64,
 }

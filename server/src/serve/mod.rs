@@ -2,6 +2,7 @@
 //! up to date by the refresher, publishes into the sink; the HTTP side
 //! serves what the sink holds until SIGTERM.
 
+mod follow;
 mod local;
 pub mod refresher;
 mod signals;
@@ -11,7 +12,7 @@ use crate::cli::serve_args::{derive_commit, ServeArgs, SourceArgs};
 use crate::http::{AppState, HttpConfig};
 use crate::images::{ImagePublisher, IMAGES_DIR};
 use crate::mirror::upstream::{SiteMirror, SitePublisher, SiteSource};
-use crate::publish::PublishRequest;
+use crate::publish::{PublishRequest, Source};
 use crate::signing::{self, Named, SignatureOptions, Signer};
 use crate::source;
 use crate::source::native::root::NativeRoots;
@@ -165,6 +166,12 @@ async fn start_publishing(
     if let Some(source) = args.source.local() {
         let state_dir = Arc::new(StateDir::open(&args.state_dir, &[source.repo_path()])?);
         let native = Arc::new(std::sync::Mutex::new(NativeRoots::open(&state_dir)?));
+        // A --repo follows its repo, unless the server signs: then only the
+        // operator (SIGHUP) publishes what its writers changed.
+        let followed = match (&source, &sigs.sign_key) {
+            (Source::Repo(dir), None) => Some(follow::Follow::new(dir, signatures_poll)),
+            _ => None,
+        };
         let publisher = LocalPublisher {
             req: Arc::new(PublishRequest {
                 commit: derive_commit(&source, &args.commit, &args.refs)?,
@@ -176,11 +183,14 @@ async fn start_publishing(
             verdicts: Default::default(),
             native,
         };
-        // Republished at SIGHUP and when signatures change, never on a
-        // timer: a failure waits for the next of those.
+        // Republished at SIGHUP, when signatures change and when a followed
+        // repo changes, never on a timer: a failure waits for the next.
         let schedule = Schedule::default();
         let mut refresher =
             Refresher::new(publisher, sink.clone(), hup, schedule).watching(&sigs, signatures_poll);
+        if let Some(f) = followed {
+            refresher = refresher.following(f);
+        }
         // Signatures may arrive later (a ConfigMap update): then it listens,
         // stays not ready, and publishes once they verify.
         refresher.publish_first().await?;

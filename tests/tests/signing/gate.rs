@@ -18,7 +18,7 @@ fn signed_by_revoked_key(t: &Path, tiny: &Tiny) -> (PathBuf, PathBuf) {
     )
     .unwrap();
     let by_revoked = t.join("by-revoked");
-    sign(&oscontainer_args(&tiny), &revocable, &by_revoked).unwrap();
+    sign(&oscontainer_args(tiny), &revocable, &by_revoked).unwrap();
     let revoked_ring = t.join("revoked.asc");
     std::fs::write(
         &revoked_ring,
