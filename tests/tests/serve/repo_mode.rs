@@ -148,7 +148,7 @@ fn repo_mode_without_refs_publishes_the_binding_from_the_state_dir() {
     let copy = tmp.path().join("repo");
     copy_dir(&v1.repo, &copy).unwrap();
     let before = snapshot(&copy).unwrap();
-    let mut server = Server::repo(&copy).start().unwrap();
+    let server = Server::repo(&copy).start().unwrap();
     assert_eq!(
         ref_names(&server),
         BTreeSet::from([fixture_ref().to_owned()]),
