@@ -126,10 +126,10 @@ pub(super) fn keygen(args: KeygenArgs) -> Result<()> {
 /// Publishes the sources into a scratch state dir with the server's own
 /// code, signs exactly that, and writes the bundle.
 pub(super) fn sign(args: SignArgs) -> Result<()> {
-    anyhow::ensure!(
-        args.source.upstream.is_none() && args.source.bundle.is_none(),
-        "sign --upstream/--bundle: sign where the release is made; a mirror republishes those signatures as they are"
-    );
+    if args.source.upstream.is_some() || args.source.bundle.is_some() {
+        // Sign where the release is made; a mirror republishes that.
+        signing::decide(Signer::SignCommand, Named::Site)?;
+    }
     let pins: BTreeSet<Checksum> = args.commit.iter().copied().collect();
     if args.source.local().is_some() {
         let named = Named::Local {
