@@ -208,3 +208,65 @@ fn a_written_repo_gets_nothing_signed() {
     refused_at_start(&sign_moved, &tmp.path().join("unused"), "is not pinned");
     assert!(!out.exists(), "sign wrote a bundle");
 }
+
+/// `--trusted-keys` pins too: a `--repo` commit that already carries a
+/// signature they verify (the release key's, in the repo's detached
+/// metadata) is signed with `--sign-key`; a ref moved to a commit without
+/// one is refused at SIGHUP.
+#[test]
+fn a_written_repo_gets_only_trusted_commits_signed() {
+    let tmp = tempdir();
+    let k = keys();
+    let s = |p: &Path| p.display().to_string();
+    let live = tmp.path().join("live");
+    let (r, first) = live_repo(&live, 64);
+    // The release key (`other` here) signed `first` where it was made.
+    let upstream = tmp.path().join("upstream-bundle");
+    let pinned = [
+        "--repo".to_owned(),
+        s(&live),
+        "--commit".into(),
+        first.clone(),
+    ];
+    sign(&pinned, &k.other, &upstream).unwrap();
+    std::fs::copy(
+        upstream.join(format!("{first}.commitmeta")),
+        live.join(object_rel(&first, "commitmeta")),
+    )
+    .unwrap();
+    let ring = tmp.path().join("ring.asc");
+    let keys = [&k.other.public, &k.trusted.public].map(|p| std::fs::read(p).unwrap());
+    std::fs::write(&ring, keys.concat()).unwrap();
+    let mut server = Server::repo(&live)
+        .args([
+            "--sign-key",
+            &s(&k.trusted.secret),
+            "--trusted-keys",
+            &s(&ring),
+        ])
+        .args(["--signatures-poll", "1"])
+        .start()
+        .unwrap();
+    let (ok, at) = verified_pull(&tmp.path().join("node-1"), &server.url, &k.trusted);
+    assert!(ok && at.as_deref() == Some(first.as_str()), "{at:?}");
+    let meta = get_ok(&server, &format!("/{}", object_rel(&first, "commitmeta")));
+    assert_eq!(sig_count(&meta), 2, "the release key's and the server's");
+
+    let second = move_to_second(&r, tmp.path(), &first);
+    server.sighup().unwrap();
+    server
+        .wait_stderr_lines(
+            "refusing to sign and publish unpinned content",
+            1,
+            NOTICE_TIMEOUT,
+        )
+        .unwrap();
+    assert!(
+        server
+            .stderr()
+            .contains(&format!("commit {second} is not pinned")),
+        "{}",
+        server.stderr()
+    );
+    not_served(&server, &second, "an unsigned commit");
+}
