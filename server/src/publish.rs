@@ -282,7 +282,15 @@ pub fn publish_verified(
             tracing::warn!(repo = %repo.display(), "oscontainer repo has no config; serving a generated one");
         }
     }
-    let derive = req.commit.is_some() || !req.refs.is_empty() || existing.is_empty();
+    // A `--repo` with refs of its own publishes them: `--commit` there only
+    // pins what `--sign-key` may sign (`signing::decide`), so pinning a
+    // commit never changes what is published.
+    let derive = match req.source {
+        Source::Repo(_) => !req.refs.is_empty() || existing.is_empty(),
+        Source::Oscontainer(_) => {
+            req.commit.is_some() || !req.refs.is_empty() || existing.is_empty()
+        }
+    };
     let building = state.begin()?;
     let tmp = building.path().to_owned();
     let result = (|| -> Result<(Refs, VerifiedSet)> {

@@ -39,8 +39,11 @@ pub struct SignatureArgs {
     pub sign_key_env: Option<String>,
     /// With signatures (--signatures, --trusted-keys or --sign-key): how often
     /// to look for a changed bundle, or a changed summary in --repo mode, and
-    /// re-publish. Without them, a source is checked again at SIGHUP (and
-    /// every --refresh-interval for images).
+    /// re-publish. A --repo without --sign-key also follows its refs,
+    /// summary, summary.sig and detached metadata by itself (inotify, and a
+    /// look this often as the fallback); with --sign-key only SIGHUP
+    /// publishes what its writers changed. Otherwise a source is checked
+    /// again at SIGHUP (and every --refresh-interval for images).
     #[arg(long, default_value_t = 10, value_name = "SECONDS")]
     pub signatures_poll: u64,
 }
@@ -70,6 +73,7 @@ impl SignatureArgs {
             bundle_dir: self.signatures.clone(),
             trusted,
             sign_key: sign_key.map(Arc::new),
+            sign_pins: None,
         })
     }
 }
@@ -162,9 +166,15 @@ pub struct ServeArgs {
     /// or HOST:PORT resolved once at start (its first address).
     #[arg(long, default_value = "0.0.0.0:8080", env = "OSCONTENT_LISTEN", value_parser = parse_listen)]
     pub listen: SocketAddr,
-    /// Commit to publish; default: the only commit in the repo.
+    /// Commit to publish (full checksum) under refs derived from it;
+    /// default: the only commit in the repo. A --repo with refs of its own
+    /// publishes those (and its summary) instead, unless --ref is given.
+    /// With --sign-key, the commits it may sign: repeat it to pin several;
+    /// a publication whose refs or summary name any other commit is
+    /// refused (the previous generation stays served), never served
+    /// unsigned.
     #[arg(long, value_name = "CHECKSUM")]
-    pub commit: Option<Checksum>,
+    pub commit: Vec<Checksum>,
     /// Ref name to publish the commit under (repeatable); default: the
     /// commit's ostree.ref-binding, else `version/<version>`.
     #[arg(long = "ref", value_name = "NAME")]
@@ -340,6 +350,32 @@ impl ConnectionArgs {
             h2_max_streams: self.h2_max_streams,
             h2_send_buffer: self.h2_send_buffer as usize,
             max_streamed_files: self.max_streamed_files as usize,
+        }
+    }
+}
+
+/// The commit `--commit` names for publication to derive refs for: the one
+/// given, if it is one. Several pin a `--repo`'s own refs instead; an
+/// oscontainer holds one commit, and `--ref` names one commit's refs.
+pub fn derive_commit(
+    source: &Source,
+    commits: &[Checksum],
+    refs: &[String],
+) -> Result<Option<Checksum>> {
+    match commits {
+        [] => Ok(None),
+        [one] => Ok(Some(*one)),
+        several => {
+            anyhow::ensure!(
+                matches!(source, Source::Repo(_)),
+                "--commit is given {} times; an --oscontainer holds one commit",
+                several.len()
+            );
+            anyhow::ensure!(
+                refs.is_empty(),
+                "--ref names the refs of one --commit; with several, the repo's own refs are published"
+            );
+            Ok(None)
         }
     }
 }

@@ -1,14 +1,15 @@
 //! `keygen` and `sign`.
 
-use super::serve_args::{RegistryArgs, SourceArgs};
+use super::serve_args::{derive_commit, RegistryArgs, SourceArgs};
 use crate::images::{self, IMAGES_DIR};
 use crate::publish::{self, PublishRequest};
-use crate::signing;
+use crate::signing::{self, Named, Signer};
 use crate::source::native::root::{self as native_root, NativeRoots};
 use crate::state::StateDir;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use oscontent_format::Checksum;
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -72,9 +73,11 @@ pub struct SignArgs {
     pub source: SourceArgs,
     #[command(flatten)]
     pub registry: RegistryArgs,
-    /// As for `serve`: the commit to publish.
+    /// As for `serve`: the commit to publish, and the commits `sign` may
+    /// sign (repeatable, full checksums). Required with --oscontainer and
+    /// --repo: only what the operator pinned is signed.
     #[arg(long, value_name = "CHECKSUM")]
-    pub commit: Option<Checksum>,
+    pub commit: Vec<Checksum>,
     /// As for `serve`: ref names to publish (repeatable).
     #[arg(long = "ref", value_name = "NAME")]
     pub refs: Vec<String>,
@@ -123,10 +126,21 @@ pub(super) fn keygen(args: KeygenArgs) -> Result<()> {
 /// Publishes the sources into a scratch state dir with the server's own
 /// code, signs exactly that, and writes the bundle.
 pub(super) fn sign(args: SignArgs) -> Result<()> {
-    anyhow::ensure!(
-        args.source.upstream.is_none() && args.source.bundle.is_none(),
-        "sign --upstream/--bundle: sign where the release is made; a mirror republishes those signatures as they are"
-    );
+    if args.source.upstream.is_some() || args.source.bundle.is_some() {
+        // Sign where the release is made; a mirror republishes that.
+        signing::decide(Signer::SignCommand, Named::Site)?;
+    }
+    let pins: BTreeSet<Checksum> = args.commit.iter().copied().collect();
+    if args.source.local().is_some() {
+        let named = Named::Local {
+            pins: &pins,
+            trusted_keys: false,
+        };
+        signing::decide(Signer::SignCommand, named)?;
+    }
+    for image in &args.source.image {
+        signing::decide(Signer::SignCommand, Named::Image(image))?;
+    }
     let tsk = args.key.load()?;
     if let Ok(mut rd) = std::fs::read_dir(&args.out) {
         anyhow::ensure!(
@@ -146,17 +160,21 @@ pub(super) fn sign(args: SignArgs) -> Result<()> {
     let generation = if let Some(source) = args.source.local() {
         let state_dir = StateDir::open(&state_root, &[source.repo_path()])?;
         let req = PublishRequest {
+            commit: derive_commit(&source, &args.commit, &args.refs)?,
             source: source.clone(),
-            commit: args.commit,
             refs: args.refs,
         };
         let native = std::sync::Mutex::new(NativeRoots::open(&state_dir)?);
         let sigs = crate::signing::SignatureOptions::default();
-        native_root::publish_local(&req, &state_dir, &sigs, &native, None)
-            .with_context(|| format!("publishing {}", source.repo_path().display()))?
+        let g = native_root::publish_local(&req, &state_dir, &sigs, &native, None)
+            .with_context(|| format!("publishing {}", source.repo_path().display()))?;
+        // A `--repo` whose refs another tool moved names other commits.
+        let now = std::time::SystemTime::now();
+        signing::refuse_unpinned(&g, Signer::SignCommand, &pins, None, now)?;
+        g
     } else {
         anyhow::ensure!(
-            args.commit.is_none() && args.refs.is_empty(),
+            args.commit.is_empty() && args.refs.is_empty(),
             "--commit and --ref apply to --oscontainer and --repo; an image names its commit in its com.coreos.ostree-commit label"
         );
         let state_dir = StateDir::open(&state_root, &[])?;

@@ -2,25 +2,28 @@
 //! up to date by the refresher, publishes into the sink; the HTTP side
 //! serves what the sink holds until SIGTERM.
 
+mod follow;
 mod local;
 pub mod refresher;
 mod signals;
 pub mod sink;
 
-use crate::cli::serve_args::{ServeArgs, SourceArgs};
+use crate::cli::serve_args::{derive_commit, ServeArgs, SourceArgs};
 use crate::http::{AppState, HttpConfig};
 use crate::images::{ImagePublisher, IMAGES_DIR};
 use crate::mirror::upstream::{SiteMirror, SitePublisher, SiteSource};
-use crate::publish::PublishRequest;
-use crate::signing::SignatureOptions;
+use crate::publish::{PublishRequest, Source};
+use crate::signing::{self, Named, SignatureOptions, Signer};
 use crate::source;
 use crate::source::native::root::NativeRoots;
 use crate::state::StateDir;
 use anyhow::{Context, Result};
 use local::LocalPublisher;
+use oscontent_format::Checksum;
 use refresher::{Refresher, RollbackGuard, RollbackPolicy, Schedule};
 use signals::Signals;
 use sink::Sink;
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -137,7 +140,11 @@ async fn start_publishing(
     sink: &Arc<Sink>,
     signals: &Signals,
 ) -> Result<JoinHandle<()>> {
-    let sigs = args.signing.load()?;
+    let mut sigs = args.signing.load()?;
+    if sigs.sign_key.is_some() {
+        // Refused before anything is fetched or signed: what to pin.
+        sigs.sign_pins = signing_pins(args, &sigs)?;
+    }
     let signatures_poll = Duration::from_secs(args.signing.signatures_poll.max(1));
     let schedule = Schedule {
         interval: (args.refresh_interval > 0).then(|| Duration::from_secs(args.refresh_interval)),
@@ -165,10 +172,16 @@ async fn start_publishing(
     if let Some(source) = args.source.local() {
         let state_dir = Arc::new(StateDir::open(&args.state_dir, &[source.repo_path()])?);
         let native = Arc::new(std::sync::Mutex::new(NativeRoots::open(&state_dir)?));
+        // A --repo follows its repo, unless the server signs: then only the
+        // operator (SIGHUP) publishes what its writers changed.
+        let followed = match (&source, &sigs.sign_key) {
+            (Source::Repo(dir), None) => Some(follow::Follow::new(dir, signatures_poll)),
+            _ => None,
+        };
         let publisher = LocalPublisher {
             req: Arc::new(PublishRequest {
+                commit: derive_commit(&source, &args.commit, &args.refs)?,
                 source,
-                commit: args.commit,
                 refs: args.refs.clone(),
             }),
             state_dir,
@@ -176,11 +189,14 @@ async fn start_publishing(
             verdicts: Default::default(),
             native,
         };
-        // Republished at SIGHUP and when signatures change, never on a
-        // timer: a failure waits for the next of those.
+        // Republished at SIGHUP, when signatures change and when a followed
+        // repo changes, never on a timer: a failure waits for the next.
         let schedule = Schedule::default();
         let mut refresher =
             Refresher::new(publisher, sink.clone(), hup, schedule).watching(&sigs, signatures_poll);
+        if let Some(f) = followed {
+            refresher = refresher.following(f);
+        }
         // Signatures may arrive later (a ConfigMap update): then it listens,
         // stays not ready, and publishes once they verify.
         refresher.publish_first().await?;
@@ -192,6 +208,37 @@ async fn start_publishing(
     Ok(tokio::spawn(refresher.run()))
 }
 
+/// With `--sign-key`: refuses at start whatever the operator did not pin
+/// ([`signing::decide`]), and returns what each publication may sign: the
+/// `--commit` checksums for a local source (besides commits a
+/// `--trusted-keys` signature already covers), `None` for images, each
+/// pinned by digest as a whole.
+fn signing_pins(
+    args: &ServeArgs,
+    sigs: &SignatureOptions,
+) -> Result<Option<Arc<BTreeSet<Checksum>>>> {
+    let key = Signer::SignKey;
+    if site_source(&args.source).is_some() {
+        signing::decide(key, Named::Site)?;
+    }
+    if args.source.local().is_some() {
+        let pins: BTreeSet<Checksum> = args.commit.iter().copied().collect();
+        let trusted_keys = sigs.trusted.is_some();
+        signing::decide(
+            key,
+            Named::Local {
+                pins: &pins,
+                trusted_keys,
+            },
+        )?;
+        return Ok(Some(Arc::new(pins)));
+    }
+    for image in &args.source.image {
+        signing::decide(key, Named::Image(image))?;
+    }
+    Ok(None)
+}
+
 /// The `--image` publisher, its staging directory emptied and its
 /// rollback marks loaded (a corrupt marks file stops the server).
 fn image_publisher(
@@ -201,7 +248,7 @@ fn image_publisher(
     sink: &Sink,
 ) -> Result<ImagePublisher> {
     anyhow::ensure!(
-        args.commit.is_none() && args.refs.is_empty(),
+        args.commit.is_empty() && args.refs.is_empty(),
         "--commit and --ref apply to --oscontainer and --repo; an image names its commit in its com.coreos.ostree-commit label"
     );
     let state_dir = StateDir::open(&args.state_dir, &[])?;
@@ -263,7 +310,7 @@ fn site_publisher(
 ) -> Result<SitePublisher> {
     use crate::mirror::sync::SyncOptions;
     anyhow::ensure!(
-        args.commit.is_none() && args.refs.is_empty(),
+        args.commit.is_empty() && args.refs.is_empty(),
         "--commit and --ref do not apply to --upstream and --bundle: the source's own refs and summary are served"
     );
     anyhow::ensure!(args.keep != Some(0), "--keep 0 would keep nothing");

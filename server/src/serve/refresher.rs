@@ -16,6 +16,7 @@
 //! is not retried on a timer: the source is checked again (forced, so a
 //! publisher republishes what it staged) once the signatures change.
 
+use super::follow::Follow;
 use super::sink::{Outcome, Sink};
 use crate::served::Generation;
 use crate::signing::{SignatureOptions, SignatureWatch};
@@ -84,6 +85,9 @@ pub struct Schedule {
 struct SignaturePoll {
     bundle_dir: Option<PathBuf>,
     every: Duration,
+    /// A served summary that moved triggers a publication: never with
+    /// `--sign-key`, which would sign what a repo's writer changed.
+    follow_summary: bool,
 }
 
 /// What ended a wait.
@@ -94,6 +98,8 @@ enum Trigger {
     Sighup,
     /// New signatures, or a summary that moved.
     Signatures,
+    /// A followed `--repo` changed.
+    Repo,
 }
 
 /// The refresh loop around one [`Publisher`].
@@ -106,6 +112,8 @@ pub struct Refresher<P> {
     hup: Arc<Notify>,
     signatures: Option<SignaturePoll>,
     watch: SignatureWatch,
+    /// A `--repo` followed without SIGHUP (never with `--sign-key`).
+    follow: Option<Follow>,
     /// The last check was refused for signatures only.
     pending: bool,
     /// The served generation was withdrawn ([`Publisher::discredits`]):
@@ -125,6 +133,7 @@ impl<P: Publisher> Refresher<P> {
             hup,
             signatures: None,
             watch: SignatureWatch::default(),
+            follow: None,
             pending: false,
             withdrawn: false,
             backoff: INITIAL_BACKOFF,
@@ -138,7 +147,14 @@ impl<P: Publisher> Refresher<P> {
         self.signatures = sigs.is_active().then(|| SignaturePoll {
             bundle_dir: sigs.bundle_dir.clone(),
             every,
+            follow_summary: sigs.sign_key.is_none(),
         });
+        self
+    }
+
+    /// Also checks when the followed repo changes.
+    pub fn following(mut self, follow: Follow) -> Self {
+        self.follow = Some(follow);
         self
     }
 
@@ -146,6 +162,9 @@ impl<P: Publisher> Refresher<P> {
     /// caller's (the server does not start), except a signature refusal,
     /// which waits for new signatures. Not counted.
     pub async fn publish_first(&mut self) -> Result<()> {
+        if let Some(f) = &mut self.follow {
+            f.mark().await;
+        }
         match self.publisher.check(false).await? {
             Checked::New(generation) => self.publish(*generation).await,
             Checked::Partial(generation, e) => {
@@ -178,6 +197,9 @@ impl<P: Publisher> Refresher<P> {
 
     /// One check, published, counted and logged.
     async fn check(&mut self, force: bool, attempt: u64) {
+        if let Some(f) = &mut self.follow {
+            f.mark().await;
+        }
         match self.publisher.check(force).await {
             Ok(Checked::New(generation)) => {
                 self.sink.count(Outcome::Published);
@@ -285,7 +307,10 @@ impl<P: Publisher> Refresher<P> {
             (a, b) => a.or(b),
         };
         let deadline = wait.map(|d| Instant::now() + d);
-        let poll = self.signatures.as_ref().map(|s| s.every);
+        let poll = match (self.signatures.as_ref().map(|s| s.every), &self.follow) {
+            (Some(p), Some(f)) => Some(p.min(f.every)),
+            (p, f) => p.or(f.as_ref().map(|f| f.every)),
+        };
         // Bounded by the server's life: the task is aborted at shutdown.
         loop {
             let step = match (deadline, poll) {
@@ -294,16 +319,23 @@ impl<P: Publisher> Refresher<P> {
                 (None, Some(p)) => Some(Instant::now() + p),
                 (None, None) => None,
             };
+            let woken = async {
+                match &self.follow {
+                    Some(f) => f.woken().await,
+                    None => std::future::pending().await,
+                }
+            };
             let sighup = async {
                 match step {
                     Some(at) => tokio::select! {
                         _ = tokio::time::sleep_until(at) => false,
                         _ = self.hup.notified() => true,
+                        () = woken => false,
                     },
-                    None => {
-                        self.hup.notified().await;
-                        true
-                    }
+                    None => tokio::select! {
+                        _ = self.hup.notified() => true,
+                        () = woken => false,
+                    },
                 }
             };
             if sighup.await {
@@ -313,9 +345,17 @@ impl<P: Publisher> Refresher<P> {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Trigger::Timer;
             }
-            if poll.is_some() && self.signatures_changed().await {
+            if self.signatures.is_some() && self.signatures_changed().await {
                 tracing::info!("new signatures (or a changed summary); publishing again");
                 return Trigger::Signatures;
+            }
+            if let Some(f) = &self.follow {
+                if f.changed().await {
+                    tracing::info!(
+                        "the repo changed (refs, summary or signatures); publishing again"
+                    );
+                    return Trigger::Repo;
+                }
             }
         }
     }
@@ -327,9 +367,10 @@ impl<P: Publisher> Refresher<P> {
             return false;
         }
         let dir = self.signatures.as_ref().and_then(|s| s.bundle_dir.clone());
+        let follow = self.signatures.as_ref().is_some_and(|s| s.follow_summary);
         let watch = self.watch.clone();
         tokio::task::spawn_blocking(move || {
-            watch.should_republish(dir.as_deref(), current.as_deref())
+            watch.should_republish(dir.as_deref(), current.as_deref(), follow)
         })
         .await
         .unwrap_or(false)

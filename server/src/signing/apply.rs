@@ -5,6 +5,7 @@ use super::bundle::{
     bundle_identity, load_bundle, published_refs, SignatureBundle, BUNDLE_MANIFEST,
 };
 use super::error::SignatureError;
+use super::pin::{decide, Named, Signer};
 use crate::fsutil;
 use crate::served::{summary_sig_path, Generation, SignatureReport, MAX_METADATA_FILE};
 use anyhow::{Context, Result};
@@ -25,6 +26,12 @@ pub struct SignatureOptions {
     pub trusted: Option<Arc<Vec<Cert>>>,
     /// `--sign-key`: sign at publish time (trusted control-plane mode).
     pub sign_key: Option<Arc<Cert>>,
+    /// With `--sign-key` on an `--oscontainer` or `--repo`: the commits it
+    /// may sign (`--commit`), besides those already carrying a signature
+    /// `trusted` verifies; a publication that would serve any other is
+    /// refused ([`super::pin::decide`]). `None`: the source was pinned as
+    /// a whole when the server started (images by digest).
+    pub sign_pins: Option<Arc<BTreeSet<Checksum>>>,
 }
 
 impl SignatureOptions {
@@ -54,6 +61,13 @@ pub fn apply(
         }
         None => None,
     };
+    if let (Some(_), Some(pins)) = (&opts.sign_key, &opts.sign_pins) {
+        let trusted = opts
+            .trusted
+            .as_deref()
+            .map(|k| (k.as_slice(), bundle.as_ref()));
+        refuse_unpinned(probe, Signer::SignKey, pins, trusted, now)?;
+    }
     let refs = published_refs(probe)?;
     install_commit_signatures(probe, &refs, bundle.as_ref(), opts.sign_key.as_deref())?;
     let summary = probe.served_summary()?;
@@ -65,6 +79,78 @@ pub fn apply(
     }
     report.summary_signed = served_summary_sig(probe, &digest)?.is_some();
     Ok(report)
+}
+
+/// Refuses, before anything is signed, a generation that would serve a
+/// commit the operator did not pin: one a ref names, or one the served
+/// summary lists (a `--repo`'s own summary may list more). A commit is
+/// pinned by `--commit` (`pins`), or, for `--sign-key` with `trusted`, by a
+/// signature those keys verify among the ones it carries already (the
+/// source's detached metadata, the bundle's). `sign` and `serve` both ask.
+pub fn refuse_unpinned(
+    probe: &Generation,
+    signer: Signer,
+    pins: &BTreeSet<Checksum>,
+    trusted: Option<(&[Cert], Option<&SignatureBundle>)>,
+    now: SystemTime,
+) -> Result<()> {
+    let summary = probe.served_summary()?;
+    let listed = oscontent_format::parse_summary(&summary).context("parsing the served summary")?;
+    let mut named: BTreeMap<Checksum, String> = BTreeMap::new();
+    let in_summary = listed
+        .refs
+        .iter()
+        .chain(listed.collection_map.values().flatten());
+    for r in in_summary {
+        named
+            .entry(r.commit)
+            .or_insert_with(|| format!("summary ref {}", r.name));
+    }
+    for r in probe.refs()? {
+        named.insert(r.commit, format!("ref {}", r.name));
+    }
+    let mut reasons = Vec::new();
+    for (commit, what) in &named {
+        let trusted_signature = !pins.contains(commit)
+            && trusted.is_some_and(|(keys, bundle)| {
+                carries_trusted_signature(probe, commit, bundle, keys, now)
+            });
+        let named = Named::Commit {
+            commit,
+            pins,
+            trusted_signature,
+        };
+        if let Err(e) = decide(signer, named) {
+            reasons.push(format!("{what}: {e}"));
+        }
+    }
+    if reasons.is_empty() {
+        Ok(())
+    } else {
+        Err(SignatureError::Unpinned { reasons }.into())
+    }
+}
+
+/// Whether the signatures `commit` carries before this server signs it
+/// (the source's and the bundle's) include one `trusted` verifies.
+fn carries_trusted_signature(
+    probe: &Generation,
+    commit: &Checksum,
+    bundle: Option<&SignatureBundle>,
+    trusted: &[Cert],
+    now: SystemTime,
+) -> bool {
+    let from_bundle = bundle.and_then(|b| b.commitmeta.get(commit));
+    let check = || -> Result<bool> {
+        let meta = merged_commitmeta(probe, commit, from_bundle, &[])?;
+        let sigs = parse_gpgsigs(&meta)?;
+        let bytes = probe.commit_bytes(commit)?;
+        Ok(openpgp::verify_detached(trusted, &bytes, &sigs, now).is_ok())
+    };
+    check().unwrap_or_else(|e| {
+        tracing::debug!(%commit, "no trusted signature: {e:#}");
+        false
+    })
 }
 
 /// The `--signatures` bundle. A directory with no manifest yet (an empty or

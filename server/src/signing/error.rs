@@ -13,6 +13,9 @@ pub enum SignatureError {
     /// `--trusted-keys` is set and something published does not verify.
     #[error("refusing to publish unverified content ({} problem{}):\n  {}", reasons.len(), if reasons.len() == 1 { "" } else { "s" }, list_reasons(reasons))]
     Unverified { reasons: Vec<String> },
+    /// `--sign-key` would sign a commit the operator did not pin.
+    #[error("refusing to sign and publish unpinned content ({} problem{}):\n  {}", reasons.len(), if reasons.len() == 1 { "" } else { "s" }, list_reasons(reasons))]
+    Unpinned { reasons: Vec<String> },
     /// The `--signatures` directory holds something that is not a bundle.
     #[error("signature bundle {}: {reason}", dir.display())]
     BadBundle { dir: PathBuf, reason: String },

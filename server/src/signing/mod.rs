@@ -24,7 +24,8 @@
 //!
 //! Layout: `keys.rs` (secret and trusted keys, `keygen`, key lifetimes),
 //! `bundle.rs` (the bundle on disk, and `sign_generation`, which makes one),
-//! `apply.rs` (what publication does: install, sign, verify), `watch.rs`
+//! `apply.rs` (what publication does: install, sign, verify), `pin.rs`
+//! (what a private key may sign: only what the operator pinned), `watch.rs`
 //! (when to publish again), `error.rs` (the refusals callers branch on).
 //! This file only re-exports: the children import each other, never it,
 //! so the module graph has no loop.
@@ -33,9 +34,10 @@ mod apply;
 mod bundle;
 mod error;
 mod keys;
+mod pin;
 mod watch;
 
-pub use apply::{apply, SignatureOptions};
+pub use apply::{apply, refuse_unpinned, SignatureOptions};
 pub use bundle::{
     bundle_identity, bundle_root, load_bundle, sign_generation, write_bundle, SignatureBundle,
     SignatureManifest, BUNDLE_FORMAT, BUNDLE_KIND, BUNDLE_MANIFEST, BUNDLE_SUMMARY_SIG,
@@ -46,6 +48,7 @@ pub use keys::{
     keygen, load_secret_key_env, load_secret_key_file, load_trusted_keys, parse_validity,
     KeygenRequest,
 };
+pub use pin::{decide, Named, Signer, Unpinned};
 pub use watch::SignatureWatch;
 // The report is data a generation carries, so it lives with `Generation`;
 // named here too, where publication makes it.

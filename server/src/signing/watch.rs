@@ -6,10 +6,13 @@ use oscontent_format::Checksum;
 use std::path::Path;
 
 /// When to publish again for signature reasons, between publications: the
-/// bundle directory holds something new, or the summary a generation serves
-/// is no longer the one its publication signed and verified (a `--repo`
-/// that other tools changed). A bundle that was refused is not retried
-/// until it changes again. The checks read files: call from blocking code.
+/// bundle directory holds something new, or (unless the server signs) the
+/// summary a generation serves is no longer the one its publication
+/// verified (a `--repo` that other tools changed). With `--sign-key` a
+/// changed summary is never a reason: what a repo's writer changes must
+/// not get anything signed (ARCHITECTURE.md, "Trust model"). A bundle that
+/// was refused is not retried until it changes again. The checks read
+/// files: call from blocking code.
 #[derive(Debug, Default, Clone)]
 pub struct SignatureWatch {
     /// Identity of the last bundle a publication refused.
@@ -19,18 +22,21 @@ pub struct SignatureWatch {
 impl SignatureWatch {
     /// Whether to publish again. `current` is the generation served, if any;
     /// with none, a refused publication waits and is retried at each call.
+    /// `follow_summary`: whether a summary that moved counts (not when the
+    /// server signs).
     pub fn should_republish(
         &self,
         bundle_dir: Option<&Path>,
         current: Option<&Generation>,
+        follow_summary: bool,
     ) -> bool {
         let Some(g) = current else {
             return true;
         };
-        let moved = g
-            .served_summary()
-            .ok()
-            .is_some_and(|b| Some(Checksum::digest(&b)) != g.signatures.summary_digest);
+        let moved = follow_summary
+            && g.served_summary()
+                .ok()
+                .is_some_and(|b| Some(Checksum::digest(&b)) != g.signatures.summary_digest);
         if moved {
             return true;
         }

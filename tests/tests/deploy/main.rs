@@ -355,7 +355,10 @@ fn sign_into_bundle(
     }
     let bundle = tmp.join("bundle");
     std::fs::create_dir_all(tmp.join("sign-work")).unwrap();
-    let image = format!("docker://{}/{}", reg.host(), plan.image_name);
+    // `sign` takes only a pinned image: the one pushed, by digest.
+    let repository = plan.image_name.split(':').next().unwrap();
+    let digest = reg.digest(&plan.image_name);
+    let image = format!("docker://{}/{repository}@{digest}", reg.host());
     check_output(
         Command::new(server_bin())
             .args(["sign", "--image", &image])

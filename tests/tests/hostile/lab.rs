@@ -227,14 +227,27 @@ impl Lab {
         let b1 = t.join("bundle-v1");
         let b2 = t.join("bundle-v2");
         let a2 = t.join("attacker-bundle-v2");
-        let osc = |r: &Rel| vec!["--oscontainer".to_owned(), s(&r.root)];
+        let osc = |r: &Rel| {
+            vec![
+                "--oscontainer".to_owned(),
+                s(&r.root),
+                "--commit".into(),
+                r.commit.clone(),
+            ]
+        };
         sign(&osc(&v1), &trusted, &b1).unwrap();
         sign(&osc(&v2), &trusted, &b2).unwrap();
         sign(&osc(&v2), &attacker, &a2).unwrap();
 
         let (arepo, attacker_commit) = attacker_release(t, &v2.commit);
         let aa = t.join("attacker-bundle");
-        sign(&["--repo".to_owned(), s(&arepo)], &attacker, &aa).unwrap();
+        let pinned = [
+            "--repo".to_owned(),
+            s(&arepo),
+            "--commit".into(),
+            attacker_commit.clone(),
+        ];
+        sign(&pinned, &attacker, &aa).unwrap();
 
         let genuine = |r: &Rel, b: &Path| {
             Server::oscontainer(&r.root)

@@ -274,7 +274,17 @@ fn a_signed_native_image_is_verified_from_a_bundle_and_from_its_own_commitmeta()
     let key = keygen(&t.join("keys"), "release", &[]).unwrap();
     let public = key.public.display().to_string();
     let bundle = t.join("bundle");
-    sign(&["--image".to_owned(), img.reference()], &key, &bundle).unwrap();
+    // `sign` takes only a pinned image: the same one, by digest.
+    let reg = Registry::start();
+    reg.push(&img.layout, &img.tag, "native:signed", &[]);
+    let pinned = reg.image(&format!("native@{}", reg.digest("native:signed")));
+    let source = [
+        "--image".to_owned(),
+        pinned,
+        "--insecure-registry".into(),
+        reg.host(),
+    ];
+    sign(&source, &key, &bundle).unwrap();
     let commitmeta = std::fs::read(bundle.join(format!("{}.commitmeta", img.commit))).unwrap();
 
     let mut unsigned = Server::images([img.reference()])

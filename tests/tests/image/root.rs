@@ -109,7 +109,12 @@ fn sign_of_a_native_root_gives_a_bundle_stock_ostree_verifies() {
     let keys = tempdir();
     let key = keygen(keys.path(), "release", &[]).unwrap();
     let bundle = keys.path().join("bundle");
-    let source = ["--oscontainer".as_ref(), root.as_os_str()];
+    let source = [
+        "--oscontainer".as_ref(),
+        root.as_os_str(),
+        "--commit".as_ref(),
+        img.commit.as_ref(),
+    ];
     let manifest = sign(&source, &key, &bundle).unwrap();
     assert_eq!(
         manifest["refs"][TINY_REF].as_str(),

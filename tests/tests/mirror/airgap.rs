@@ -97,8 +97,13 @@ fn hub(g: &Gap) -> Hub {
             .arg(out));
     };
     let (sig1, sig2) = (g.work.join("sig1"), g.work.join("sig2"));
-    sign(&img1, &sig1);
-    sign(&img2, &sig2);
+    // `sign` takes only pinned images: each release by digest.
+    let pinned = |r: &Release| {
+        let digest = registry.digest(&format!("os:{}", r.version));
+        registry.image(&format!("os@{digest}"))
+    };
+    sign(&pinned(v1()), &sig1);
+    sign(&pinned(v2()), &sig2);
     Hub {
         _registry: registry,
         img1,

@@ -9,6 +9,7 @@ use oscontent_testkit::checkout::{
     assert_same_listing, checkout, commit_closure, listing, object_difference,
 };
 use oscontent_testkit::proxy::{only, Action, Proxy};
+use oscontent_testkit::registry::Registry;
 use oscontent_testkit::signing::{self, add_signed_remote, keygen, sign};
 use oscontent_testkit::*;
 use std::collections::BTreeSet;
@@ -288,13 +289,28 @@ fn signed_summaries_still_verify_and_sign_reproduces_them_after_deltas_appear() 
     let tmp = tempdir();
     let key = keygen(&tmp.path().join("keys"), "release", &[]).unwrap();
     let sign_key = key.secret.display().to_string();
-    let server = serve_both(&["--sign-key", &sign_key]);
+    // Only pinned images are signed: both releases by digest.
+    let reg = Registry::start();
+    let mut source = Vec::new();
+    for r in [v1(), v2()] {
+        let name = format!("os:{}", r.version);
+        reg.push_release(r, &name, &[]);
+        source.push("--image".to_owned());
+        source.push(reg.image(&format!("os@{}", reg.digest(&name))));
+    }
+    source.extend(["--insecure-registry".to_owned(), reg.host()]);
+    let mut server = Server::images(Vec::<String>::new())
+        .args(&source)
+        .args(["--sign-key", &sign_key])
+        .spawn()
+        .unwrap();
+    server
+        .wait_ready(Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", server.stderr()));
     wait_delta(&server);
     let summary = server.summary_bytes().unwrap();
     // `sign`, run where the key lives, signs exactly these bytes.
     let bundle = tmp.path().join("bundle");
-    let images = images();
-    let source = ["--image", &images[0], "--image", &images[1]];
     let manifest = sign(&source, &key, &bundle).unwrap();
     assert_eq!(
         signing::manifest_summary_sha256(&manifest),

@@ -18,7 +18,7 @@ fn signed_by_revoked_key(t: &Path, tiny: &Tiny) -> (PathBuf, PathBuf) {
     )
     .unwrap();
     let by_revoked = t.join("by-revoked");
-    sign(&oscontainer_args(&tiny.root), &revocable, &by_revoked).unwrap();
+    sign(&oscontainer_args(tiny), &revocable, &by_revoked).unwrap();
     let revoked_ring = t.join("revoked.asc");
     std::fs::write(
         &revoked_ring,
@@ -31,7 +31,7 @@ fn signed_by_revoked_key(t: &Path, tiny: &Tiny) -> (PathBuf, PathBuf) {
 /// A trusted signature of `from` moved onto `onto`'s commit.
 fn trusted_signature_moved(t: &Path, k: &Keys, from: &Tiny, onto: &Tiny) -> PathBuf {
     let by_trusted_other = t.join("by-trusted-other");
-    sign(&oscontainer_args(&from.root), &k.trusted, &by_trusted_other).unwrap();
+    sign(&oscontainer_args(from), &k.trusted, &by_trusted_other).unwrap();
     let moved = t.join("moved");
     std::fs::create_dir(&moved).unwrap();
     std::fs::copy(
@@ -72,7 +72,7 @@ fn trusted_keys_refuse_unverified_publications() {
     let other_tiny = tiny_oscontainer(&t.join("other-tiny"), 12);
 
     let by_other = t.join("by-other");
-    sign(&oscontainer_args(&tiny.root), &k.other, &by_other).unwrap();
+    sign(&oscontainer_args(&tiny), &k.other, &by_other).unwrap();
 
     let (by_revoked, revoked_ring) = signed_by_revoked_key(t, &tiny);
     let moved = trusted_signature_moved(t, k, &other_tiny, &tiny);
@@ -158,8 +158,8 @@ fn configmap_updates_are_verified_before_they_are_served() {
     let tiny = tiny_oscontainer(&tmp.path().join("tiny"), 13);
     let good = tmp.path().join("good");
     let bad = tmp.path().join("bad");
-    sign(&oscontainer_args(&tiny.root), &k.trusted, &good).unwrap();
-    sign(&oscontainer_args(&tiny.root), &k.other, &bad).unwrap();
+    sign(&oscontainer_args(&tiny), &k.trusted, &good).unwrap();
+    sign(&oscontainer_args(&tiny), &k.other, &bad).unwrap();
     let mut cm = ConfigMapDir::new(&tmp.path().join("cm"));
     cm.update(&bad);
     let cm_path = cm.dir.display().to_string();

@@ -4,6 +4,7 @@
 //! metadata (oscontainer and image).
 
 use crate::support::*;
+use oscontent_testkit::registry::Registry;
 use oscontent_testkit::signing::*;
 use oscontent_testkit::*;
 use std::path::Path;
@@ -56,7 +57,7 @@ fn stock_ostree_verifies_bundle_and_sign_key_publications() {
     let tiny = tiny_oscontainer(&tmp.path().join("tiny"), 5);
     let source_before = snapshot(&tiny.root).unwrap();
     let bundle = tmp.path().join("bundle");
-    sign(&oscontainer_args(&tiny.root), &k.trusted, &bundle).unwrap();
+    sign(&oscontainer_args(&tiny), &k.trusted, &bundle).unwrap();
     let bundle_before = snapshot(&bundle).unwrap();
     let s = |p: &Path| p.display().to_string();
     let modes = [
@@ -76,12 +77,15 @@ fn stock_ostree_verifies_bundle_and_sign_key_publications() {
                 &s(&k.trusted.secret),
                 "--trusted-keys",
                 &s(&k.trusted.public),
+                "--commit",
+                &tiny.commit,
             ]),
         ),
         (
             "sign-key-env",
             Server::oscontainer(&tiny.root)
                 .args(["--sign-key-env", "OSCONTENT_TEST_SIGN_KEY"])
+                .args(["--commit", &tiny.commit])
                 .env(
                     "OSCONTENT_TEST_SIGN_KEY",
                     std::fs::read_to_string(&k.trusted.secret).unwrap(),
@@ -126,7 +130,7 @@ fn detached_metadata_in_the_source_is_served_and_counts() {
     // The oscontainer was built with a signed commit: its repo carries
     // the trusted key's signature as objects/XX/REST.commitmeta.
     let by_trusted = tmp.path().join("by-trusted");
-    sign(&oscontainer_args(&tiny.root), &k.trusted, &by_trusted).unwrap();
+    sign(&oscontainer_args(&tiny), &k.trusted, &by_trusted).unwrap();
     std::fs::copy(
         by_trusted.join(format!("{}.commitmeta", tiny.commit)),
         tiny.repo.join(object_rel(&tiny.commit, "commitmeta")),
@@ -142,12 +146,12 @@ fn detached_metadata_in_the_source_is_served_and_counts() {
         .concat(),
     )
     .unwrap();
-    let image = oci_layout(&tmp.path().join("oci"), &[(&tiny, "signed")]).remove(0);
+    oci_layout(&tmp.path().join("oci"), &[(&tiny, "signed")]);
+    let reg = Registry::start();
+    let image = pinned_images(&reg, &tmp.path().join("oci"), &["signed"]);
     let s = |p: &Path| p.display().to_string();
-    let sources: [(&str, Vec<String>); 2] = [
-        ("oscontainer", oscontainer_args(&tiny.root)),
-        ("image", vec!["--image".into(), image]),
-    ];
+    let sources: [(&str, Vec<String>); 2] =
+        [("oscontainer", oscontainer_args(&tiny)), ("image", image)];
     for (name, source) in sources {
         // A bundle by the other key over the same publication.
         let by_other = tmp.path().join(format!("by-other-{name}"));
@@ -218,10 +222,16 @@ fn sign_key_covers_images_and_live_repo_changes() {
         s(&k.trusted.public),
     ];
 
-    // --image: the server signs what it staged.
+    // --image by digest: the server signs what it staged.
     let tiny = tiny_oscontainer(&tmp.path().join("tiny"), 21);
-    let image = oci_layout(&tmp.path().join("oci"), &[(&tiny, "t")]).remove(0);
-    let server = Server::images([image]).args(&sign_args).start().unwrap();
+    oci_layout(&tmp.path().join("oci"), &[(&tiny, "t")]);
+    let reg = Registry::start();
+    let image = pinned_images(&reg, &tmp.path().join("oci"), &["t"]);
+    let server = Server::images(Vec::<String>::new())
+        .args(&image)
+        .args(&sign_args)
+        .start()
+        .unwrap();
     let (repo, ok, err) = stock_pull(
         &tmp.path().join("image-pull"),
         &server.url,
@@ -232,13 +242,19 @@ fn sign_key_covers_images_and_live_repo_changes() {
     assert_pulled(&repo, &tiny.commit, "image");
     drop(server);
 
-    // --repo: a ref another tool adds is signed (and verified) only by a
-    // publication the operator asks for (SIGHUP), never on its own: the
-    // server is no signing oracle for whoever can write the repo.
+    // --repo: a ref another tool moves to a commit the operator pinned is
+    // signed (and verified) only by a publication the operator asks for
+    // (SIGHUP), never on its own: the server is no signing oracle for
+    // whoever can write the repo.
     let live = tmp.path().join("live");
     let (r, first) = live_repo(&live, 22);
+    // The release pipeline made the next commit, and pinned it, before
+    // another tool brings it into the repo and moves the ref.
+    let staged = fork_repo(&live, &tmp.path().join("staged")).unwrap();
+    let second = move_to_second(&staged, tmp.path(), &first);
     let mut server = Server::repo(&live)
         .args(&sign_args)
+        .args(["--commit", &first, "--commit", &second])
         .args(["--signatures-poll", POLL])
         .start()
         .unwrap();
@@ -246,7 +262,10 @@ fn sign_key_covers_images_and_live_repo_changes() {
     assert!(ok, "repo: {err}");
     assert_pulled(&node, &first, "repo");
 
-    let second = move_to_second(&r, tmp.path(), &first);
+    r.run(["pull-local", &s(&tmp.path().join("staged")), &second])
+        .unwrap();
+    r.run(["refs", "--force", &format!("--create={TINY_REF}"), &second])
+        .unwrap();
     // Several signature polls go by: nothing is published, signed or served.
     std::thread::sleep(NOTICE_TIMEOUT.min(std::time::Duration::from_secs(3)));
     assert!(server.stderr_lines("publishing again").is_empty());

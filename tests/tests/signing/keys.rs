@@ -207,7 +207,7 @@ fn keygen_and_key_loading_refuse_bad_input() {
     std::fs::create_dir(&nonempty).unwrap();
     std::fs::write(nonempty.join("keep"), "x").unwrap();
     let tiny = tiny_oscontainer(&tmp.path().join("tiny"), 1);
-    let src = oscontainer_args(&tiny.root);
+    let src = oscontainer_args(&tiny);
 
     for (what, args, phrase) in bad_input_cases(tmp.path(), &key, &garbage, &nonempty, &src) {
         let o = run_bounded(&mut server_command(&args), TOOL_TIMEOUT).unwrap();

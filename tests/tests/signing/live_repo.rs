@@ -15,7 +15,13 @@ fn an_unsigned_commit_added_to_a_live_repo_is_never_served() {
     let live = tmp.path().join("live");
     let (r, first) = live_repo(&live, 51);
     let bundle = tmp.path().join("bundle");
-    sign(&["--repo".to_owned(), s(&live)], &k.trusted, &bundle).unwrap();
+    let source = [
+        "--repo".to_owned(),
+        s(&live),
+        "--commit".into(),
+        first.clone(),
+    ];
+    sign(&source, &k.trusted, &bundle).unwrap();
     let mut server = Server::repo(&live)
         .args(["--signatures", &s(&bundle), "--trusted-keys"])
         .args([s(&k.trusted.public)])

@@ -12,5 +12,6 @@ mod gate;
 mod interop;
 mod keys;
 mod live_repo;
+mod pinned;
 mod summary;
 mod support;

@@ -3,6 +3,7 @@
 //! served; and a bundle made for other sources is not.
 
 use crate::support::*;
+use oscontent_testkit::registry::Registry;
 use oscontent_testkit::signing::*;
 use oscontent_testkit::*;
 
@@ -101,13 +102,20 @@ fn sign_and_serve_publish_byte_identical_summaries() {
     let (own, own_commit) = repo_with_own_summary(tmp.path());
     let rel1 = tiny_oscontainer(&tmp.path().join("rel1"), 31);
     let rel2 = tiny_oscontainer(&tmp.path().join("rel2"), 32);
-    let images = oci_layout(&tmp.path().join("oci"), &[(&rel1, "one"), (&rel2, "two")]);
+    oci_layout(&tmp.path().join("oci"), &[(&rel1, "one"), (&rel2, "two")]);
+    let reg = Registry::start();
+    let images = pinned_images(&reg, &tmp.path().join("oci"), &["two", "one"]);
     let p = |x: &std::path::Path| x.display().to_string();
     // (name, source and publication arguments, commits signed)
     let cases: Vec<(&str, Vec<String>, Vec<String>)> = vec![
         (
             "oscontainer",
-            vec!["--oscontainer".into(), p(&v1().oscontainer)],
+            vec![
+                "--oscontainer".into(),
+                p(&v1().oscontainer),
+                "--commit".into(),
+                v1().commit.clone(),
+            ],
             vec![v1().commit.clone()],
         ),
         (
@@ -126,17 +134,17 @@ fn sign_and_serve_publish_byte_identical_summaries() {
         ),
         (
             "repo with its own summary",
-            vec!["--repo".into(), p(&own)],
+            vec![
+                "--repo".into(),
+                p(&own),
+                "--commit".into(),
+                own_commit.clone(),
+            ],
             vec![own_commit.clone()],
         ),
         (
             "two images",
-            vec![
-                "--image".into(),
-                images[1].clone(),
-                "--image".into(),
-                images[0].clone(),
-            ],
+            images,
             vec![rel1.commit.clone(), rel2.commit.clone()],
         ),
     ];
@@ -209,7 +217,16 @@ fn a_bundle_for_other_sources_signs_nothing_served() {
     // Signed for a publication under one ref; served under two: same
     // commit, different summary.
     let m = sign(
-        &[source.clone(), vec!["--ref".into(), "os/a".into()]].concat(),
+        &[
+            source.clone(),
+            vec![
+                "--ref".into(),
+                "os/a".into(),
+                "--commit".into(),
+                commit.clone(),
+            ],
+        ]
+        .concat(),
         &k.trusted,
         &bundle,
     )

@@ -1,5 +1,6 @@
 //! Small signed sources shared by the signing tests.
 
+use oscontent_testkit::registry::Registry;
 use oscontent_testkit::signing::*;
 use oscontent_testkit::*;
 use std::path::{Path, PathBuf};
@@ -55,9 +56,15 @@ pub fn move_to_second(r: &Ostree, scratch: &Path, first: &str) -> String {
     second
 }
 
-/// `--oscontainer DIR` as arguments.
-pub fn oscontainer_args(dir: &Path) -> Vec<String> {
-    vec!["--oscontainer".into(), dir.display().to_string()]
+/// `--oscontainer DIR --commit CHECKSUM` as arguments: what a signer
+/// needs, the commit pinned.
+pub fn oscontainer_args(tiny: &Tiny) -> Vec<String> {
+    vec![
+        "--oscontainer".into(),
+        tiny.root.display().to_string(),
+        "--commit".into(),
+        tiny.commit.clone(),
+    ]
 }
 
 /// The object's path in an archive repo (`objects/XX/REST.EXT`).
@@ -183,4 +190,20 @@ pub fn oci_layout(layout: &Path, images: &[(&Tiny, &str)]) -> Vec<String> {
         refs.push(format!("oci:{image}"));
     }
     refs
+}
+
+/// Each image of `layout` (`oci_layout`'s tags) pushed to `reg` as
+/// `tiny:TAG`, as `serve` and `sign` take it pinned: `--image
+/// docker://HOST/tiny@sha256:DIGEST --insecure-registry HOST`.
+pub fn pinned_images(reg: &Registry, layout: &Path, tags: &[&str]) -> Vec<String> {
+    let mut args = Vec::new();
+    for tag in tags {
+        let name = format!("tiny:{tag}");
+        reg.push(layout, tag, &name, &[]);
+        let digest = reg.digest(&name);
+        args.push("--image".to_owned());
+        args.push(reg.image(&format!("tiny@{digest}")));
+    }
+    args.extend(["--insecure-registry".to_owned(), reg.host()]);
+    args
 }

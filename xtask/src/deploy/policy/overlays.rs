@@ -107,6 +107,16 @@ pub(super) fn check_control_plane(
             "sign-key",
             "--sign-key must be a file from a Secret volume",
         );
+        // The server refuses a tag under --sign-key (it would sign whatever
+        // the tag moved to); the rendering must not ship one.
+        for image in flag(&flags, "--image") {
+            let image = expand_env(server, image);
+            r.ensure(
+                pinned_by_digest(&image),
+                "sign-pinned",
+                format!("--image={image}: a signing server takes its image by digest (docker://HOST/REPO@sha256:DIGEST)"),
+            );
+        }
     } else {
         r.ensure(
             !pinned_to_cp && tolerated.is_empty(),
@@ -177,4 +187,27 @@ pub(super) fn check_mirror(
         "mirror",
         "the CA bundle must hold the mirror's CA certificate",
     );
+}
+
+/// `value` with each `$(NAME)` replaced by the container's literal env
+/// value, as the kubelet expands args (an unknown name stays as it is).
+fn expand_env(c: &Container, value: &str) -> String {
+    let mut out = value.to_owned();
+    for e in c.env.iter().flatten() {
+        if let Some(v) = &e.value {
+            out = out.replace(&format!("$({})", e.name), v);
+        }
+    }
+    out
+}
+
+/// `docker://…@sha256:` and 64 lowercase hex digits.
+fn pinned_by_digest(image: &str) -> bool {
+    image.starts_with("docker://")
+        && image.rsplit_once("@sha256:").is_some_and(|(_, hex)| {
+            hex.len() == 64
+                && hex
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
 }

@@ -401,6 +401,16 @@ fn overlay_expectations_are_enforced() {
         ("control-plane", "sign-key", |d| {
             set_arg(d, "--sign-key=", None)
         }),
+        ("control-plane", "sign-pinned", |d| {
+            for e in server(d)["env"].as_array_mut().unwrap() {
+                if e["name"] == "OSCONTAINER_IMAGE" {
+                    e["value"] = json!("registry.example.com/os/oscontainer:1.0.0");
+                }
+            }
+        }),
+        ("control-plane", "sign-pinned", |d| {
+            set_arg(d, "--image=", Some("--image=oci:/srv/layout:1.0.0"))
+        }),
         ("disconnected", "mirror", |d| {
             for doc in d.iter_mut().filter(|x| x["kind"] == "ConfigMap") {
                 if let Some(data) = doc.get_mut("data").and_then(Value::as_object_mut) {
