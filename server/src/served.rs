@@ -343,8 +343,10 @@ impl Generation {
                     _ => Ok(Located::Missing),
                 }
             }
-            // Refs only as publication snapshotted them.
-            RepoPath::Ref { .. } => {
+            // Refs only as publication snapshotted them; an image's
+            // manifest and config only as publication wrote them, from
+            // what verified while the image streamed.
+            RepoPath::Ref { .. } | RepoPath::Blob(_) => {
                 self.first_file(&path.to_path(), &[Layer::Overlay], nonblocking)
             }
             // Detached metadata from the server (signature bundles) wins

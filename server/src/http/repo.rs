@@ -71,6 +71,8 @@ pub(super) enum CachePolicy {
 pub(super) fn policy(p: &RepoPath) -> CachePolicy {
     match p {
         RepoPath::Object(o) if o.kind.is_immutable() => CachePolicy::Immutable,
+        // Named by the digest of its bytes, like an object.
+        RepoPath::Blob(_) => CachePolicy::Immutable,
         _ => CachePolicy::ShortLived,
     }
 }
