@@ -103,7 +103,9 @@ pub fn stage(opts: &StageOptions, reporter: Arc<Reporter>) -> PullResult<()> {
     tidy(&opts.repo, &reporter)
 }
 
-/// Steps 2 to 6 (the refs are the caller's, on the lock).
+/// Steps 2 to 6 (the refs are the caller's, on the lock). `--timeout`
+/// covers everything the remote can slow down, as in `pull`; the barrier
+/// is local.
 async fn stage_async(
     opts: &StageOptions,
     pull_opts: &PullOptions,
@@ -112,28 +114,18 @@ async fn stage_async(
     governor: &Arc<Governor>,
     reporter: &Arc<Reporter>,
 ) -> PullResult<Staged> {
-    let fetched = pull::within(opts.timeout, "the stage", reporter, async {
+    let deadline = std::time::Instant::now() + opts.timeout;
+    let (pinned, plan) = pull::within(opts.timeout, "the stage", reporter, async {
         let (fetcher, config) =
             Fetcher::connect(&remote.url, 2, opts.http1_only, reporter.clone()).await?;
         pull::check_config(&config)?;
-        let (pinned, plan) = verified_plan(opts, &fetcher, remote, reporter).await?;
-        let commit_opts = PullOptions {
-            commit: Some(plan.commit),
-            ..pull_opts.clone()
-        };
-        let req = PullRequest {
-            opts: &commit_opts,
-            store: store.clone(),
-            remote: remote.clone(),
-            governor: governor.clone(),
-            reporter: reporter.clone(),
-        };
-        let (ctx, target, written) = pull::fetch_all(&req).await?;
-        let sets = objset::stage_sets(&ctx, &plan).await?;
-        Ok((req.opts.clone(), ctx, target, written, pinned, plan, sets))
+        verified_plan(opts, &fetcher, remote, reporter).await
     })
     .await?;
-    let (commit_opts, ctx, target, written, pinned, plan, (sets_written, sets_present)) = fetched;
+    let commit_opts = PullOptions {
+        commit: Some(plan.commit),
+        ..pull_opts.clone()
+    };
     let req = PullRequest {
         opts: &commit_opts,
         store: store.clone(),
@@ -141,6 +133,14 @@ async fn stage_async(
         governor: governor.clone(),
         reporter: reporter.clone(),
     };
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    let ((ctx, target, written), (sets_written, sets_present)) =
+        pull::within(left, "the stage", reporter, async {
+            let fetched = pull::fetch_all(&req).await?;
+            let sets = objset::stage_sets(&fetched.0, &plan).await?;
+            Ok((fetched, sets))
+        })
+        .await?;
     finish::finish(&req, &ctx, &target, &written).await?;
     Ok(Staged {
         record: Record::new(&pinned.digest, &pinned.reference, &plan),
