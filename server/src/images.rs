@@ -495,6 +495,7 @@ async fn fetch_one(image: &ImageRef, opts: &FetchOptions, staging: &Path) -> Res
     let commit = staged.commit.clone();
     let version = staged.version.clone();
     let format = staged.format;
+    let staging = staged.staging.clone();
     // Owned from here: an early return below removes it.
     let guard = Arc::new(StagedGuard(Some(staged)));
     let commit: Checksum = commit
@@ -508,6 +509,7 @@ async fn fetch_one(image: &ImageRef, opts: &FetchOptions, staging: &Path) -> Res
             commit,
             version,
             preverified: format == source::ImageFormat::Native,
+            staging,
         },
         guard,
     })

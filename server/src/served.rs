@@ -42,6 +42,10 @@ pub const MAX_METADATA_FILE: u64 = 64 << 20;
 /// An overlay file that, when present, is the summary served (with
 /// `summary.sig` next to it), instead of a generated one.
 pub const PINNED_SUMMARY: &str = "summary";
+/// Where a publication keeps the staging index of the native images it
+/// serves (`oscontent_format::staging`), in the overlay: carried by the
+/// generated summary, never served as a file of its own.
+pub const STAGING_INDEX: &str = "staging-index";
 /// Bounds for walking refs and deltas (external input, invariant 5).
 pub const MAX_REFS: usize = 100_000;
 pub const MAX_DELTAS: usize = 10_000;

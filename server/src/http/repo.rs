@@ -77,6 +77,15 @@ pub(super) fn policy(p: &RepoPath) -> CachePolicy {
     }
 }
 
+/// The `Cache-Control` of what is not an object: an image blob, named by
+/// its digest, is cached forever; the rest briefly.
+pub(super) fn cache_control(st: &AppState, p: &RepoPath) -> HeaderValue {
+    match policy(p) {
+        CachePolicy::Immutable => HeaderValue::from_static(IMMUTABLE),
+        CachePolicy::ShortLived => st.short_lived.clone(),
+    }
+}
+
 /// Serves one repo path. GET and HEAD only. Takes the request whole: the
 /// `HeaderMap` extractor would copy the headers.
 pub(super) async fn repo(State(st): State<AppState>, req: Request) -> Response {
@@ -138,7 +147,7 @@ async fn serve_repo(
             return serve_object(st, &generation, asked, name).await;
         }
     }
-    let cache = st.short_lived.clone();
+    let cache = cache_control(st, &rp);
     let cap = metadata::cap(&rp);
     // Found and read on this thread when the kernel has the lookup and the
     // bytes cached; else in one trip to the blocking pool.

@@ -22,5 +22,6 @@ mod refresh;
 mod rollback;
 mod root;
 mod space;
+mod staging;
 mod state_full;
 mod support;

@@ -32,6 +32,7 @@ pub mod objects;
 // Entry path classification is `oscontent-parse`'s (fuzzed there).
 pub use oscontent_parse::source::native_path as path;
 pub mod root;
+pub mod staging;
 
 use super::unpack::{self, LayerInfo, LayerSink, StreamTotals};
 use super::verify::VerifyingReader;
@@ -48,6 +49,8 @@ pub struct Converter {
     commit: Checksum,
     entries: u64,
     decompressed: u64,
+    /// Each layer's content objects, in layer order.
+    carried: Vec<Vec<Checksum>>,
 }
 
 fn write_err(subject: &Subject, e: WriteError) -> SourceError {
@@ -82,7 +85,14 @@ impl Converter {
             commit,
             entries: 0,
             decompressed: 0,
+            carried: Vec::new(),
         })
+    }
+
+    /// The content objects each layer applied so far carried, in layer
+    /// order: what the importer's object-set commits are made of.
+    pub fn take_carried(&mut self) -> Vec<Vec<Checksum>> {
+        std::mem::take(&mut self.carried)
     }
 
     /// Bytes written into object files.
@@ -133,6 +143,7 @@ impl LayerSink for Converter {
         unpack::each_entry(blob, info, limits, &mut totals, &mut |h, data| {
             state.entry(objects, h, data)
         })?;
-        state.finish()
+        self.carried.push(state.finish()?);
+        Ok(())
     }
 }
