@@ -9,7 +9,7 @@ use oscontent_format::staging::{LayerKind, ObjectSet, StagedImage};
 use oscontent_format::{build_summary, parse_summary, Checksum};
 use oscontent_testkit::checkout::{assert_same_listing, checkout, listing};
 use oscontent_testkit::encapsulate::import;
-use oscontent_testkit::fixtures::{native_small, NativeFixtures, NativeRelease};
+use oscontent_testkit::fixtures::{native_small, NativeFixtures, NativeRelease, DEFAULT_REF};
 use oscontent_testkit::proxy::{only, Action};
 use oscontent_testkit::*;
 use serde_json::Value;
@@ -216,7 +216,8 @@ fn a_bare_node_that_staged_v2_imports_it_without_a_layer_download() {
 }
 
 /// An archive repo stages too (the importer does not import into one; the
-/// refs and objects are what it would find).
+/// refs and objects are what it would find), and a rerun, by the ref the
+/// server publishes the image at, fetches nothing and writes the same refs.
 #[test]
 fn an_archive_repo_stages_v2_and_a_rerun_fetches_nothing() {
     let f = fixtures();
@@ -233,9 +234,20 @@ fn an_archive_repo_stages_v2_and_a_rerun_fetches_nothing() {
     node.fsck().unwrap();
     let first = stage_refs(&node);
     assert_eq!(first.len(), v2.layers.len() + 1, "{first:?}");
-    let o = stage(&path, &server.url, &image, &[]);
+    // The rerun names the image by the ref the server publishes it at.
+    let o = run(&[
+        "stage",
+        "--repo",
+        &path.display().to_string(),
+        "--url",
+        &server.url,
+        "--ref",
+        DEFAULT_REF,
+        "--json",
+    ]);
     assert!(o.status.success(), "rerun: {}", show(&o));
     let evs = events(&o);
+    assert_eq!(event(&evs, "staged")["digest"], v2.image_manifest.as_str());
     let done = event(&evs, "done");
     assert_eq!(done["objects_written"], 0, "{done}");
     assert_eq!(event(&evs, "staged")["object_sets_written"], 0);
