@@ -8,6 +8,7 @@
 pub mod cli;
 pub mod governor;
 pub mod pull;
+pub mod stage;
 mod sys;
 
 pub use sys::io_priority_class;

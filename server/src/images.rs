@@ -499,6 +499,7 @@ async fn fetch_one(image: &ImageRef, opts: &FetchOptions, staging: &Path) -> Res
     let commit = staged.commit.clone();
     let version = staged.version.clone();
     let format = staged.format;
+    let staging = staged.staging.clone();
     // Owned from here: an early return below removes it.
     let guard = Arc::new(StagedGuard(Some(staged)));
     let commit: Checksum = commit
@@ -512,6 +513,7 @@ async fn fetch_one(image: &ImageRef, opts: &FetchOptions, staging: &Path) -> Res
             commit,
             version,
             preverified: format == source::ImageFormat::Native,
+            staging,
         },
         guard,
     })

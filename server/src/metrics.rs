@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 /// The path kinds (`http::classify`) and statuses whose series the request
 /// path keeps handles to, so that counting a request takes no label lookup
 /// (hashing and a lock) and formats no string. Others go the slow way.
-const KINDS: [&str; 14] = [
+const KINDS: [&str; 15] = [
     "health",
     "metrics",
     "config",
@@ -23,6 +23,7 @@ const KINDS: [&str; 14] = [
     "commitmeta",
     "delta",
     "delta_index",
+    "blob",
     "other",
 ];
 const STATUSES: [u16; 10] = [200, 206, 304, 400, 404, 405, 412, 416, 500, 503];

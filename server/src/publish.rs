@@ -22,6 +22,8 @@ use oscontent_format::{self as format, Checksum, Commit, ObjectKind, ObjectName,
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+mod staging;
+
 /// A published ref and how old its commit is: what the rollback check
 /// and the delta planner order releases by.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -492,6 +494,9 @@ pub struct Release {
     /// Its repo holds only objects verified as they were written (a native
     /// image, converted while streaming): not hashed again at publication.
     pub preverified: bool,
+    /// A native image's staging material (manifest, config, object sets),
+    /// published beside it; `None` for a legacy image.
+    pub staging: Option<Arc<crate::source::native::staging::NativeStaging>>,
 }
 
 /// Which commit a ref name ends up on when several releases claim it: the
@@ -588,7 +593,8 @@ pub fn publish_releases_signed(
                 format!("{}\n", commit.checksum).as_bytes(),
             )?;
         }
-        let set = verify_releases(releases)?;
+        let mut set = verify_releases(releases)?;
+        staging::write_staging(releases, &tmp, &mut set)?;
         Ok((
             claims.into_iter().map(|(n, c)| (n, c.checksum)).collect(),
             set,

@@ -43,6 +43,10 @@ pub const MAX_METADATA_FILE: u64 = 64 << 20;
 /// An overlay file that, when present, is the summary served (with
 /// `summary.sig` next to it), instead of a generated one.
 pub const PINNED_SUMMARY: &str = "summary";
+/// Where a publication keeps the staging index of the native images it
+/// serves (`oscontent_format::staging`), in the overlay: carried by the
+/// generated summary, never served as a file of its own.
+pub const STAGING_INDEX: &str = "staging-index";
 /// Bounds for walking refs and deltas (external input, invariant 5).
 pub const MAX_REFS: usize = 100_000;
 pub const MAX_DELTAS: usize = 10_000;
@@ -344,8 +348,10 @@ impl Generation {
                     _ => Ok(Located::Missing),
                 }
             }
-            // Refs only as publication snapshotted them.
-            RepoPath::Ref { .. } => {
+            // Refs only as publication snapshotted them; an image's
+            // manifest and config only as publication wrote them, from
+            // what verified while the image streamed.
+            RepoPath::Ref { .. } | RepoPath::Blob(_) => {
                 self.first_file(&path.to_path(), &[Layer::Overlay], nonblocking)
             }
             // Detached metadata from the server (signature bundles) wins

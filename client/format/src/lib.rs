@@ -23,6 +23,9 @@
 //! - [`summary`]: deterministic summary building and bounded parsing.
 //! - [`delta`]: static delta superblocks.
 //! - [`deltapart`]: static delta parts: the op-stream checker.
+//! - [`staging`]: what a node stages an ostree-native image with: the
+//!   importer's layer refs, object-set commits, and the index of served
+//!   images the summary carries.
 //! - [`digits`]: numbers as text without the formatter.
 //! - [`gpgsigs`]: the `ostree.gpgsigs` container of `.commitmeta` and
 //!   `summary.sig`.
@@ -52,6 +55,7 @@ pub mod openpgp;
 mod path;
 mod refname;
 mod retry;
+pub mod staging;
 pub mod summary;
 pub mod tree;
 mod variant;

@@ -235,6 +235,9 @@ pub enum DeltaFile {
 /// `max-chunk-size`, 32 MiB by default, so this allows multi-TiB deltas).
 const MAX_DELTA_PART: u32 = 1 << 20;
 
+/// Where [`RepoPath::Blob`]s are, as an OCI layout keeps them.
+const BLOBS_DIR: &str = "blobs/sha256/";
+
 /// Every path an ostree client may request from an archive remote.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum RepoPath {
@@ -253,6 +256,10 @@ pub enum RepoPath {
     DeltaIndex {
         to: Checksum,
     },
+    /// `blobs/sha256/<hex>`: an ostree-native image's manifest or config,
+    /// by its OCI digest, for staging (see [`crate::staging`]).
+    /// Content-addressed, so immutable.
+    Blob(Checksum),
 }
 
 impl RepoPath {
@@ -330,6 +337,9 @@ impl RepoPath {
             let to = Checksum::from_mbase64(rejoin(&mut buf, prefix, tail)?).ok()?;
             return Some(RepoPath::DeltaIndex { to });
         }
+        if let Some(hex) = p.strip_prefix(BLOBS_DIR) {
+            return Some(RepoPath::Blob(Checksum::from_hex(hex).ok()?));
+        }
         None
     }
 
@@ -351,6 +361,7 @@ impl RepoPath {
                 }
             },
             RepoPath::DeltaIndex { to } => DeltaName::index_path(to),
+            RepoPath::Blob(d) => format!("{BLOBS_DIR}{}", d.to_hex()),
         }
     }
 }
@@ -428,6 +439,7 @@ mod tests {
                 },
             ),
             (INDEX.into(), RepoPath::DeltaIndex { to: c2 }),
+            (format!("blobs/sha256/{C2}"), RepoPath::Blob(c2)),
         ];
         let parts = [7, 10, 909, MAX_DELTA_PART].map(|i| {
             let p = DELTA_EMPTY.strip_suffix('0').unwrap();
@@ -493,6 +505,12 @@ mod tests {
             DELTA_EMPTY.replace("/0", "/99999999999"),
             DELTA_EMPTY.replace("/0", "/.."),
             INDEX.replace(".index", ""),
+            "blobs/sha256/".into(),
+            format!("blobs/sha256/{}", &C1[1..]),
+            format!("blobs/sha256/{}", C1.to_uppercase()),
+            format!("blobs/sha256/{C1}/"),
+            format!("blobs/sha512/{C1}"),
+            format!("blobs/{C1}"),
         ];
         for p in cases {
             assert_eq!(RepoPath::parse(&p), None, "{p:?} accepted");

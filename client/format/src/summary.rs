@@ -8,6 +8,7 @@ use crate::checksum::Checksum;
 use crate::error::FormatError;
 use crate::path::DeltaName;
 use crate::refname::validate_collection_id;
+use crate::staging::{self, StagingIndex};
 use crate::variant::{check_size, parse_normal, ty};
 use glib::{prelude::ToVariant, Variant, VariantDict};
 use std::collections::BTreeMap;
@@ -63,6 +64,8 @@ pub struct Summary {
     pub expires: Option<u64>,
     pub mode: Option<String>,
     pub tombstone_commits: bool,
+    /// The images a node can stage from this remote ([`staging::SUMMARY_KEY`]).
+    pub staging: Option<StagingIndex>,
 }
 
 /// `a{sv}` from sorted entries.
@@ -203,6 +206,9 @@ pub fn build_summary(s: &Summary) -> Result<Vec<u8>, FormatError> {
             Variant::array_from_iter_with_type(ty("{sa(s(taya{sv}))}"), entries),
         );
     }
+    if let Some(index) = &s.staging {
+        meta.insert(staging::SUMMARY_KEY, index.to_variant()?);
+    }
     let v = Variant::tuple_from_iter([refs, asv(meta)]);
     Ok(v.data().to_vec())
 }
@@ -288,6 +294,12 @@ pub fn parse_summary(bytes: &[u8]) -> Result<Summary, FormatError> {
     if let Some(c) = &collection_id {
         validate_collection_id(c).map_err(|e| verr(format!("{KEY_COLLECTION_ID}: {e}")))?;
     }
+    // Looked up untyped: a value of another type is a broken index, not
+    // an absent one.
+    let staging = meta
+        .lookup_value(staging::SUMMARY_KEY, None)
+        .map(|v| StagingIndex::from_variant(&v))
+        .transpose()?;
     Ok(Summary {
         refs,
         collection_map,
@@ -298,6 +310,7 @@ pub fn parse_summary(bytes: &[u8]) -> Result<Summary, FormatError> {
         expires: get_t(KEY_EXPIRES),
         mode: get_s(KEY_MODE),
         tombstone_commits: get_b(KEY_TOMBSTONE_COMMITS),
+        staging,
     })
 }
 
@@ -357,6 +370,43 @@ mod tests {
         let mut want = sample();
         want.refs.sort_by(|a, b| a.name.cmp(&b.name));
         assert_eq!(back, want);
+    }
+
+    #[test]
+    fn a_staging_index_rides_in_the_metadata() {
+        use crate::staging::{LayerKind, StagedImage, StagedLayer};
+        let index = StagingIndex {
+            images: vec![StagedImage {
+                manifest: c(5),
+                manifest_size: 10,
+                config: c(6),
+                config_size: 20,
+                commit: c(7),
+                layers: vec![StagedLayer {
+                    digest: c(8),
+                    kind: LayerKind::Commit,
+                }],
+            }],
+        };
+        let with = Summary {
+            staging: Some(index.clone()),
+            ..sample()
+        };
+        let bytes = build_summary(&with).unwrap();
+        assert_eq!(parse_summary(&bytes).unwrap().staging, Some(index));
+        assert_eq!(
+            parse_summary(&build_summary(&sample()).unwrap())
+                .unwrap()
+                .staging,
+            None
+        );
+        // A value of another type under the key is refused, not ignored.
+        let v = parse_normal(&bytes, SUMMARY_GVARIANT_TYPE, WHAT).unwrap();
+        let mut meta: BTreeMap<&str, Variant> = BTreeMap::new();
+        meta.insert(staging::SUMMARY_KEY, "forged".to_variant());
+        let forged = Variant::tuple_from_iter([v.child_value(0), asv(meta)]);
+        let e = parse_summary(forged.data()).unwrap_err().to_string();
+        assert!(e.contains("staging index"), "{e}");
     }
 
     #[test]

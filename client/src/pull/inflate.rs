@@ -37,6 +37,27 @@ pub struct ExactInflate<R: BufRead> {
     refusal: Arc<OnceLock<String>>,
 }
 
+fn refuse(refusal: &OnceLock<String>, why: String) -> io::Error {
+    let _ = refusal.set(why.clone());
+    io::Error::new(io::ErrorKind::InvalidData, why)
+}
+
+/// The decoder's own errors (a stream cut short, not deflate) are the
+/// body's fault: refused, so that they are not taken for a failure of the
+/// repo. A network break also surfaces here, but the fetcher knows the
+/// body broke and retries it first.
+fn bad_body(refusal: &OnceLock<String>, e: io::Error) -> io::Error {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::InvalidInput | io::ErrorKind::InvalidData => {
+            refuse(
+                refusal,
+                format!("the body is not a whole deflate stream: {e}"),
+            )
+        }
+        _ => e,
+    }
+}
+
 impl<R: BufRead> ExactInflate<R> {
     /// `prefix` is the content-stream prefix libostree is given before
     /// these bytes, which the checksum covers too.
@@ -60,8 +81,7 @@ impl<R: BufRead> ExactInflate<R> {
     }
 
     fn refuse(&self, why: String) -> io::Error {
-        let _ = self.refusal.set(why.clone());
-        io::Error::new(io::ErrorKind::InvalidData, why)
+        refuse(&self.refusal, why)
     }
 
     /// Checks the end of a body that declares nothing (an empty file, a
@@ -81,11 +101,17 @@ impl<R: BufRead> ExactInflate<R> {
             return Ok(());
         }
         self.ended = true;
+        let refusal = self.refusal.clone();
         // An empty file may have no deflate stream at all: libostree never
         // reads one, and repos written by other tools leave it out.
         if !(self.declared == 0
             && self.dec.total_in() == 0
-            && self.dec.get_mut().fill_buf()?.is_empty())
+            && self
+                .dec
+                .get_mut()
+                .fill_buf()
+                .map_err(|e| bad_body(&refusal, e))?
+                .is_empty())
         {
             self.check_stream_end()?;
         }
@@ -99,14 +125,25 @@ impl<R: BufRead> ExactInflate<R> {
     }
 
     fn check_stream_end(&mut self) -> io::Result<()> {
+        let refusal = self.refusal.clone();
         let mut probe = [0u8; 1];
-        if self.dec.read(&mut probe)? != 0 {
+        if self
+            .dec
+            .read(&mut probe)
+            .map_err(|e| bad_body(&refusal, e))?
+            != 0
+        {
             return Err(self.refuse(format!(
                 "the body inflates to more than the {} bytes its header declares",
                 self.declared
             )));
         }
-        if !self.dec.get_mut().fill_buf()?.is_empty() {
+        let rest = self
+            .dec
+            .get_mut()
+            .fill_buf()
+            .map_err(|e| bad_body(&refusal, e))?;
+        if !rest.is_empty() {
             return Err(
                 self.refuse("the body has bytes after the end of its deflate stream".into())
             );
@@ -125,7 +162,10 @@ impl<R: BufRead> Read for ExactInflate<R> {
             return Ok(0);
         }
         let want = usize::try_from(self.remaining).map_or(buf.len(), |r| r.min(buf.len()));
-        let n = self.dec.read(&mut buf[..want])?;
+        let n = self
+            .dec
+            .read(&mut buf[..want])
+            .map_err(|e| bad_body(&self.refusal, e))?;
         if n == 0 {
             return Err(self.refuse(format!(
                 "the body inflates to {} bytes, its header declares {}",
@@ -320,6 +360,22 @@ mod tests {
         };
         assert!(handed_on < 50, "{handed_on}");
         assert!(err.to_string().contains("more than the 50 bytes"), "{err}");
+        assert_eq!(refusal.get(), Some(&err.to_string()));
+    }
+
+    /// A body whose deflate stream stops short (the server sent a whole,
+    /// honestly sized HTTP body of a truncated object) is refused as bad
+    /// data, not left as an I/O error libostree reports as its own.
+    #[test]
+    fn a_deflate_stream_cut_short_is_refused() {
+        let data: Vec<u8> = (0..50_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let mut body = deflate(&data);
+        body.truncate(body.len() / 2);
+        let mut r = ExactInflate::new(&body[..], 50_000, PREFIX, sum(PREFIX, &data));
+        let refusal = r.refusal();
+        let mut out = Vec::new();
+        let err = r.read_to_end(&mut out).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
         assert_eq!(refusal.get(), Some(&err.to_string()));
     }
 }

@@ -23,16 +23,16 @@
 pub mod delta;
 pub mod error;
 pub mod fetch;
-mod finish;
+pub(crate) mod finish;
 pub mod inflate;
-mod objects;
+pub(crate) mod objects;
 pub mod options;
 pub mod origin;
-mod remote;
+pub(crate) mod remote;
 pub mod report;
 pub mod space;
 pub mod store;
-mod target;
+pub(crate) mod target;
 pub mod verify;
 pub mod walk;
 
@@ -61,7 +61,7 @@ pub use report::Output;
 /// blocking threads, one per object in flight.
 const RUNTIME_THREADS: usize = 2;
 
-fn runtime(concurrency: usize) -> PullResult<tokio::runtime::Runtime> {
+pub(crate) fn runtime(concurrency: usize) -> PullResult<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(RUNTIME_THREADS)
         .max_blocking_threads(concurrency + 4)
@@ -122,7 +122,7 @@ pub fn pull(opts: &PullOptions, reporter: Arc<Reporter>) -> PullResult<()> {
 /// Resolves at the first SIGINT or SIGTERM, naming it; never if the
 /// handlers cannot be installed (the signal then kills, as by default,
 /// which a pull survives too).
-async fn interrupted() -> &'static str {
+pub(crate) async fn interrupted() -> &'static str {
     use tokio::signal::unix::{signal, SignalKind};
     match (
         signal(SignalKind::interrupt()),
@@ -137,11 +137,11 @@ async fn interrupted() -> &'static str {
 }
 
 /// How long a pull that failed waits for its writer threads to stop.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Runs `work` within `limit` (`--timeout`); past it, a network failure
 /// that says which deadline struck, and what was last being retried.
-async fn within<T>(
+pub(crate) async fn within<T>(
     limit: std::time::Duration,
     what: &str,
     reporter: &Reporter,
@@ -197,7 +197,7 @@ async fn pull_async(req: PullRequest<'_>) -> PullResult<()> {
 }
 
 /// Steps 1 to 4: everything that talks to the remote.
-async fn fetch_all(
+pub(crate) async fn fetch_all(
     req: &PullRequest<'_>,
 ) -> PullResult<(Arc<Ctx>, target::Target, objects::Written)> {
     let (meta, content) = connect(req).await?;
@@ -247,7 +247,7 @@ async fn connect(req: &PullRequest<'_>) -> PullResult<(Arc<Fetcher>, Arc<Fetcher
     Ok((fetcher, content))
 }
 
-fn check_config(config: &[u8]) -> PullResult<()> {
+pub(crate) fn check_config(config: &[u8]) -> PullResult<()> {
     let config = oscontent_format::RepoConfig::parse(config)
         .map_err(|e| PullError::Network(anyhow!("the remote's config: {e}")))?;
     match config.mode.as_deref() {

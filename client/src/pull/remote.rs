@@ -157,7 +157,7 @@ pub async fn resolve_target(
 
 /// The remote's summary, if it has one, and the description of its
 /// signature when the summary must be signed.
-async fn fetch_summary(
+pub(crate) async fn fetch_summary(
     fetcher: &Fetcher,
     trust: &Trust,
 ) -> PullResult<(Option<Summary>, Option<serde_json::Value>)> {

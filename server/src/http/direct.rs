@@ -210,7 +210,10 @@ pub fn answer(st: &AppState, ask: &Ask<'_>) -> Option<Direct> {
             let found = object(st, &generation, name, ask)?;
             (found, HeaderValue::from_static(IMMUTABLE))
         }
-        _ => (other(st, &generation, &rp, ask)?, st.short_lived.clone()),
+        _ => (
+            other(st, &generation, &rp, ask)?,
+            repo::cache_control(st, &rp),
+        ),
     };
     let status = found.status().as_u16();
     let done = observe::answered(st, ask.path, &rp, ask.head, status, ask.client, start);

@@ -283,6 +283,7 @@ fn kind(path: &str, parsed: Option<&RepoPath>) -> &'static str {
         Some(RepoPath::Object(o)) => o.kind.extension(),
         Some(RepoPath::Delta { .. }) => "delta",
         Some(RepoPath::DeltaIndex { .. }) => "delta_index",
+        Some(RepoPath::Blob(_)) => "blob",
         None => "other",
     }
 }

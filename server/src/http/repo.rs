@@ -72,7 +72,18 @@ pub(super) enum CachePolicy {
 pub(super) fn policy(p: &RepoPath) -> CachePolicy {
     match p {
         RepoPath::Object(o) if o.kind.is_immutable() => CachePolicy::Immutable,
+        // Named by the digest of its bytes, like an object.
+        RepoPath::Blob(_) => CachePolicy::Immutable,
         _ => CachePolicy::ShortLived,
+    }
+}
+
+/// The `Cache-Control` of what is not an object: an image blob, named by
+/// its digest, is cached forever; the rest briefly.
+pub(super) fn cache_control(st: &AppState, p: &RepoPath) -> HeaderValue {
+    match policy(p) {
+        CachePolicy::Immutable => HeaderValue::from_static(IMMUTABLE),
+        CachePolicy::ShortLived => st.short_lived.clone(),
     }
 }
 
@@ -137,7 +148,7 @@ async fn serve_repo(
             return serve_object(st, &generation, asked, name).await;
         }
     }
-    let cache = st.short_lived.clone();
+    let cache = cache_control(st, &rp);
     let cap = metadata::cap(&rp);
     // Found and read on this thread when the kernel has the lookup and the
     // bytes cached; else in one trip to the blocking pool.

@@ -63,6 +63,7 @@ pub fn sync_image(
             commit,
             version: staged.version.clone(),
             preverified: staged.format == crate::source::ImageFormat::Native,
+            staging: staged.staging.clone(),
         };
         let state_root = dest.work.join(STATE);
         let state = StateDir::open(&state_root, std::slice::from_ref(&release.repo))?;

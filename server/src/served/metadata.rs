@@ -43,6 +43,7 @@ pub fn cap(p: &RepoPath) -> Option<u64> {
         RepoPath::Ref { .. } => Some(MAX_REF),
         RepoPath::Object(o) if o.kind == ObjectKind::CommitMeta => Some(MAX_COMMITMETA),
         RepoPath::DeltaIndex { .. } => Some(MAX_DELTA_INDEX),
+        RepoPath::Blob(_) => Some(oscontent_format::staging::MAX_BLOB_SIZE),
         RepoPath::Object(_) | RepoPath::Delta { .. } => None,
     }
 }

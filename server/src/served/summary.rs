@@ -56,6 +56,19 @@ impl Generation {
         Ok(None)
     }
 
+    /// The staging index publication wrote into the overlay, if any. One
+    /// that does not parse is an error: the summary must not silently
+    /// drop what a signer elsewhere included.
+    fn staging_index(&self) -> Result<Option<format::staging::StagingIndex>> {
+        let cap = format::staging::MAX_INDEX_SIZE as u64;
+        let Some((bytes, _)) = fsutil::read_file(&self.overlay, super::STAGING_INDEX, cap)? else {
+            return Ok(None);
+        };
+        let index = format::staging::StagingIndex::parse(&bytes)
+            .with_context(|| format!("reading the overlay's {}", super::STAGING_INDEX))?;
+        Ok(Some(index))
+    }
+
     fn has_delta_indexes(&self) -> Result<bool> {
         for root in self.all_roots() {
             if let Some(e) = fsutil::list_dir(root, "delta-indexes", MAX_DIR_ENTRIES)? {
@@ -246,6 +259,7 @@ impl Generation {
         let deltas = self.summary_delta_files()?;
         let indexed = self.index_deltas || self.has_delta_indexes()?;
         let collection_id = self.collection_id()?;
+        let staging = self.staging_index()?;
         // Cheap fingerprint of the inputs: ref targets plus each superblock's
         // identity. Contents are hashed only when it changes.
         let mut h = Sha256::new();
@@ -257,6 +271,9 @@ impl Generation {
         }
         h.update([u8::from(indexed)]);
         h.update(format!("{collection_id:?}"));
+        if let Some(s) = &staging {
+            h.update(Checksum::digest(&s.build()?).as_bytes());
+        }
         let fingerprint: [u8; 32] = h.finalize().into();
         let mut cache = self.summary.lock().expect("poisoned");
         if let Some(c) = cache.as_mut().filter(|c| c.fingerprint == fingerprint) {
@@ -276,6 +293,7 @@ impl Generation {
         }
         let mut summary = summary_for(&refs, summary_deltas, indexed, |c| self.commit(c))?;
         summary.collection_id = collection_id;
+        summary.staging = staging;
         let generated = Generated::new(build_summary(&summary)?.into(), SystemTime::now());
         *cache = Some(SummaryCache {
             fingerprint,

@@ -146,6 +146,9 @@ pub struct StagedImage {
     /// Which layout the image had: a native image's `srv/repo` is the
     /// archive repo its layers were converted into.
     pub format: ImageFormat,
+    /// For a native image the importer can take as staged: its manifest,
+    /// config and object sets.
+    pub staging: Option<Arc<native::staging::NativeStaging>>,
 }
 
 impl StagedImage {

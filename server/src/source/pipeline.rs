@@ -52,7 +52,7 @@ pub fn pull_into(
         detect::detect(&config.labels).map_err(|p| config.label_err(image, p.label, p.reason))?;
     check_layer_totals(m.layers(), image, &resolved.manifest_digest, opts)?;
     check_diff_ids(&config, m.layers().len(), image)?;
-    let (layer_bytes, written_bytes) = match detected.format {
+    let (layer_bytes, written_bytes, staging) = match detected.format {
         ImageFormat::Legacy => {
             let n = apply_layers(
                 store,
@@ -65,9 +65,14 @@ pub fn pull_into(
                 opts,
             )?;
             check_commit_present(root, image, &config, &detected.commit)?;
-            (n, tree.written_bytes)
+            (n, tree.written_bytes, None)
         }
-        ImageFormat::Native => stage_native(store, image, m, &config, &detected, root, stop, opts)?,
+        ImageFormat::Native => {
+            let (n, written, carried) =
+                stage_native(store, image, m, &config, &detected, root, stop, opts)?;
+            let staging = native_staging(image, &resolved, &config, &detected, carried);
+            (n, written, staging)
+        }
     };
     tree.sync().map_err(|e| {
         SourceError::from_io(
@@ -87,13 +92,63 @@ pub fn pull_into(
         written_bytes,
         commit: detected.commit,
         format: detected.format,
+        staging,
     })
+}
+
+/// What a node needs to stage the native image, or `None` (logged) when
+/// the importer could not take it as staged: the image is still served.
+fn native_staging(
+    image: &str,
+    resolved: &Resolved,
+    config: &Config,
+    detected: &Detected,
+    carried: Vec<Vec<oscontent_format::Checksum>>,
+) -> Option<std::sync::Arc<native::staging::NativeStaging>> {
+    let manifest = resolved
+        .documents
+        .last()
+        .filter(|d| d.digest == resolved.manifest_digest)
+        .map(|d| d.bytes.clone());
+    let layers: Vec<String> = resolved
+        .manifest
+        .layers()
+        .iter()
+        .map(|l| l.digest().to_string())
+        .collect();
+    let planned = manifest
+        .ok_or_else(|| "the manifest's bytes were not kept".to_owned())
+        .and_then(|m| {
+            let commit = detected
+                .commit
+                .parse()
+                .map_err(|_| "the commit label is not a checksum".to_owned())?;
+            native::staging::plan(
+                (&resolved.manifest_digest, m),
+                (&config.digest, config.bytes.clone()),
+                commit,
+                &layers,
+                carried,
+            )
+        });
+    match planned {
+        Ok(p) => Some(std::sync::Arc::new(p)),
+        Err(why) => {
+            tracing::warn!(
+                image,
+                manifest = resolved.manifest_digest,
+                "the image is served, but not for staging: {why}"
+            );
+            None
+        }
+    }
 }
 
 /// A native image: its ostree layers converted into `root/srv/repo` and
 /// the commit's closure checked. Derived layers are refused unless the
 /// base commit is asked for, and then are not fetched. Returns the
-/// compressed bytes read and the bytes written.
+/// compressed bytes read, the bytes written, and the content objects each
+/// ostree layer carried.
 #[allow(clippy::too_many_arguments)]
 fn stage_native(
     store: &mut dyn Store,
@@ -104,7 +159,7 @@ fn stage_native(
     root: &Path,
     stop: &Stop,
     opts: &FetchOptions,
-) -> Result<(u64, u64), SourceError> {
+) -> Result<(u64, u64, Vec<Vec<oscontent_format::Checksum>>), SourceError> {
     let layers = m.layers();
     let base = detect::base_layers(&config.labels, &config.diff_ids, layers.len())
         .map_err(|p| config.label_err(image, p.label, p.reason))?;
@@ -135,7 +190,7 @@ fn stage_native(
         opts,
     )?;
     conv.finish(&Subject::new(image, ""), &opts.limits)?;
-    Ok((n, conv.written_bytes()))
+    Ok((n, conv.written_bytes(), conv.take_carried()))
 }
 
 /// The image config, as far as we need it.
@@ -146,6 +201,8 @@ struct Config {
     labels: BTreeMap<String, String>,
     /// `rootfs.diff_ids`: where a native image's ostree layers end.
     diff_ids: Vec<String>,
+    /// As read, verified by its digest (a native image publishes it).
+    bytes: Vec<u8>,
 }
 
 impl Config {
@@ -199,6 +256,7 @@ fn read_config(
         size: bytes.len() as u64,
         labels,
         diff_ids: config.rootfs().diff_ids().clone(),
+        bytes,
     })
 }
 

@@ -216,6 +216,7 @@ impl Fixture {
             commit: repo.commit.parse().unwrap(),
             version: None,
             preverified: false,
+            staging: None,
         };
         publish::publish_releases(&[release], &self.state).unwrap()
     }

@@ -62,6 +62,7 @@ pub const KINDS: &[&str] = &[
     "commitmeta",
     "delta",
     "delta_index",
+    "blob",
     "health",
     "metrics",
     "other",

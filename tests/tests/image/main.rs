@@ -22,5 +22,7 @@ mod refresh;
 mod rollback;
 mod root;
 mod space;
+mod stage;
+mod staging;
 mod state_full;
 mod support;

@@ -162,6 +162,8 @@ fn pull_from_an_oci_layout() {
             .args(["--max-backoff", "1"]),
     );
     pull_and_fsck(&server, fixture_ref(), &v1.commit);
+    // Only an ostree-native image is published for staging.
+    assert_eq!(server.summary().unwrap().staging, None);
     drop(server);
     assert_unchanged(layout, &before, "serving from an OCI layout");
 }

@@ -175,6 +175,10 @@ fn summary_ref_entries_match_what_ostree_itself_generates() {
     let ours = parse_summary(&server.summary_bytes().unwrap()).unwrap();
     let theirs = parse_summary(&own_bytes).unwrap();
     assert_eq!(
+        ours.staging, None,
+        "an oscontainer publishes no staging index"
+    );
+    assert_eq!(
         ours.refs, theirs.refs,
         "ref entries, parsed from the served summary and from ostree's"
     );

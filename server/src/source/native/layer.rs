@@ -35,6 +35,10 @@ pub struct LayerState<'a> {
     xattrs_bytes: u64,
     /// (content object, the xattrs it gets), set by a link entry.
     pending: Option<(Checksum, Checksum)>,
+    /// The content objects the layer carries, in stream order (those an
+    /// earlier layer wrote too): its object set, as the importer records
+    /// it. One per `.file` entry, which the entry limit bounds.
+    carried: Vec<Checksum>,
 }
 
 impl<'a> LayerState<'a> {
@@ -46,6 +50,7 @@ impl<'a> LayerState<'a> {
             xattrs: HashMap::new(),
             xattrs_bytes: 0,
             pending: None,
+            carried: Vec::new(),
         }
     }
 
@@ -172,6 +177,7 @@ impl<'a> LayerState<'a> {
                 ))
             }
         };
+        self.carried.push(name.checksum);
         if objects
             .has(name)
             .map_err(|e| self.write_err(shown.clone(), e))?
@@ -324,14 +330,15 @@ impl<'a> LayerState<'a> {
         self.set_pending(file, blob, shown)
     }
 
-    /// At the end of the layer, a reference must not be left without its file.
-    pub fn finish(self) -> Result<(), SourceError> {
+    /// At the end of the layer, a reference must not be left without its
+    /// file. Returns the content objects the layer carried.
+    pub fn finish(self) -> Result<Vec<Checksum>, SourceError> {
         match self.pending {
             Some((file, _)) => Err(self.bad(
                 format!("{file}.file-xattrs-link"),
                 "the layer ends before the .file it is for",
             )),
-            None => Ok(()),
+            None => Ok(self.carried),
         }
     }
 }

@@ -32,6 +32,7 @@ pub mod objects;
 // Entry path classification is `oscontent-parse`'s (fuzzed there).
 pub use oscontent_parse::source::native_path as path;
 pub mod root;
+pub mod staging;
 
 use super::unpack::{self, LayerInfo, LayerSink, StreamTotals};
 use super::verify::VerifyingReader;
@@ -51,6 +52,8 @@ pub struct Converter {
     commit: Checksum,
     entries: u64,
     decompressed: u64,
+    /// Each layer's content objects, in layer order.
+    carried: Vec<Vec<Checksum>>,
 }
 
 fn write_err(subject: &Subject, e: WriteError) -> SourceError {
@@ -90,7 +93,14 @@ impl Converter {
             commit,
             entries: 0,
             decompressed: 0,
+            carried: Vec::new(),
         })
+    }
+
+    /// The content objects each layer applied so far carried, in layer
+    /// order: what the importer's object-set commits are made of.
+    pub fn take_carried(&mut self) -> Vec<Vec<Checksum>> {
+        std::mem::take(&mut self.carried)
     }
 
     /// Bytes written into object files.
@@ -151,6 +161,7 @@ impl LayerSink for Converter {
             )?;
             state.entry(objects, h, data)
         })?;
-        state.finish()
+        self.carried.push(state.finish()?);
+        Ok(())
     }
 }

@@ -56,7 +56,7 @@ fn run(entries: &[E], commit: Checksum) -> (Result<(), String>, tempfile::TempDi
         }
     }
     let result = result
-        .and_then(|()| state.finish())
+        .and_then(|()| state.finish().map(drop))
         .map_err(|e| e.to_string());
     // What the pool was handed is on disk from here.
     objects.drain().unwrap();
