@@ -65,7 +65,7 @@ fn empty_dirs(m: &Manifest) -> Vec<EmptyDir> {
             .as_array()
             .into_iter()
             .flatten()
-            .find(|v| v["name"] == Value::from(mount.name.as_str()))
+            .find(|v| v["name"] == mount.name.as_str())
             .unwrap();
         let limit = v["emptyDir"]["sizeLimit"]
             .as_str()
