@@ -74,6 +74,8 @@ pub fn stage(opts: &StageOptions, reporter: Arc<Reporter>) -> PullResult<()> {
         commit: None,
         trusted_keys: opts.trusted_keys.clone(),
         allow_downgrade: false,
+        // The pinned digest vouches for the commit; the bound is pull's.
+        max_future_skew: oscontent_format::age::DEFAULT_MAX_FUTURE_SKEW,
         io_mode: io.mode,
         io_latency_target: io.latency_target,
         io_max_rate: io.max_rate,
