@@ -3,35 +3,43 @@
 //! paths have empty bodies: ostree's fetcher can take an error body for
 //! object content when it falls through a mirrorlist.
 
+pub mod access_log;
 pub mod direct;
 mod observe;
 mod repo;
 mod respond;
+pub mod saturation;
 pub mod sendfile;
 
 pub(crate) use observe::log_date;
 pub(crate) use respond::header_line;
 
 use crate::cache::ObjectCache;
-use crate::listen::access_log::AccessLog;
-use crate::listen::saturation::Saturation;
 use crate::metrics::{gauge_value, Metrics};
 use crate::serve::sink::Sink;
 use crate::served::memory::BodyMemory;
 use crate::served::streams::StreamBudget;
+use access_log::AccessLog;
 use axum::body::Body;
 use axum::extract::State;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use futures_util::future::BoxFuture;
 use http::header::{self, HeaderMap, HeaderValue};
+use http::Request;
 use http::StatusCode;
 use oscontent_format::RepoPath;
+use saturation::Saturation;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Files streamed with a descriptor held at once, by default; the
+/// listener's `Limits` take the same figure, since both bound one budget.
+pub const DEFAULT_MAX_STREAMED_FILES: usize = 1024;
 
 /// Objects are content-addressed: their bytes never change.
 pub const IMMUTABLE: &str = "public, max-age=31536000, immutable";
@@ -69,7 +77,7 @@ impl Default for HttpConfig {
         Self {
             metadata_max_age: Duration::from_secs(30),
             cache_size: DEFAULT_CACHE_SIZE,
-            max_streamed_files: crate::listen::limits::Limits::default().max_streamed_files,
+            max_streamed_files: DEFAULT_MAX_STREAMED_FILES,
             body_memory: crate::served::memory::DEFAULT_BODY_MEMORY,
             unready_after_refusing: DEFAULT_UNREADY_AFTER_REFUSING,
         }
@@ -198,12 +206,36 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// [`Shortcut::direct`].
+pub type DirectFn = dyn Fn(&direct::Ask<'_>) -> Option<direct::Direct> + Send + Sync;
+
+/// Answers the requests it takes without the router's dispatch (its
+/// route lookup, boxed middleware and extractors), as the router would
+/// have.
+#[derive(Clone)]
+pub struct Shortcut {
+    /// Whether it answers a request for this path; the router answers the
+    /// others.
+    pub takes: fn(&str) -> bool,
+    /// An HTTP/1.1 repo request's 200 or empty 404, when it can be
+    /// answered at once with nothing to evaluate (`http::direct`); `None`
+    /// for the router.
+    pub direct: Arc<DirectFn>,
+    pub answer: Arc<dyn Fn(Request<Body>) -> BoxFuture<'static, Response<Body>> + Send + Sync>,
+}
+
+impl std::fmt::Debug for Shortcut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shortcut").finish_non_exhaustive()
+    }
+}
+
 /// What [`app`] answers on a repo path, without the router: the same
 /// middleware and handler, called directly. The probes and the scrape
 /// (the routes) are handed back to the router.
-pub fn shortcut(state: AppState) -> crate::listen::Shortcut {
+pub fn shortcut(state: AppState) -> Shortcut {
     let direct_state = state.clone();
-    crate::listen::Shortcut {
+    Shortcut {
         takes: |path| !ROUTES.contains(&path),
         direct: Arc::new(move |ask| direct::answer(&direct_state, ask)),
         answer: Arc::new(move |req| {

@@ -67,7 +67,7 @@ impl Default for Limits {
             h2_keepalive: Duration::from_secs(30),
             h2_max_streams: 16,
             h2_send_buffer: 32 * 1024,
-            max_streamed_files: 1024,
+            max_streamed_files: crate::http::DEFAULT_MAX_STREAMED_FILES,
         }
     }
 }

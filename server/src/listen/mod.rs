@@ -5,23 +5,25 @@
 //! per-network caps; when the total is full, the connection idle the
 //! longest is closed to make room (`idle.rs`), and with none idle a small
 //! reserve of connections answers only the probes, while `/readyz` learns
-//! how long that lasts (`saturation.rs`). The access log's writer lives
-//! here too (`access_log.rs`).
+//! how long that lasts (`http/saturation.rs`). The access log's writer
+//! (`http/access_log.rs`) and `Shortcut` sit in `http`, below this
+//! module: `listen` imports `http`, never the other way.
 
-pub mod access_log;
 mod h1;
 pub mod idle;
 pub mod limits;
-pub mod saturation;
 pub mod watch;
 mod workers;
 
 use crate::http::direct;
+/// Re-exported where they were: they sit in `http`, below the listener,
+/// because both the router and the listener use them.
+pub use crate::http::{access_log, saturation};
+pub use crate::http::{DirectFn, Shortcut};
 use crate::metrics::Metrics;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::Router;
-use futures_util::future::BoxFuture;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -52,30 +54,6 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// and serves one request: a kubelet probe sends at once, and an abuser
 /// that lands in the reserve holds its place only this long.
 const RESERVE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// [`Shortcut::direct`].
-pub type DirectFn = dyn Fn(&direct::Ask<'_>) -> Option<direct::Direct> + Send + Sync;
-
-/// Answers the requests it takes without the router's dispatch (its
-/// route lookup, boxed middleware and extractors), as the router would
-/// have.
-#[derive(Clone)]
-pub struct Shortcut {
-    /// Whether it answers a request for this path; the router answers the
-    /// others.
-    pub takes: fn(&str) -> bool,
-    /// An HTTP/1.1 repo request's 200 or empty 404, when it can be
-    /// answered at once with nothing to evaluate (`http::direct`); `None`
-    /// for the router.
-    pub direct: Arc<DirectFn>,
-    pub answer: Arc<dyn Fn(Request<Body>) -> BoxFuture<'static, Response<Body>> + Send + Sync>,
-}
-
-impl std::fmt::Debug for Shortcut {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shortcut").finish_non_exhaustive()
-    }
-}
 
 /// What a worker runs before its runtime parks (`AppState::idle`).
 pub type Idle = Arc<dyn Fn() + Send + Sync>;
