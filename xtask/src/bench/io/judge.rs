@@ -6,9 +6,9 @@
 //! `ostree pull` visibly harmful, without which no "pass" means anything).
 
 use super::arms::{Arm, RAM_SUFFIX};
-use super::bootstrap::{self, Interval};
+use super::bootstrap;
 use super::neighbour::NeighbourLog;
-use super::results::{Target, Trial};
+use super::results::{ArmJudgement, Target, Trial};
 use super::stats::{self, WindowStats};
 use super::trial::window_ns;
 use super::{MAX_TARGET, P99_TARGET};
@@ -17,22 +17,6 @@ use crate::bench::Summary;
 /// Target: the default arm's share of the window stalled > 10 ms, against
 /// stock `ostree pull`'s.
 pub const STALL_TARGET: f64 = 0.5;
-
-/// One arm's judgement over its trials with the neighbour.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ArmJudgement {
-    pub arm: String,
-    pub trials: usize,
-    /// Ratios of medians to the baseline's, with 95% bootstrap intervals.
-    pub p99: Interval,
-    pub max: Interval,
-    pub expected: Interval,
-    /// Share of the window with an fdatasync in flight > 10, 50, 100 ms.
-    pub stall_share: [Summary; 3],
-    pub min_ops_per_slice: Summary,
-    /// Median stall share (> 10 ms) over stock `ostree pull`'s.
-    pub stall_vs_ostree: f64,
-}
 
 /// Every arm's judgement.
 pub(super) fn judge(trials: &[(Trial, NeighbourLog)], arms: &[Arm]) -> Vec<ArmJudgement> {
@@ -157,6 +141,7 @@ pub(super) fn targets(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::io::bootstrap::Interval;
 
     fn judged(arm: &str, p99_lo: f64, max_lo: f64, stall: f64) -> ArmJudgement {
         let i = |lo: f64| Interval {

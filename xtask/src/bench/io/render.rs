@@ -3,8 +3,8 @@
 
 use super::arms::Arm;
 use super::chart;
-use super::judge::ArmJudgement;
 use super::neighbour::NeighbourLog;
+use super::results::ArmJudgement;
 use super::results::{ArmSummary, Calibration, Report, Trial, UpdateReport};
 use crate::bench::{mib, report, Summary};
 use std::path::{Path, PathBuf};

@@ -1,6 +1,7 @@
 //! What `bench io` records: its trials, per-arm summaries, targets, and
 //! the JSON report (`target/bench/io-<stamp>.json`) that holds them.
 
+use super::bootstrap::Interval;
 use super::etcd;
 use super::neighbour;
 use super::repo::{NewObjects, RepoMode};
@@ -168,7 +169,7 @@ pub struct UpdateReport {
     pub trials: Vec<Trial>,
     pub summaries: Vec<ArmSummary>,
     /// Intervals and time-weighted figures, arm by arm.
-    pub judgements: Vec<super::judge::ArmJudgement>,
+    pub judgements: Vec<ArmJudgement>,
     pub targets: Vec<Target>,
     pub chart: Option<PathBuf>,
 }
@@ -209,4 +210,20 @@ pub struct Report {
     pub calibration: Option<Calibration>,
     pub updates: Vec<UpdateReport>,
     pub logs: PathBuf,
+}
+
+/// One arm's judgement over its trials with the neighbour.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ArmJudgement {
+    pub arm: String,
+    pub trials: usize,
+    /// Ratios of medians to the baseline's, with 95% bootstrap intervals.
+    pub p99: Interval,
+    pub max: Interval,
+    pub expected: Interval,
+    /// Share of the window with an fdatasync in flight > 10, 50, 100 ms.
+    pub stall_share: [Summary; 3],
+    pub min_ops_per_slice: Summary,
+    /// Median stall share (> 10 ms) over stock `ostree pull`'s.
+    pub stall_vs_ostree: f64,
 }
