@@ -58,8 +58,8 @@ impl AimdConfig {
     /// halve on a slow tail. The chunk stays between 64 KiB and 256 KiB: it
     /// is what the neighbour may find queued ahead of it (with a 1 MiB
     /// ceiling, its p99 on a 30% update was 1.7x its baseline and its
-    /// worst stall 2.9x; with 256 KiB, 1.4x and 1.0x: RESULTS.md, session
-    /// 22). An object costs 16 KiB on top of its length: an XFS inode
+    /// worst stall 2.9x; with 256 KiB, 1.4x and 1.0x: `cargo xtask bench io` at
+    /// 83f8c0e). An object costs 16 KiB on top of its length: an XFS inode
     /// cluster write, its directory entry and their journal share. The
     /// rate floor (1 MiB/s) keeps the pull moving even on a saturated
     /// device.

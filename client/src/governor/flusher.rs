@@ -68,7 +68,7 @@ pub const LOG_FORCE_BYTES: u64 = 2 << 20;
 /// device: the neighbour's worst stall reached 4.7-20x its baseline at
 /// 30%. Commits at least 100 ms apart kept it at 2.0x, and 250 ms or
 /// 1 s apart let more pile up for the neighbour's own flush to meet
-/// (2.7x and 5.2x; RESULTS.md, session 11).
+/// (2.7x and 5.2x; `cargo xtask bench io` at 088a09f).
 pub const COMMIT_GAP: Duration = Duration::from_millis(100);
 /// Objects written but not yet committed to the journal (queued, in
 /// flight, or flushed since the last commit) before writers wait: the

@@ -25,6 +25,104 @@
 //! when the dirty limits trip). Why one small chunk at a time: the
 //! neighbour's fdatasync waits for whatever is queued on the device ahead
 //! of it, so what we have in flight is what its latency grows by.
+//!
+//! # How the governor paces
+//!
+//! The problem: stock ostree leaves every byte to background writeback and
+//! ends with one big `syncfs`; the flush storm stalls etcd's `fdatasync`s.
+//! `ionice` does not help because kworkers, not the puller, submit that I/O.
+//!
+//! `--io-mode paced` (default), `governor/flusher.rs`:
+//! - **One flusher thread, one small chunk in flight.** A writer thread hands
+//!   each object to the flusher as soon as it is linked, and goes on
+//!   downloading and inflating. The flusher writes the backlog back in chunks
+//!   (`sync_file_range` START on every range of the chunk, then WAIT on each):
+//!   whole small objects grouped, up to 32 files (`CHUNK_MAX_FILES`), or a
+//!   page-aligned range of a big one. What the neighbour's `fdatasync` can
+//!   find queued ahead of it on the device is then at most one chunk of ours
+//!   (64 KiB to 256 KiB of cost, a fraction of a millisecond on an SSD), never
+//!   a burst of kworker writeback nor a batch of whole objects started at
+//!   once. The first version of this mode
+//!   started writeback of every object immediately and waited in batches that
+//!   grew to 16 MiB; with the neighbour measured in the same run, that
+//!   inflated its p99 several times over, which is why the in-flight amount,
+//!   not the batch between waits, is what is bounded now.
+//! - **Idle I/O class and nice 10.** The flusher thread submits all of this
+//!   mode's writeback, in the idle class (`ioprio_set`; honoured by bfq, the
+//!   lowest priority for mq-deadline, no effect with `none`). The pull's
+//!   threads run at nice 10 (`PACED_NICE`): on a small node the neighbour's
+//!   `fdatasync` only completes for it once it gets a CPU back, and inflating
+//!   and hashing objects on every core added run-queue delay that no I/O
+//!   policy removes. The flusher itself keeps nice 0 (it is started before
+//!   the pull is reniced): its `fdatasync` may be what submits the journal
+//!   write a neighbour's `fdatasync` waits for, and a starved flusher would
+//!   hold the neighbour for as long; it uses almost no CPU.
+//! - **Feedback** (`aimd.rs`, pure, table-tested; issue 16): each chunk's
+//!   flush latency is measured, and the decision looks at the *tail*, the
+//!   slowest of the last 8 flushes, against `--io-latency-target` (default
+//!   10 ms). *Slow start*: the rate begins at 8 MiB/s and grows ×1.25 per
+//!   chunk while the tail stays within target, so a small update, written in
+//!   a couple of seconds, is never written at full speed before the first
+//!   feedback (with a 64 MiB/s start, a 60 MiB burst of small files finished
+//!   before a single slow flush was seen). The first slow tail ends slow
+//!   start; after it the rate grows by 4 MiB/s and the chunk by 64 KiB per
+//!   fast flush. Over target, both halve, the rate from the lower of its limit
+//!   and what the device just delivered (so one slow flush bites at once),
+//!   once per round trip (the tail is reset, the next two flushes are not
+//!   acted on). *Creates count*: rates, chunks and backlog are in cost bytes,
+//!   an object's length plus 16 KiB (inode, directory entry, journal), so
+//!   2,000 small files are paced like the 30+ MiB of metadata writes they
+//!   are. Floors 1 MiB/s and 64 KiB; ceilings 256 KiB and 1 GiB/s, or
+//!   `--io-max-rate`. After
+//!   each chunk the flusher waits for the rate's share and at least as long
+//!   as the flush took: we hold the device at most half the time, and back
+//!   off in proportion when it slows down (a stalled device makes our flush
+//!   slow, and the neighbour needs the time right after a stall most).
+//! - **Bounded backlog.** Writers wait only when what they handed over and
+//!   is not yet flushed exceeds 2 s at the current rate (clamped to 8–64 MiB)
+//!   or 512 files (descriptors). Dirty data therefore never reaches the
+//!   kernel's dirty thresholds nor ages to `dirty_expire` (30 s), either of
+//!   which would hand it to kworkers at normal priority. Time waited is
+//!   `backpressure_ms`.
+//! - **Static deltas too**: libostree writes a delta's objects itself, with
+//!   our fsync off; right after it returns, the superblock's object list is
+//!   handed to the flusher, so they reach the disk paced while still dirty.
+//! - **Creates paced and committed as they go.** `sync_file_range` writes
+//!   data only; a create (inode, xattr, directory entry) waits in the journal,
+//!   and on XFS a neighbour's own `fdatasync` forces the whole pending
+//!   journal, ours included; data written back may also wait in the device's
+//!   cache, which that `fdatasync` flushes. So the flusher commits (an
+//!   `fdatasync` of the chunk's last whole file: the journal up to it and a
+//!   device cache flush, inside the paced, measured chunk) every 128 objects
+//!   (`LOG_FORCE_OBJECTS`) and every 2 MiB of data (`LOG_FORCE_BYTES`; in
+//!   the middle of a big file, the last file flushed whole is synced
+//!   instead), but never within 100 ms of the last commit (`COMMIT_GAP`),
+//!   and writers wait while more than 4,096 objects (`MAX_UNFORCED`, plus
+//!   one per writer) are written but not yet committed. The interval is a
+//!   trade measured in `bench io` (RESULTS.md): each commit is a device
+//!   cache flush that the neighbour may queue behind, so commits too often
+//!   (every chunk; or every 128 objects on a fast disk, 20-30 a second)
+//!   raise its p99 and worst stall, and commits too rare leave more for the
+//!   neighbour's own flush to meet (every 128 objects alone let a 30%
+//!   update's worst stall reach 4.5× on a slow disk; 1 s apart, 5× on a
+//!   fast one). By objects and by bytes, at most ten a second, sits
+//!   between.
+//!   `done.governor` reports `log_forces` and `max_unforced`.
+//! - **One barrier**: `syncfs` at the end, before the ref moves; by then the
+//!   data and the journal of all but the last chunk are on the device, so it
+//!   is cheap.
+//!
+//! Other modes, for the benchmark: `stock-like` (nothing, then `syncfs`),
+//! `per-object-fsync` (`fsync` after each object), `writeback` (the writer
+//! starts `SYNC_FILE_RANGE_WRITE` on each object and waits in fixed 4 MiB
+//! batches; no idle class, no pacing). Stats (`done.governor` in `--json`):
+//! objects and bytes handed to the governor, flushes, flush p50/p99/max,
+//! flushes over target, throttle and backpressure time, final rate and chunk,
+//! barrier time, whether the idle class and nice were set.
+//!
+//! Measured figures (neighbour latency ratios, time and bytes against stock
+//! `ostree pull`, with their runs, dates and git revisions) are in
+//! [`xtask/src/bench/RESULTS.md`](xtask/src/bench/RESULTS.md).
 
 pub mod aimd;
 pub mod flusher;

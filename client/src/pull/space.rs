@@ -1,6 +1,6 @@
 //! Free space on the repo's filesystem. libostree keeps its
 //! `min-free-space-percent` / `min-free-space-size` reserve only inside a
-//! transaction, and a pull writes outside one (ARCHITECTURE.md, "Writing
+//! transaction, and a pull writes outside one (`store.rs`, "Writing
 //! objects"), so the reserve is kept here, for the whole pull: before an
 //! object is written, the space it declares, plus what the objects still
 //! being written declared, must fit above the reserve. A hostile server

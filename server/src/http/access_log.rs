@@ -5,10 +5,10 @@
 //! request that fills it to [`FLUSH_AT`] writes it at once. That is one
 //! `write` per idle moment, as nginx makes one per request. A writer thread
 //! cost a wake-up, a linger and a sleep per batch: 8-10% of the server's
-//! CPU in a delta pull (xtask/src/bench/RESULTS.md, session 29). A timer
+//! CPU in a delta pull (`cargo xtask bench serve` at 074b223). A timer
 //! that wrote a batch 20 ms after its first line, one `write` a pull
 //! instead of one a request, cost 7-20% more: its own wake-up is dearer
-//! than the appends it saves (session 30).
+//! than the appends it saves (`cargo xtask bench serve`).
 //!
 //! The output must not block (`nonblocking_stdout` makes stdout so): a
 //! full pipe keeps the lines queued, to be written at a later idle moment,

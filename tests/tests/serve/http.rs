@@ -575,7 +575,7 @@ fn the_http2_preface_after_a_request_is_no_switch() {
 /// Over HTTP/2 (no sendfile) every object is read into memory, but only
 /// small ones stay in the object cache: a pull asks for each object once,
 /// and keeping the large ones only pushed out the small ones every
-/// connection is answered from (RESULTS.md, session 18).
+/// connection is answered from (`cargo xtask bench serve` at e7e020f).
 #[test]
 fn the_object_cache_keeps_small_objects_not_large_ones() {
     let v1 = v1();

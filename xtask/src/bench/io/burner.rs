@@ -40,8 +40,8 @@ const TICK: Duration = Duration::from_millis(2);
 /// beside a `SCHED_IDLE` spinner), the burner delays every wake-up in the
 /// neighbour's `fdatasync` chain that lands on its core: two spinning
 /// threads at nice 10 took a 2300-byte `O_DSYNC` writer's p99 from 0.97 to
-/// 8.8 ms, yielding every 100 µs to 1.0-1.3 ms (RESULTS.md, "Issue 16,
-/// session 23"). The baseline would then carry a harm of its own, and
+/// 8.8 ms, yielding every 100 µs to 1.0-1.3 ms (`cargo xtask bench io` at
+/// 6c256bd). The baseline would then carry a harm of its own, and
 /// every ratio to it would credit the pulls with it. Yielding keeps the
 /// vCPU busy, which is what the burner is for.
 const YIELD_EVERY: Duration = Duration::from_micros(100);
