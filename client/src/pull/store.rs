@@ -55,6 +55,7 @@
 //!   `done`). Objects older than every marker were covered by a completed
 //!   barrier.
 //! - The ref still moves only after the barrier.
+//!
 //! `crash.rs::torn_objects_left_by_a_power_cut_are_fetched_again` kills a pull,
 //! truncates a content object and a dirtree it wrote (what a power cut leaves),
 //! and checks that the next run repairs exactly those, moves the ref, and that
