@@ -164,7 +164,7 @@ impl AppState {
     }
 
     /// What a worker does before it parks: writes the access log lines
-    /// queued meanwhile (`listen::access_log`).
+    /// queued meanwhile (`access_log`).
     pub fn idle(&self) {
         if let Some(log) = &self.access_log {
             log.flush();

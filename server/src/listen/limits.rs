@@ -4,8 +4,8 @@
 //! open-file limit.
 
 use super::idle::ConnIdle;
-use super::saturation::Saturation;
 use crate::clients::network;
+use crate::http::saturation::Saturation;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -16,10 +16,8 @@ pub mod watch;
 mod workers;
 
 use crate::http::direct;
-/// Re-exported where they were: they sit in `http`, below the listener,
-/// because both the router and the listener use them.
-pub use crate::http::{access_log, saturation};
-pub use crate::http::{DirectFn, Shortcut};
+use crate::http::saturation::Saturation;
+use crate::http::Shortcut;
 use crate::metrics::Metrics;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -29,7 +27,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use idle::ConnIdle;
 use limits::{Admission, Limits, Tracker};
-use saturation::Saturation;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;

@@ -101,7 +101,7 @@ fn worker(
         .enable_time()
         .max_blocking_threads(blocking)
         .thread_name(format!("http-{i}-blocking"))
-        // Writes the access log's queued lines (`access_log.rs`).
+        // Writes the access log's queued lines (`http/access_log.rs`).
         .on_thread_park(move || idle())
         .build()?;
     let r = rt.block_on(async move {

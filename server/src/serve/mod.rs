@@ -375,11 +375,11 @@ async fn serve_until_stopped(
     Ok(())
 }
 
-/// The access log's output, which must not block (`listen::access_log`):
+/// The access log's output, which must not block (`http::access_log`):
 /// a file is appended to whole batches at a time.
 fn open_access_log(p: &Path) -> Result<Box<dyn Write + Send>> {
     if p.as_os_str() == "-" {
-        return crate::listen::access_log::nonblocking_stdout().context("the access log on stdout");
+        return crate::http::access_log::nonblocking_stdout().context("the access log on stdout");
     }
     let f = std::fs::OpenOptions::new()
         .create(true)
