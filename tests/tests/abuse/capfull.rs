@@ -146,9 +146,12 @@ fn a_keepalive_fill_from_many_addresses_leaves_room_for_other_clients() {
         t0.elapsed().as_secs_f64()
     );
     // The gauge counts connections still open: the scrape's own, and the
-    // one closed to make room for it if it has not finished closing.
+    // one closed to make room for it if it has not finished closing. One
+    // fewer when this scrape arrived before the server saw the previous
+    // scrape's close: it closed an idle connection for a place, and the
+    // previous scrape's place went free just after.
     assert!(
-        (MAX as f64..=MAX as f64 + 2.0).contains(&open),
+        (MAX as f64 - 1.0..=MAX as f64 + 2.0).contains(&open),
         "the cap is full: {open} open"
     );
     assert!(
