@@ -6,7 +6,7 @@
 
 use crate::fixtures::{self, FixtureSpec, Fixtures, Scale};
 use crate::{cargo, deps};
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use oscontent_testkit::fixtures::{ensure_native, native_default_dir, NativeFixtures};
 use oscontent_testkit::ServerProcess;
 use std::collections::BTreeMap;
@@ -82,19 +82,7 @@ impl Server {
 }
 
 fn ostree(repo: &Path, args: &[&str]) -> Result<String> {
-    let out = Command::new("ostree")
-        .arg(format!("--repo={}", repo.display()))
-        .args(args)
-        .output()
-        .with_context(|| format!("running ostree {}", args.join(" ")))?;
-    if !out.status.success() {
-        bail!(
-            "ostree {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    oscontent_testkit::Ostree::at(repo).run(args)
 }
 
 /// Requests in an access log, summed per kind over successful GETs.

@@ -3,8 +3,19 @@
 use crate::process::MAX_READ;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
+
+/// A free loopback port, for a peer that binds it itself (nginx, the
+/// registry, etcd). The port can be taken by another process between this
+/// call and the peer's bind; the peer's bind error then says so.
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")
+        .context("finding a free loopback port")?
+        .local_addr()
+        .context("reading a bound loopback port")?
+        .port())
+}
 
 /// A blocking client for plain HTTP to loopback: no proxy from the
 /// environment, no redirects followed, and no CA roots loaded (reqwest

@@ -4,10 +4,11 @@
 //! runs in the foreground under a [`Stopper`], and logs one line per request
 //! in a format [`Nginx::requests`] reads back.
 
+use crate::http::free_port;
 use crate::netns::NetNs;
 use crate::process::{run_bounded, spawn_piped, wait_for, Stopper};
 use anyhow::{bail, ensure, Context, Result};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -37,15 +38,6 @@ pub struct Nginx {
     pub url: String,
     access_log: PathBuf,
     child: Stopper,
-}
-
-/// A free loopback port (nginx binds it itself, so this can race with
-/// another process; the bind failure is then reported with nginx's error).
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")
-        .context("finding a free port")?
-        .local_addr()?
-        .port())
 }
 
 impl Nginx {

@@ -7,10 +7,10 @@
 //! Also what a registry's clients need: a containers auth.json, and a
 //! throwaway CA with a registry certificate for 127.0.0.1.
 
-use crate::{check_output, fixtures, http1, local_only, tempdir, Release, MAX_READ};
+use crate::{check_output, fixtures, free_port, http1, local_only, tempdir, Release, MAX_READ};
 use anyhow::{bail, ensure, Context, Result};
 use std::io::Read;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -134,13 +134,6 @@ impl RegistryBuilder {
             path.display()
         ))
     }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")
-        .context("picking a free port")?
-        .local_addr()?
-        .port())
 }
 
 /// A running `docker-registry serve`, killed on drop.

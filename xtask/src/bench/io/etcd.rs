@@ -15,8 +15,9 @@ use super::super::{check_interrupted, stopper, Stopper};
 use super::neighbour::Op;
 use anyhow::{bail, Context, Result};
 use base64::Engine as _;
+use oscontent_testkit::free_port;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,11 +39,6 @@ const MAX_BODY: usize = 16 << 20;
 pub struct Etcd {
     pub client: SocketAddr,
     _process: Stopper,
-}
-
-fn free_port() -> Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(l.local_addr()?.port())
 }
 
 impl Etcd {

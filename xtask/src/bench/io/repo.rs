@@ -47,22 +47,7 @@ impl RepoMode {
 
 /// Runs `ostree --repo=REPO ARGS`, returning stdout; the error quotes stderr.
 pub fn ostree(repo: &Path, args: &[&str]) -> Result<String> {
-    let out = Command::new("ostree")
-        .arg(format!("--repo={}", repo.display()))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running ostree {}", args.join(" ")))?;
-    if !out.status.success() {
-        bail!(
-            "ostree --repo={} {} failed ({}): {}",
-            repo.display(),
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    oscontent_testkit::Ostree::at(repo).run(args)
 }
 
 /// Points the target repo's remote at `url` (no GPG: the bench measures
@@ -311,9 +296,7 @@ fn seed_repo(repo: &Path, seed: &Seed<'_>, logs: &Path, timeout: Duration) -> Re
         &["remote", "add", "--no-gpg-verify", REMOTE, &server.url],
     )?;
     let took = run_bounded(
-        Command::new("ostree")
-            .arg(format!("--repo={}", repo.display()))
-            .args(["pull", REMOTE, seed.ref_name]),
+        &mut oscontent_testkit::Ostree::at(repo).command(["pull", REMOTE, seed.ref_name]),
         &logs.join("seed-pull.log"),
         timeout,
     )?;

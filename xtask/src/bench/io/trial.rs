@@ -309,9 +309,7 @@ impl Ctx<'_> {
                 return burner::burn(baseline.1, window).map(Some);
             }
             Arm::Ostree | Arm::OstreePerObjectFsync => {
-                let mut cmd = Command::new("ostree");
-                cmd.arg(format!("--repo={}", repo_path.display()))
-                    .arg("pull");
+                let mut cmd = oscontent_testkit::Ostree::at(repo_path).command(["pull"]);
                 if *arm == Arm::OstreePerObjectFsync {
                     cmd.arg("--per-object-fsync");
                 }

@@ -269,8 +269,7 @@ fn mix(bin: &Path, repo: &Path, commit: &str, scale: Scale, logs: &Path) -> Resu
     let node = tmp.path().join("node");
     let log = logs.join("record-pull.log");
     let ostree = |args: &[&str]| -> Result<()> {
-        let mut c = Command::new("ostree");
-        c.arg(format!("--repo={}", node.display())).args(args);
+        let mut c = oscontent_testkit::Ostree::at(&node).command(args);
         run_bounded(&mut c, &log, RECORD_TIMEOUT).map(drop)
     };
     ostree(&["init", "--mode=archive"])?;

@@ -4,8 +4,8 @@
 
 use super::super::{http_status, stopper, Stopper};
 use anyhow::{bail, Context, Result};
-use oscontent_testkit::ServerProcess;
-use std::net::{SocketAddr, TcpListener};
+use oscontent_testkit::{free_port, ServerProcess};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -54,11 +54,6 @@ fn pinned(cpu: Option<usize>, program: &Path) -> Command {
     }
 }
 
-fn free_port() -> Result<SocketAddr> {
-    let l = TcpListener::bind("127.0.0.1:0").context("binding a loopback port")?;
-    Ok(l.local_addr()?)
-}
-
 /// Waits (bounded) until `addr` answers any HTTP status on `path`.
 fn wait_http(addr: SocketAddr, path: &str, what: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -75,7 +70,8 @@ fn wait_http(addr: SocketAddr, path: &str, what: &str) -> Result<()> {
 /// sendfile, no access log, keep-alive without a request limit; HTTP/1.1
 /// on one port and h2c (prior knowledge) on another.
 pub fn nginx(repo: &Path, work: &Path, cpu: Option<usize>) -> Result<Running> {
-    let (h1, h2) = (free_port()?, free_port()?);
+    let loopback = |port| SocketAddr::from(([127, 0, 0, 1], port));
+    let (h1, h2) = (loopback(free_port()?), loopback(free_port()?));
     let dir = work.join("nginx");
     std::fs::create_dir_all(dir.join("tmp")).context("creating nginx's directory")?;
     let conf = format!(
