@@ -7,10 +7,12 @@
 pub mod bench;
 pub mod cargo;
 pub mod demo;
+pub mod deny;
 pub mod deploy;
 pub mod deps;
 pub mod fuzz;
 pub mod testrun;
+pub mod venv;
 
 /// The deterministic oscontainer fixtures live in the testkit, which the
 /// end-to-end suites share; xtask builds them for `fixtures`, the demo and

