@@ -17,6 +17,7 @@
 
 use super::remote::{Interrupted, Remote};
 use crate::fsutil;
+use crate::verify::Corrupt;
 use anyhow::{bail, Context, Result};
 use oscontent_format::{check_dirmeta, Checksum, ObjectKind, ObjectName, RepoPath};
 use sha2::{Digest, Sha256};
@@ -67,14 +68,6 @@ pub struct Stats {
     pub objects_present: AtomicU64,
     /// Of those, left by an interrupted run and verified again.
     pub objects_reverified: AtomicU64,
-}
-
-/// Why a file was refused: the caller reports it and stops.
-#[derive(Debug, thiserror::Error)]
-#[error("{what}: {reason}")]
-pub struct Corrupt {
-    pub what: String,
-    pub reason: String,
 }
 
 /// A writer that hashes and counts what goes through it.
@@ -131,9 +124,9 @@ pub fn hash_file(path: &Path) -> Result<FileEntry> {
 /// checked by signature verification instead.
 fn verify_object(path: &Path, obj: &ObjectName, entry: &FileEntry) -> Result<(), Corrupt> {
     let what = obj.path();
-    let corrupt = |reason: String| Corrupt {
+    let corrupt = |detail: String| Corrupt {
         what: what.clone(),
-        reason,
+        detail,
     };
     if entry.size > max_object_size(obj.kind) {
         return Err(corrupt(format!(
@@ -313,7 +306,7 @@ impl Store {
         check(tmp.path(), &entry).map_err(|c| {
             anyhow::Error::new(Corrupt {
                 what: format!("{}/{rel}", remote.describe()),
-                reason: c.reason,
+                detail: c.detail,
             })
         })?;
         self.persist(tmp, rel)?;
@@ -387,7 +380,7 @@ impl Store {
             } else {
                 Err(Corrupt {
                     what: String::new(),
-                    reason: format!("SHA-256 mismatch: expected {want}, got {}", e.sha256),
+                    detail: format!("SHA-256 mismatch: expected {want}, got {}", e.sha256),
                 })
             }
         })?
