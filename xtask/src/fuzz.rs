@@ -36,7 +36,7 @@ const RSS_LIMIT_MB: u64 = 2048;
 /// One input running longer than this is a hang (`-timeout`, seconds).
 const INPUT_TIMEOUT_SECS: u64 = 10;
 /// What CI spends running targets, all together, shared out equally: at
-/// most three minutes (issue 14), and less, because the cold build comes
+/// most three minutes, and less, because the cold build comes
 /// first in the same 15 minutes. Three seconds replays every seed and
 /// mutates around it (about 100k inputs for most targets), which catches a
 /// parser change that breaks on real files; the long runs are `cargo xtask

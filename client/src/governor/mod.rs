@@ -57,7 +57,7 @@
 //!   the pull is reniced): its `fdatasync` may be what submits the journal
 //!   write a neighbour's `fdatasync` waits for, and a starved flusher would
 //!   hold the neighbour for as long; it uses almost no CPU.
-//! - **Feedback** (`aimd.rs`, pure, table-tested; issue 16): each chunk's
+//! - **Feedback** (`aimd.rs`, pure, table-tested): each chunk's
 //!   flush latency is measured, and the decision looks at the *tail*, the
 //!   slowest of the last 8 flushes, against `--io-latency-target` (default
 //!   10 ms). *Slow start*: the rate begins at 8 MiB/s and grows ×1.25 per

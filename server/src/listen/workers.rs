@@ -5,7 +5,7 @@
 //! wake-ups then stay on one thread: with tokio's multi-threaded runtime,
 //! every wake-up could hand a task to the other core (futex waits,
 //! stealing, 14-15 context switches a pull), and a 32-node delta wave cost
-//! 1.3× nginx's CPU (`xtask/src/bench/RESULTS.md`, issue 15).
+//! 1.3× nginx's CPU (`cargo xtask bench fleet`, HISTORY.md).
 //!
 //! The socket is shared rather than bound once per worker with
 //! `SO_REUSEPORT`: that would let any later process of the same user bind

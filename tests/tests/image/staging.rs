@@ -1,5 +1,5 @@
 //! What the server publishes so that a node on the container path can be
-//! staged in the importer's own form (issue 49): the layer refs ostree-ext's
+//! staged in the importer's own form: the layer refs ostree-ext's
 //! importer looks layers up by, the object-set commits they name, the
 //! manifest and config by digest, and the staging index in the summary,
 //! checked against the real importer (`oscontent-encapsulate import`, the

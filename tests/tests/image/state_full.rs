@@ -1,4 +1,4 @@
-//! A refresh that runs out of space in the state dir (issue 14, item 6):
+//! A refresh that runs out of space in the state dir:
 //! the previous generation keeps serving (`/readyz` 200), the failure is in
 //! the log and `/metrics`, and the staging is cleaned. The state dir is a
 //! small tmpfs of the test's own.

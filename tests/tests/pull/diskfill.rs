@@ -1,4 +1,4 @@
-//! A hostile server must not fill the node's disk (issue 14, item 9). The
+//! A hostile server must not fill the node's disk. The
 //! node repo lives on a small tmpfs of its own (mounted here, removed on
 //! drop): the repo's `min-free-space-*` reserve holds for a legitimate
 //! pull too, a `.filez` header that declares more than fits is refused

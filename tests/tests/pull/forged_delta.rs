@@ -1,4 +1,4 @@
-//! Forged static deltas (issue 48, item 3): a hostile server answers a
+//! Forged static deltas: a hostile server answers a
 //! node at v1 with a delta v1 → v2 whose superblock embeds the genuine
 //! commit, but whose parts lie. Each part is checked before libostree
 //! sees it: one that inflates past its declared size, or whose WRITE ops

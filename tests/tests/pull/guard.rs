@@ -1,4 +1,4 @@
-//! The node client trusts nothing from outside (issue 14, items 8 and 10):
+//! The node client trusts nothing from outside:
 //! a hidden or empty signed artifact is a verification failure, never a
 //! reason to skip verification; a slow-drip server is cut off by the
 //! pull's deadline; redirects stay within the origin; collection bindings

@@ -1,4 +1,4 @@
-//! Nothing is served before it is verified (issue 14, item 2), against the
+//! Nothing is served before it is verified, against the
 //! binary: a `--repo` whose new release carries a tampered object (under a
 //! genuine commit) is refused at SIGHUP, naming the object, while the
 //! verified generation serves on; one of the objects that generation

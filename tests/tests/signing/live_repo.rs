@@ -1,4 +1,4 @@
-//! `--repo` with `--trusted-keys` (issue 14, item 5): what another tool
+//! `--repo` with `--trusted-keys`: what another tool
 //! adds to the live repo is served only once a publication verified it,
 //! so a new commit without a trusted signature is never served.
 

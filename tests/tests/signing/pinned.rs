@@ -1,5 +1,5 @@
-//! `--sign-key` and `sign` sign only what the operator pinned (issue 48,
-//! S1 and S2): a registry tag that moves, or a `--repo` someone else
+//! `--sign-key` and `sign` sign only what the operator pinned
+//! (ARCHITECTURE.md's trust model): a registry tag that moves, or a `--repo` someone else
 //! writes, never gets a commit signed with the release key.
 
 use crate::support::*;

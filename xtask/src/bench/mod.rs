@@ -1,7 +1,7 @@
 //! `cargo xtask bench ...`: benchmarks that need root and real tools.
 //!
 //! The pieces every benchmark shares live here and in the submodules, so
-//! that `bench io` (issue 5) can reuse them:
+//! that `bench io` can reuse them:
 //!
 //! - [`scratch::ScratchFs`]: an isolated XFS filesystem on a direct-io loop
 //!   device, with the device's write counters from `/proc/diskstats`;

@@ -264,7 +264,7 @@ fn client_modes(bin: &Path) -> Result<(Vec<String>, Option<String>)> {
     let help = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() {
         bail!(
-            "{} has no working `pull` subcommand ({}): {}\nThe oscontent arms need the client from issue 5; run only the ostree arms with --arms baseline,ostree,ostree-per-object-fsync, or point --client-bin at a build that has `pull`.",
+            "{} has no working `pull` subcommand ({}): {}\nThe oscontent arms need a client with `pull`; run only the ostree arms with --arms baseline,ostree,ostree-per-object-fsync, or point --client-bin at a build that has `pull`.",
             bin.display(),
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()

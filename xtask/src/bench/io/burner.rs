@@ -2,7 +2,7 @@
 //! pull does, for the baseline window. Without it the baseline runs beside
 //! idle vCPUs, which on a VM wake late for the neighbour's I/O completions
 //! and make the neighbour *slower* alone than beside a pull; a pull then
-//! looks harmless (issue 16). A pull's load is two processes: the client,
+//! looks harmless. A pull's load is two processes: the client,
 //! at its nice, and the server answering it on the same machine, at
 //! [`SERVER_NICE`]. Both are matched, each at its own nice: matched to the
 //! client alone, the baseline left the server's share of the CPU idle,

@@ -1,4 +1,4 @@
-//! `cargo xtask bench io` (issue 5): how much an OS update hurts an
+//! `cargo xtask bench io`: how much an OS update hurts an
 //! etcd-like neighbour that shares its filesystem, for stock `ostree pull`,
 //! `ostree pull --per-object-fsync` and `oscontent pull` in each of its
 //! `--io-mode`s, against the neighbour alone, all in the same run.
@@ -91,7 +91,7 @@ use std::time::{Duration, SystemTime};
 pub const P99_TARGET: f64 = 1.5;
 /// Target: neighbour fdatasync max in the window / baseline's.
 pub const MAX_TARGET: f64 = 3.0;
-/// Target: update wall time / stock `ostree pull`'s (issue 16: an update
+/// Target: update wall time / stock `ostree pull`'s (an update
 /// stock finishes in seconds may take up to twice as long).
 pub const TIME_TARGET: f64 = 2.0;
 /// Target: bytes written to the device / new objects' allocated size.

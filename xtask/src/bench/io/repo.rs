@@ -29,7 +29,8 @@ const SERVER_START: Duration = Duration::from_secs(120);
 pub enum RepoMode {
     /// What `ostree admin` nodes use for their system repo.
     Bare,
-    /// Unprivileged bare (metadata in xattrs): the default here, as issue 5 asks.
+    /// Unprivileged bare (metadata in xattrs): the default here, as on a node that runs the
+    /// client unprivileged.
     BareUser,
     /// Compressed objects.
     Archive,

@@ -1,4 +1,4 @@
-//! The *small* update (issue 16): about 60 MiB in 2,200 small files spread
+//! The *small* update: about 60 MiB in 2,200 small files spread
 //! over 1,600 new directories, committed on top of a fixture's v1. Where
 //! a share of v1's files is rewritten, most bytes are in few big files;
 //! here a burst of creates and dirtrees finishes in a couple of seconds,

@@ -37,7 +37,7 @@ pub enum Replay {
     /// share of the mix, every path asked for once. Most objects are not in
     /// any cache yet, as on the first node of an update.
     Split,
-    /// `h2load -i` as issue 15 ran it: one h2load whose every connection
+    /// `h2load -i` as its manual runs it: one h2load whose every connection
     /// starts at the mix's first path, so N connections ask N times for its
     /// first Nth. Like a fleet asking for the same objects: all but the
     /// first ask of each path can be answered from memory.

@@ -53,7 +53,8 @@ pub struct Options {
     pub proto: Vec<Proto>,
     /// How the mix is spread over the connections: split (every path once,
     /// as one pull asks) or shared (as `h2load -i -c N` does it, and as
-    /// issue 15's table was measured: every connection from the first path).
+    /// the earliest HISTORY.md tables were measured: every connection from
+    /// the first path).
     #[arg(long, value_enum, default_value_t = h2load::Replay::Split)]
     pub replay: h2load::Replay,
     /// Servers (nginx is the anchor of every ratio and always runs).

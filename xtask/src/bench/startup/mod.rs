@@ -1,4 +1,4 @@
-//! `cargo xtask bench startup` (issue 3): how long `oscontent-server`
+//! `cargo xtask bench startup`: how long `oscontent-server`
 //! takes from spawn to `/readyz` = 200 when it streams an oscontainer from
 //! a registry, and how many bytes that writes to the disk, against the
 //! pull-and-extract way (`skopeo copy` to an OCI layout, then `umoci
@@ -20,7 +20,7 @@
 //! apart: it is the work the arm left behind), then the loop device's
 //! sectors written since the arm started × 512.
 //!
-//! Targets (issue 3): oscontent's bytes written ≤ 1.05 × the unpacked repo
+//! Targets: oscontent's bytes written ≤ 1.05 × the unpacked repo
 //! size on disk (every file rounded up to the filesystem block, computed
 //! from the fixture; the ratio to the apparent size is reported too), and
 //! its time to ready ≤ the anchor's.

@@ -12,7 +12,7 @@
 //! run. Times exclude the `syncfs` after the arm (reported apart); bytes
 //! are the loop device's write counter across the arm and that sync.
 //!
-//! Targets (issue 13): oscontent's median time ≤ 1.0× the import +
+//! Targets: oscontent's median time ≤ 1.0× the import +
 //! pull-local median from the same source, and its median bytes written
 //! ≤ 1.05× the archive repo's size on disk (allocated blocks, measured on
 //! the anchor's own archive repo).
