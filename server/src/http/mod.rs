@@ -250,8 +250,9 @@ impl std::fmt::Debug for Shortcut {
 }
 
 /// What [`app`] answers on a repo path, without the router: the same
-/// middleware and handler, called directly. The probes and the scrape
-/// (the routes) are handed back to the router.
+/// middleware and handler, called directly. The probes, the scrape and
+/// the staging slots (the routes, [`routed`]) are handed back to the
+/// router.
 pub fn shortcut(state: AppState) -> Shortcut {
     let direct_state = state.clone();
     Shortcut {
