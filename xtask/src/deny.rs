@@ -28,7 +28,7 @@ pub fn check() -> Result<()> {
     let mut cmd = Command::new(&bin);
     cmd.current_dir(&root)
         .args(["--offline", "check", "bans", "licenses", "sources"]);
-    crate::deploy::output_bounded(&mut cmd, CHECK_TIMEOUT, 1 << 20)
+    oscontent_testkit::check_output(&mut cmd, CHECK_TIMEOUT)
         .context("cargo deny (policy: deny.toml)")?;
     eprintln!("xtask: cargo deny: bans, licenses and sources ok (advisories not checked offline)");
     Ok(())

@@ -91,11 +91,8 @@ impl Tool {
             INSTALL_TIMEOUT,
         )
         .with_context(|| format!("installing {requirement} from PyPI"))?;
-        let v = crate::deploy::output_bounded(
-            Command::new(&bin).arg("--version"),
-            VERSION_TIMEOUT,
-            1 << 16,
-        )?;
+        let v =
+            oscontent_testkit::check_output(Command::new(&bin).arg("--version"), VERSION_TIMEOUT)?;
         let expected = format!("{}{}", self.version_prefix, self.version);
         ensure!(
             v.trim() == expected,
