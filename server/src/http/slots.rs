@@ -125,44 +125,43 @@ async fn grant(State(table): State<Arc<SlotTable>>, req: Request) -> Response {
 }
 
 async fn renew(State(table): State<Arc<SlotTable>>, Path(lease): Path<String>) -> Response {
-    let Some(id) = LeaseId::parse(&lease) else {
-        return malformed_lease();
-    };
-    let now = Instant::now();
-    let renewed = {
-        let mut slots = table.lock();
-        log_expired(&mut slots, now);
-        slots.renew(id, now)
-    };
-    match renewed {
-        Some(ttl) => json_response(StatusCode::OK, &json!({ "ttl_secs": ttl.as_secs() })),
-        None => unknown_lease(),
-    }
+    on_lease(&table, &lease, Slots::renew, |ttl| {
+        json_response(StatusCode::OK, &json!({ "ttl_secs": ttl.as_secs() }))
+    })
 }
 
 async fn release(State(table): State<Arc<SlotTable>>, Path(lease): Path<String>) -> Response {
-    let Some(id) = LeaseId::parse(&lease) else {
+    on_lease(&table, &lease, Slots::release, |l| {
+        tracing::info!(
+            node = l.node.as_str(),
+            pool = l.pool.as_str(),
+            "staging slot released"
+        );
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = StatusCode::NO_CONTENT;
+        r
+    })
+}
+
+/// `act` on the lease the path names, once what is due has expired;
+/// `answer` for what it returned, 404 if the table does not know the
+/// lease, 400 if the path does not name one.
+fn on_lease<T>(
+    table: &SlotTable,
+    lease: &str,
+    act: impl FnOnce(&mut Slots, LeaseId, Instant) -> Option<T>,
+    answer: impl FnOnce(T) -> Response,
+) -> Response {
+    let Some(id) = LeaseId::parse(lease) else {
         return malformed_lease();
     };
     let now = Instant::now();
-    let released = {
+    let done = {
         let mut slots = table.lock();
         log_expired(&mut slots, now);
-        slots.release(id, now)
+        act(&mut slots, id, now)
     };
-    match released {
-        Some(l) => {
-            tracing::info!(
-                node = l.node.as_str(),
-                pool = l.pool.as_str(),
-                "staging slot released"
-            );
-            let mut r = Response::new(Body::empty());
-            *r.status_mut() = StatusCode::NO_CONTENT;
-            r
-        }
-        None => unknown_lease(),
-    }
+    done.map_or_else(unknown_lease, answer)
 }
 
 /// Expires what is due now, saying whose: a node that stopped renewing
