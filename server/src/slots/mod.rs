@@ -11,8 +11,10 @@
 //! leases also count against `control_plane` across all pools; at most
 //! `per_address` live leases a client address; at most `max_pools` pools
 //! ever known (each has metric series, which must stay bounded). A node
-//! that asks again while it holds a live lease gets the same one back,
-//! renewed, so a restarted agent never takes a second slot. A lease not
+//! that asks again from the same address while it holds a live lease gets
+//! the same one back, renewed, so a restarted agent never takes a second
+//! slot; from another address it is refused until that lease expires,
+//! because the lease's name is what renews and releases it. A lease not
 //! renewed within the TTL expires: a node that died frees its slot after
 //! at most one TTL. The table therefore holds at most `max_pools` x
 //! `per_pool` leases.
@@ -238,7 +240,31 @@ impl Slots {
     ) -> Result<Grant, Refusal> {
         self.expire(now);
         let ttl = self.config.ttl;
+        let base = self.config.retry_after;
+        let refuse = |reason, in_use, cap| {
+            Refusal::new(reason, Held { in_use, cap }, retry_after(base, jitter))
+        };
         if let Some(&id) = self.nodes.get(ask.node) {
+            // The lease's name is what renews and releases it: handing it
+            // to whoever names the node would let any client release
+            // another node's slot. From another address (a restarted pod
+            // with a new IP, or someone else) the node waits for the old
+            // lease to expire, at most one TTL.
+            if self
+                .leases
+                .get(&id)
+                .is_some_and(|l| l.address != ask.address)
+            {
+                let pool = self
+                    .leases
+                    .get(&id)
+                    .map_or_else(String::new, |l| l.pool.clone());
+                let r = refuse(Reason::Address, 1, 1);
+                if let Some(stats) = self.pools.get_mut(&pool) {
+                    stats.refusals[r.reason().index()] += 1;
+                }
+                return Err(r);
+            }
             self.extend(id, now);
             let pool = self.leases.get(&id).map(|l| l.pool.clone());
             return Ok(Grant {
@@ -248,10 +274,6 @@ impl Slots {
                 renewed: true,
             });
         }
-        let base = self.config.retry_after;
-        let refuse = |reason, in_use, cap| {
-            Refusal::new(reason, Held { in_use, cap }, retry_after(base, jitter))
-        };
         let known = u32::try_from(self.pools.len()).unwrap_or(u32::MAX);
         if !self.pools.contains_key(ask.pool) && known >= self.config.max_pools {
             self.unknown_pool_refusals += 1;

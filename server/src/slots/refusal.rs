@@ -12,7 +12,8 @@ pub enum Reason {
     ControlPlane,
     /// A pool past `--stage-max-pools`.
     Pools,
-    /// The client address holds `--stage-leases-per-address` leases.
+    /// The client address holds `--stage-leases-per-address` leases, or
+    /// the node asking holds its lease from another address.
     Address,
 }
 

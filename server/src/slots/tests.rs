@@ -114,20 +114,22 @@ fn cases() -> Vec<Case> {
             unknown_pool_refusals: 0,
         },
         Case {
-            name: "a node asking again gets its lease back, renewed, past every cap",
+            name: "a node asking again from its address gets its lease back, past every cap; from another, not",
             config: config(1, 1, 1, 1),
             steps: vec![
                 A("a", "master", true, 1, 0, New),
                 // Full, control plane, the address cap and the pool count
                 // would each refuse a second lease.
                 A("a", "master", true, 1, 30, Again),
-                // From another address, after an agent's restart.
-                A("a", "master", true, 2, 45, Again),
-                A("b", "master", false, 3, 104, Refused(Reason::Full)),
-                A("b", "master", false, 3, 105, New),
+                // From another address (a restarted pod, or a client that
+                // names the node to learn its lease): refused, and the
+                // lease is not extended, so it expires at 90.
+                A("a", "master", true, 2, 45, Refused(Reason::Address)),
+                A("b", "master", false, 3, 89, Refused(Reason::Full)),
+                A("b", "master", false, 3, 90, New),
             ],
-            end: 106,
-            pools: vec![("master", 1, 1, 2, 1, 0, [1, 0, 0, 0])],
+            end: 91,
+            pools: vec![("master", 1, 1, 2, 1, 0, [1, 0, 0, 1])],
             unknown_pool_refusals: 0,
         },
         Case {
