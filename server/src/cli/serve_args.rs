@@ -249,7 +249,8 @@ pub struct ServeArgs {
 const MAX_WORKERS: usize = 1024;
 
 /// Connection caps and timeouts of the HTTP listener. The defaults keep a
-/// pod within its 512 MiB limit under abuse (README, "Abusive clients").
+/// pod within its 512 MiB limit under abuse (`listen`'s module doc,
+/// ARCHITECTURE.md invariant 7).
 #[derive(Debug, Args)]
 pub struct ConnectionArgs {
     /// Threads that accept and serve connections, each serving the
