@@ -21,9 +21,11 @@ Exit codes:
   1  usage error, or an unexpected failure
   2  network or server failure (after retries); the remote lacks the ref or an
      object; not an archive remote; --timeout passed; a redirect to another origin
-  3  verification failed: object checksum, signature, summary signature, ref binding
-  4  downgrade refused (older timestamp or lower version; see --allow-downgrade)
-  5  local repo error (open, read, write, disk full)
+  3  verification failed: object checksum, signature, summary signature, ref or
+     collection binding, an object larger than its header or ostree.sizes says
+  4  downgrade refused (older timestamp or lower version; see --allow-downgrade),
+     or an unverified target dated past --max-future-skew
+  5  local repo error (open, read, write, disk full, the free-space reserve)
   130 interrupted (SIGINT or SIGTERM)
 On any failure the ref does not move.";
 

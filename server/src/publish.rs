@@ -4,12 +4,25 @@
 //! them. Everything it derives is written to a fresh directory under the
 //! state dir, never into the source, and only then becomes visible.
 //!
-//! Ref naming (documented in README.md):
+//! Ref naming:
 //! 1. `--ref NAME`, if given (each must be in the commit's ref binding, if
 //!    it has one: stock ostree refuses anything else);
 //! 2. otherwise every name in the commit's `ostree.ref-binding`;
 //! 3. otherwise `version/<version>`, from the commit's `version` metadata,
 //!    with characters outside `[-._A-Za-z0-9]` replaced by `_`.
+//!
+//! A `--repo` has refs of its own, so refs are derived for it only when it
+//! has none, or when `--ref` or `--commit` asks: its own refs are then
+//! published beside the derived ones and win on a name clash, and its own
+//! summary is not served, since it would not list the derived refs.
+//! Several releases (`--image`s) each also get `version/<version label>`
+//! (`org.opencontainers.image.version`, else `version`), and a bound ref
+//! points at the newest release bound to it (commit timestamp, then
+//! version); a bundle made from the images carries the same refs. Stock
+//! ostree pulls a commit only under a ref in its binding, so it reaches the
+//! older releases by checksum, or by their version ref with
+//! `ostree pull --disable-verify-bindings`; `ostree pull --mirror REMOTE`
+//! with no ref (every ref) needs that flag too, with a bound ref it does not.
 
 use crate::fsutil;
 use crate::served::Generation;

@@ -3,6 +3,9 @@
 //! capped exponential backoff with jitter, and a server's `Retry-After`.
 //! Pure (the random number and the clock come from the caller), so it is
 //! table-tested.
+//!
+//! A `Retry-After` is waited for as long as it asks plus up to half again,
+//! so that a fleet told "1" does not come back within the same second.
 
 use std::time::{Duration, SystemTime};
 

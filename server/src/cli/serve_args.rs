@@ -195,8 +195,9 @@ pub struct ServeArgs {
     #[arg(long, default_value = "128M", value_name = "BYTES", value_parser = parse_size)]
     pub cache_size: usize,
     /// Check the --image references for a new digest this often (reading
-    /// only their manifests), and publish what moved as a new generation.
-    /// 0: only at SIGHUP. SIGHUP also re-publishes --oscontainer and --repo.
+    /// only their manifests), or an --upstream or --bundle for a new
+    /// summary, and publish what moved as a new generation. 0: only at
+    /// SIGHUP. SIGHUP also re-publishes --oscontainer and --repo.
     #[arg(long, default_value_t = 0, value_name = "SECONDS")]
     pub refresh_interval: u64,
     /// Publish a refresh (a moved --image tag, a new --upstream or --bundle
@@ -251,7 +252,8 @@ pub struct ServeArgs {
 const MAX_WORKERS: usize = 1024;
 
 /// Connection caps and timeouts of the HTTP listener. The defaults keep a
-/// pod within its 512 MiB limit under abuse (README, "Abusive clients").
+/// pod within its 512 MiB limit under abuse (`listen`'s module doc,
+/// ARCHITECTURE.md invariant 7).
 #[derive(Debug, Args)]
 pub struct ConnectionArgs {
     /// Threads that accept and serve connections, each serving the

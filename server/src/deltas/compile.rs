@@ -12,7 +12,7 @@ use ostree::gio;
 use ostree::glib::{self, prelude::ToVariant};
 use std::path::PathBuf;
 
-/// The compiler's settings (README, "Static deltas", says why):
+/// The compiler's settings, and why:
 /// objects up to 64 MB go into parts rather than being fetched loose
 /// (`min-fallback-size`, in MB; libostree's default 4), parts of up to
 /// 32 MB (`max-chunk-size`), parts as files beside the superblock (a

@@ -9,6 +9,29 @@
 //! generation again with the deltas: listed only in delta indexes, so the
 //! summary's bytes and signature do not change. Serving never waits for
 //! it; a delta that fails is logged and counted, and nodes fetch objects.
+//!
+//! Listed in delta indexes only (`delta-indexes/XX/<to>.index`), never in
+//! the summary's `ostree.static-deltas`: a generation whose refs name more
+//! than one commit says `ostree.summary.indexed-deltas: true` from the
+//! start, whatever `--deltas`, so the summary's bytes (its `summary.sig`,
+//! and what `sign` computes elsewhere) are the same before and after its
+//! deltas appear. Until one exists (or with `--deltas none`) a client's
+//! index request is a 404 and it fetches objects. An index is not signed:
+//! `oscontent pull` with a verified summary takes only the deltas the
+//! signed summary lists, so it fetches objects loose; unverified, it takes
+//! indexed deltas, every part checked before it is applied.
+//!
+//! Stock `ostree pull` 2022.7 applies such a delta and still fetches some
+//! objects loose: it writes the target commit from the superblock and scans
+//! it while the parts are still being applied, fetching whatever is not yet
+//! written when the scan reaches it (ostree#2053, ostree#2680; fixed in
+//! ostree 2023.7, which does not scan a delta's target). No compiler
+//! setting removes that race on those clients.
+//!
+//! `/metrics`: `oscontent_deltas_total{result=generated|reused|failed}`,
+//! `oscontent_deltas_published` (deltas the current generation serves) and
+//! `oscontent_delta_bounds_hit_total{bound=time|memory}` (compilations
+//! killed by a bound, also counted failed).
 
 mod child;
 pub mod compile;

@@ -3,6 +3,10 @@
 //! else is 404. Error responses on repo
 //! paths have empty bodies: ostree's fetcher can take an error body for
 //! object content when it falls through a mirrorlist.
+//!
+//! Every error answer is `no-store`: a cache in front keeps a 404 for a
+//! while (Varnish's default is 120 s), and what is missing now may be
+//! published a moment later, or be on another replica already.
 
 pub mod access_log;
 pub mod direct;

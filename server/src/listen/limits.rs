@@ -2,6 +2,19 @@
 //! admission decision (pure, so it is table-tested), the closing of the
 //! longest idle connection when the cap is full, and the process's
 //! open-file limit.
+//!
+//! The per-client caps are sized for a fleet, where every node has an
+//! address of its own, so a load generator on one host meets them first:
+//! past `--max-connections-per-ip` its connections are reset at accept,
+//! and an HTTP/2 client opening more than `--h2-max-streams` streams before
+//! it read the server's SETTINGS (`h2load -m 100` does) has the rest
+//! refused with `REFUSED_STREAM`. `cargo xtask bench serve` raises the
+//! per-address and per-network caps, and opens no more streams than that.
+//! The stream limit stays low by default because every stream a client
+//! stops reading pins its send buffer, times every connection it may open.
+//! A proxy in front must drop its idle upstream connections before
+//! `--header-read-timeout` does, as `deploy/object-cache/objects.conf`
+//! does, or it may send a request on a connection the server is closing.
 
 use super::idle::ConnIdle;
 use crate::clients::network;

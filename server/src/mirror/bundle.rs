@@ -16,6 +16,11 @@
 //! runs (how a resumed run knows what it can trust without reading it), and
 //! staged images.
 //!
+//! Releases accumulate: without `--keep` every release a bundle ever held
+//! stays in it, pullable by checksum; `--keep N` keeps the last N mirrored
+//! (and what the source publishes now) and removes every object,
+//! signature and delta no kept release reaches, reporting what it freed.
+//!
 //! At the site, [`verify_bundle`] checks every listed file before anything
 //! is imported, and the import ([`super::upstream`]) verifies every object
 //! and, with trusted keys, every signature again: a bundle tampered with in

@@ -6,6 +6,8 @@
 //! exponential backoff, new signatures), publishes what a check built into
 //! the [`Sink`], counts every outcome, and logs what is served meanwhile. A
 //! failed check never costs the generation already published.
+//! `oscontent_source_checks_total{result="published"|"unchanged"|"failed"}`
+//! counts the checks.
 //!
 //! Whether a new generation may move a ref back in time is the
 //! publisher's decision ([`rollback::RollbackGuard`]: the image publisher

@@ -519,7 +519,7 @@ fn stock_mirror_of(bundle: &Path, h: &Hub) {
     oscontent_testkit::signing::add_signed_remote(&copy, "web", &web.url, &h.key.public, true)
         .unwrap();
     // (The bound ref: the `version/` refs of an image publication need
-    // --disable-verify-bindings with stock ostree, see README.)
+    // --disable-verify-bindings with stock ostree, see publish.rs.)
     copy.pull(&["--mirror", "web", r]).unwrap();
     assert_eq!(copy.rev_parse(r).unwrap(), v2().commit);
     copy.fsck().unwrap();
