@@ -21,6 +21,7 @@ pub mod redirect;
 pub mod serve;
 pub mod served;
 pub mod signing;
+pub mod slots;
 pub mod source;
 pub mod state;
 pub mod verify;

@@ -88,6 +88,8 @@ pub struct Metrics {
     /// What the object cache holds, set when `/metrics` is read.
     pub cache_bytes: IntGauge,
     pub cache_objects: IntGauge,
+    /// The staging slots, set from their table at each scrape.
+    pub stage_slots: StageSlots,
     handles: Handles,
 }
 
@@ -212,6 +214,7 @@ impl Metrics {
             "oscontent_cache_objects",
             "Objects the object cache holds now",
         );
+        let stage_slots = StageSlots::new(&r);
         Self {
             registry: r.0,
             requests,
@@ -234,6 +237,7 @@ impl Metrics {
             cache_warmed_objects,
             cache_bytes,
             cache_objects,
+            stage_slots,
             handles: Handles {
                 requests: std::array::from_fn(|_| std::array::from_fn(|_| OnceLock::new())),
                 bytes: std::array::from_fn(|_| OnceLock::new()),
@@ -390,6 +394,95 @@ impl Connections {
             c.expired.with_label_values(&[why.label()]);
         }
         c
+    }
+}
+
+/// The staging slots (`crate::slots`), by pool: at most `--stage-max-pools`
+/// of them, plus `*` for the refusals of pools past it.
+#[derive(Debug)]
+pub struct StageSlots {
+    pub slots: IntGaugeVec,
+    pub in_use: IntGaugeVec,
+    pub peak: IntGaugeVec,
+    pub grants: IntCounterVec,
+    pub refusals: IntCounterVec,
+    pub expiries: IntCounterVec,
+    pub releases: IntCounterVec,
+}
+
+/// The `pool` label of the refusals of pools past `--stage-max-pools`: no
+/// pool's name (a pool is `A-Za-z0-9._-`).
+pub const UNKNOWN_POOL: &str = "*";
+
+impl StageSlots {
+    fn new(r: &Register) -> Self {
+        let pool = &["pool"];
+        Self {
+            slots: r.gauge_vec(
+                "oscontent_stage_slots",
+                "Staging slots a pool may hold at once (--stage-slots), on this replica",
+                pool,
+            ),
+            in_use: r.gauge_vec(
+                "oscontent_stage_slots_in_use",
+                "Staging leases a pool holds now (expired ones gone)",
+                pool,
+            ),
+            peak: r.gauge_vec(
+                "oscontent_stage_slots_peak",
+                "The most staging leases a pool held at once since start",
+                pool,
+            ),
+            grants: r.counter_vec(
+                "oscontent_stage_slot_grants_total",
+                "New staging leases granted (a node asking again while it holds one is not counted)",
+                pool,
+            ),
+            refusals: r.counter_vec(
+                "oscontent_stage_slot_refusals_total",
+                "Staging slot requests refused (429), by pool and reason: full, control_plane (--stage-slots-control-plane), pools (past --stage-max-pools, pool \"*\"), address (--stage-leases-per-address)",
+                &["pool", "reason"],
+            ),
+            expiries: r.counter_vec(
+                "oscontent_stage_slot_expiries_total",
+                "Staging leases that expired, not renewed within --stage-lease-ttl (a node that died, or lost this replica)",
+                pool,
+            ),
+            releases: r.counter_vec(
+                "oscontent_stage_slot_releases_total",
+                "Staging leases given back (DELETE)",
+                pool,
+            ),
+        }
+    }
+
+    /// Shows `report`: counters move up to the table's totals. The caller
+    /// holds the table's lock (`http::slots::show`), so two scrapes at
+    /// once do not both add the same difference.
+    pub fn show(&self, report: &crate::slots::Report) {
+        let up_to = |c: IntCounter, total: u64| c.inc_by(total.saturating_sub(c.get()));
+        for (name, s) in &report.pools {
+            let pool = &[name.as_str()];
+            self.slots
+                .with_label_values(pool)
+                .set(i64::from(report.per_pool));
+            self.in_use.with_label_values(pool).set(i64::from(s.in_use));
+            self.peak.with_label_values(pool).set(i64::from(s.peak));
+            up_to(self.grants.with_label_values(pool), s.grants);
+            up_to(self.expiries.with_label_values(pool), s.expiries);
+            up_to(self.releases.with_label_values(pool), s.releases);
+            for (reason, n) in crate::slots::Reason::ALL.iter().zip(s.refusals) {
+                up_to(
+                    self.refusals
+                        .with_label_values(&[name.as_str(), reason.label()]),
+                    n,
+                );
+            }
+        }
+        let unknown = self
+            .refusals
+            .with_label_values(&[UNKNOWN_POOL, crate::slots::Reason::Pools.label()]);
+        up_to(unknown, report.unknown_pool_refusals);
     }
 }
 

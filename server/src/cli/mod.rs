@@ -3,6 +3,7 @@
 mod mirror;
 pub mod serve_args;
 mod sign;
+pub mod stage_args;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};

@@ -241,6 +241,8 @@ pub struct ServeArgs {
     pub signing: SignatureArgs,
     #[command(flatten)]
     pub connections: ConnectionArgs,
+    #[command(flatten)]
+    pub stage: crate::cli::stage_args::StageArgs,
 }
 
 /// The most `--workers`: each is a thread, a runtime and an epoll

@@ -1,5 +1,6 @@
 //! The HTTP surface: exactly ostree's archive layout, plus `/healthz`,
-//! `/readyz` and `/metrics`. Everything else is 404. Error responses on repo
+//! `/readyz`, `/metrics` and the staging slots (`slots.rs`). Everything
+//! else is 404. Error responses on repo
 //! paths have empty bodies: ostree's fetcher can take an error body for
 //! object content when it falls through a mirrorlist.
 
@@ -10,6 +11,7 @@ mod repo;
 mod respond;
 pub mod saturation;
 pub mod sendfile;
+pub mod slots;
 
 pub(crate) use observe::log_date;
 pub(crate) use respond::header_line;
@@ -19,6 +21,7 @@ use crate::metrics::{gauge_value, Metrics};
 use crate::serve::sink::Sink;
 use crate::served::memory::BodyMemory;
 use crate::served::streams::StreamBudget;
+use crate::slots::{SlotConfig, Slots};
 use access_log::AccessLog;
 use axum::body::Body;
 use axum::extract::State;
@@ -70,6 +73,9 @@ pub struct HttpConfig {
     /// How long the listener may refuse normal clients (its cap full with
     /// no idle connection to close) before `/readyz` says not ready.
     pub unready_after_refusing: Duration,
+    /// The staging slots' caps and times (`--stage-*`); `None` hands out
+    /// none (`--stage-slots 0`).
+    pub stage_slots: Option<SlotConfig>,
 }
 
 impl Default for HttpConfig {
@@ -80,6 +86,7 @@ impl Default for HttpConfig {
             max_streamed_files: DEFAULT_MAX_STREAMED_FILES,
             body_memory: crate::served::memory::DEFAULT_BODY_MEMORY,
             unready_after_refusing: DEFAULT_UNREADY_AFTER_REFUSING,
+            stage_slots: Some(SlotConfig::default()),
         }
     }
 }
@@ -103,6 +110,8 @@ pub struct Inner {
     /// Whether the listener has been refusing normal clients, and since
     /// when (it records; `/readyz` reads).
     pub saturation: Arc<Saturation>,
+    /// The staging slots' lease table, when slots are handed out.
+    pub slots: Option<Arc<slots::SlotTable>>,
     /// `Cache-Control` of what is not immutable, made once.
     short_lived: HeaderValue,
     access_log: Option<AccessLog>,
@@ -149,6 +158,10 @@ impl AppState {
         let streams = StreamBudget::new(config.max_streamed_files);
         let memory = BodyMemory::new(config.body_memory);
         let saturation = Arc::new(Saturation::new(config.unready_after_refusing));
+        let slots = config
+            .stage_slots
+            .clone()
+            .map(|c| Arc::new(slots::SlotTable::new(Slots::new(c))));
         Ok(Self(Arc::new(Inner {
             metrics,
             sink,
@@ -156,6 +169,7 @@ impl AppState {
             streams,
             memory,
             saturation,
+            slots,
             short_lived,
             config,
             access_log,
@@ -191,13 +205,19 @@ impl AppState {
     }
 }
 
-/// The router. Health endpoints answer with text; repo paths as ostree
-/// expects.
+/// The router. Health endpoints answer with text; the staging slots with
+/// JSON; repo paths as ostree expects.
 pub fn app(state: AppState) -> Router {
-    Router::new()
+    let router = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics));
+    let router = if state.slots.is_some() {
+        slots::routes(router)
+    } else {
+        router
+    };
+    router
         .fallback(repo::repo)
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -236,7 +256,7 @@ impl std::fmt::Debug for Shortcut {
 pub fn shortcut(state: AppState) -> Shortcut {
     let direct_state = state.clone();
     Shortcut {
-        takes: |path| !ROUTES.contains(&path),
+        takes: |path| !routed(path),
         direct: Arc::new(move |ask| direct::answer(&direct_state, ask)),
         answer: Arc::new(move |req| {
             let st = state.clone();
@@ -248,9 +268,15 @@ pub fn shortcut(state: AppState) -> Shortcut {
     }
 }
 
-/// The paths [`app`] routes (the probes and the scrape); everything else
-/// is its fallback, the repo.
+/// The paths [`app`] routes (the probes and the scrape) besides the
+/// staging slots'; everything else is its fallback, the repo.
 pub const ROUTES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
+/// Whether [`app`] routes `path` rather than handing it to the repo: the
+/// shortcut leaves these to the router, whatever the method or protocol.
+pub fn routed(path: &str) -> bool {
+    ROUTES.contains(&path) || path.starts_with(slots::PATH)
+}
 
 async fn readyz(State(st): State<AppState>) -> Response {
     if st.is_ready() {
@@ -286,6 +312,9 @@ async fn metrics(State(st): State<AppState>) -> Response {
     let (bytes, objects) = st.cache.usage();
     m.cache_bytes.set(gauge_value(bytes));
     m.cache_objects.set(gauge_value(objects));
+    if let Some(table) = &st.slots {
+        slots::show(table, &m.stage_slots);
+    }
     let (text, ctype) = st.metrics.render();
     ([(header::CONTENT_TYPE, ctype)], text).into_response()
 }
@@ -305,6 +334,7 @@ fn kind(path: &str, parsed: Option<&RepoPath>) -> &'static str {
     match path {
         "/healthz" | "/readyz" => return "health",
         "/metrics" => return "metrics",
+        p if p.starts_with(slots::PATH) => return "stage_slots",
         _ => {}
     }
     match parsed {

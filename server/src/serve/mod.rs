@@ -79,6 +79,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             max_streamed_files: limits.max_streamed_files,
             body_memory: args.connections.max_body_memory,
             unready_after_refusing: Duration::from_secs(args.connections.unready_after_refusing),
+            stage_slots: args.stage.config(),
         },
         sink.clone(),
         access_log,

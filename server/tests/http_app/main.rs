@@ -14,5 +14,6 @@ mod dates;
 mod limits;
 mod operations;
 mod paths;
+mod slots;
 mod support;
 mod verified;

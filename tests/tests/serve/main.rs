@@ -16,6 +16,7 @@ mod http;
 mod pull;
 mod repo_mode;
 mod shutdown;
+mod slots;
 mod summary;
 mod traversal;
 mod verified;
