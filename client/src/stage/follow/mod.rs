@@ -286,10 +286,9 @@ impl Agent<'_> {
 
     /// Step 5. A release that fails is reported; the lease then expires.
     fn release(&self, lease: &Lease) {
-        let r = self.rt.block_on(tokio::time::timeout(
-            RELEASE_TIMEOUT,
-            self.slots.release(lease),
-        ));
+        let r = self.rt.block_on(async {
+            tokio::time::timeout(RELEASE_TIMEOUT, self.slots.release(lease)).await
+        });
         let (released, message) = match r {
             Ok(Ok(true)) => (true, None),
             Ok(Ok(false)) => (false, Some("the server no longer had it".to_owned())),
@@ -321,7 +320,9 @@ impl Agent<'_> {
 
     /// Waits `d`; `false` if a signal ended the wait.
     fn sleep(&self, d: Duration) -> bool {
-        self.until_stopped(tokio::time::sleep(d)).is_ok()
+        // Made inside the runtime: a timer needs its context when created.
+        self.until_stopped(async { tokio::time::sleep(d).await })
+            .is_ok()
     }
 
     fn stopped(&self) -> Option<&'static str> {
