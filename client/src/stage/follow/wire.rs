@@ -235,11 +235,15 @@ mod tests {
 
     const LEASE: &str = "0123456789abcdef0123456789abcdef";
 
+    type Check = fn(&str) -> Result<(), NameError>;
+    /// A renewal's TTL in seconds, `None` for a lease gone, `Err` refused.
+    type RenewWant = Result<Option<u64>, ()>;
+
     #[test]
     fn names() {
         let long_node = "a".repeat(254);
         let long_pool = "p".repeat(64);
-        let table: [(fn(&str) -> Result<(), NameError>, &str, bool); 12] = [
+        let table: [(Check, &str, bool); 12] = [
             (check_node, "worker-0.example.com", true),
             (check_node, "a", true),
             (check_node, &long_node[..253], true),
@@ -338,7 +342,7 @@ mod tests {
 
     #[test]
     fn renew_answers() {
-        let table: [(u16, &str, Result<Option<u64>, ()>); 5] = [
+        let table: [(u16, &str, RenewWant); 5] = [
             (200, r#"{"ttl_secs":5}"#, Ok(Some(5))),
             (404, r#"{"error":"lease expired or unknown"}"#, Ok(None)),
             (200, r#"{"ttl_secs":0}"#, Err(())),
