@@ -1,9 +1,10 @@
 //! `oscontent stage --follow`, the node agent, against one real server
-//! handing out two staging slots with a 5 s lease: agents SIGKILLed while
-//! holding both slots hold back the fleet only until their leases expire,
-//! then every other agent stages the image the ref names, never more than
-//! two at once (the server's own high-water mark); SIGTERM ends an agent
-//! with exit 0. And an agent that could not verify what it follows is
+//! handing out two staging slots with a 5 s lease: an agent SIGKILLed
+//! while holding a slot holds it only until its lease expires, one stopped
+//! by SIGTERM mid-stage releases its slot and exits 0 with nothing staged,
+//! and every other agent stages the image the ref names, never more than
+//! two at once (the server's own high-water mark); SIGTERM ends an idle
+//! agent with exit 0 too. And an agent that could not verify what it follows is
 //! refused at start.
 
 use crate::support::*;
@@ -67,11 +68,18 @@ impl Agent {
         )
     }
 
-    fn has_event(&self, name: &str) -> bool {
-        let want = format!("\"event\":\"{name}\"");
+    /// Its `--json` events called `name`.
+    fn events_named(&self, name: &str) -> Vec<serde_json::Value> {
         std::fs::read_to_string(&self.events)
             .unwrap_or_default()
-            .contains(&want)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["event"] == name)
+            .collect()
+    }
+
+    fn has_event(&self, name: &str) -> bool {
+        !self.events_named(name).is_empty()
     }
 
     /// The digests `stage --list` shows in its repo.
@@ -90,6 +98,18 @@ impl Agent {
     }
 }
 
+/// SIGTERM, then an exit 0 within [`EXIT_TIMEOUT`] saying it stopped.
+fn sigterm(a: &mut Agent) {
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(a.child.id() as i32).unwrap(),
+        rustix::process::Signal::TERM,
+    )
+    .unwrap();
+    let status = a.child.wait_bounded(EXIT_TIMEOUT).unwrap();
+    assert_eq!(status.code(), Some(0), "SIGTERM: {}", a.log());
+    assert!(a.has_event("agent-stopped"), "{}", a.log());
+}
+
 /// A loopback port free a moment ago, for `--metrics-listen`.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -100,7 +120,7 @@ fn free_port() -> u16 {
 }
 
 #[test]
-fn agents_stage_two_at_a_time_and_a_killed_holder_frees_its_slot_by_expiry() {
+fn agents_stage_two_at_a_time_and_a_killed_or_stopped_holder_frees_its_slot() {
     let f = native_small().unwrap_or_else(|e| panic!("{e:#}"));
     let v2 = &f.releases[1];
     let tmp = tempdir();
@@ -126,8 +146,9 @@ fn agents_stage_two_at_a_time_and_a_killed_holder_frees_its_slot_by_expiry() {
     ]));
     let dir = tmp.path();
 
-    // Two agents paced to a crawl take both slots and are SIGKILLed
-    // holding them: nothing releases those slots but their expiry.
+    // Two agents paced to a crawl take both slots. One is SIGKILLed holding
+    // its slot, which nothing then releases but its expiry; the other gets
+    // SIGTERM mid-stage: it stops, releases its slot and exits 0.
     let mut holders: Vec<Agent> = (0..SLOTS)
         .map(|i| {
             Agent::start(
@@ -149,10 +170,19 @@ fn agents_stage_two_at_a_time_and_a_killed_holder_frees_its_slot_by_expiry() {
             h.log()
         );
     }
-    for h in &mut holders {
-        h.child.child_mut().kill().unwrap();
-        h.child.child_mut().wait().unwrap();
-    }
+    holders[0].child.child_mut().kill().unwrap();
+    holders[0].child.child_mut().wait().unwrap();
+    sigterm(&mut holders[1]);
+    let released = holders[1].events_named("slot-released");
+    assert!(
+        released.len() == 1 && released[0]["released"] == true,
+        "SIGTERM mid-stage: {}",
+        holders[1].log()
+    );
+    assert!(
+        holders[1].staged().is_empty(),
+        "a stopped stage left a stage behind"
+    );
 
     let metrics_port = free_port();
     let metrics_addr = format!("127.0.0.1:{metrics_port}");
@@ -194,8 +224,13 @@ fn agents_stage_two_at_a_time_and_a_killed_holder_frees_its_slot_by_expiry() {
         .get("oscontent_stage_slot_expiries_total", &pool)
         .unwrap_or(0.0);
     assert!(
-        expired >= f64::from(SLOTS),
-        "{expired} leases expired: the killed holders' are"
+        expired >= 1.0,
+        "{expired} leases expired: the killed holder's is"
+    );
+    let releases = m.get("oscontent_stage_slot_releases_total", &pool).unwrap();
+    assert!(
+        releases >= 5.0,
+        "{releases} releases: the stopped holder's and the agents'"
     );
     let refused = m.sum("oscontent_stage_slot_refusals_total", &[("reason", "full")]);
     assert!(
@@ -247,14 +282,7 @@ fn agents_stage_two_at_a_time_and_a_killed_holder_frees_its_slot_by_expiry() {
     assert_eq!(other.status(), 404);
 
     for a in &mut agents {
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(a.child.id() as i32).unwrap(),
-            rustix::process::Signal::TERM,
-        )
-        .unwrap();
-        let status = a.child.wait_bounded(EXIT_TIMEOUT).unwrap();
-        assert_eq!(status.code(), Some(0), "SIGTERM: {}", a.log());
-        assert!(a.has_event("agent-stopped"), "{}", a.log());
+        sigterm(a);
     }
 }
 
