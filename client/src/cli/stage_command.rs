@@ -16,6 +16,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// `--pool` and `--poll-interval` when not given.
+const DEFAULT_POOL: &str = "worker";
+const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(60);
+
 #[derive(Debug, Args)]
 pub struct StageArgs {
     /// The host repo (bare, bare-user or archive), e.g. /sysroot/ostree/repo.
@@ -44,24 +48,27 @@ pub struct StageArgs {
     pub follow: bool,
     /// The node asking for slots (a Kubernetes node name). Default: $NODE_NAME,
     /// else the hostname, lowercased.
-    #[arg(long, env = "NODE_NAME", requires = "follow")]
+    #[arg(long, env = "NODE_NAME")]
     pub node: Option<String>,
-    /// The pool whose slots it asks for (a machine config pool).
-    #[arg(long, default_value = "worker", requires = "follow")]
-    pub pool: String,
+    /// The pool whose slots it asks for (a machine config pool). Default:
+    /// worker.
+    // No clap default, so that the flag given without --follow is seen
+    // (`agent_flag`).
+    #[arg(long)]
+    pub pool: Option<String>,
     /// The node is a control-plane node: its slot also counts against the
     /// server's control-plane cap, so control-plane nodes stage one at a time.
-    #[arg(long, requires = "follow")]
+    #[arg(long)]
     pub control_plane: bool,
-    /// How often the ref is checked (1s to 1h).
-    #[arg(long, default_value = "60s", value_parser = parse_duration, requires = "follow")]
-    pub poll_interval: Duration,
+    /// How often the ref is checked (1s to 1h). Default: 60s.
+    #[arg(long, value_parser = parse_duration)]
+    pub poll_interval: Option<Duration>,
     /// Serve Prometheus metrics on ADDR (host:port) at /metrics.
-    #[arg(long, value_name = "ADDR", requires = "follow")]
+    #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
     /// When the server hands out no slots (404 on its slot route), stage
     /// without one; by default that is a failure, retried with backoff.
-    #[arg(long, requires = "follow")]
+    #[arg(long)]
     pub without_slots: bool,
     /// OpenPGP keys that must have signed the commit and the summary (also
     /// required when the remote has gpg-verify=true).
@@ -124,6 +131,11 @@ fn stage_command(a: StageArgs, reporter: &Arc<Reporter>) -> PullResult<()> {
         );
         return Ok(());
     }
+    if let (false, Some(flag)) = (a.follow, agent_flag(&a)) {
+        return Err(PullError::Usage(anyhow!(
+            "{flag} is for the agent: give --follow too"
+        )));
+    }
     let source = match (a.url, a.remote) {
         (Some(u), None) => Source::Url(u),
         (None, Some(r)) => Source::Remote(r),
@@ -167,13 +179,28 @@ fn stage_command(a: StageArgs, reporter: &Arc<Reporter>) -> PullResult<()> {
             Some(n) => n,
             None => hostname()?,
         },
-        pool: a.pool,
+        pool: a.pool.unwrap_or_else(|| DEFAULT_POOL.to_owned()),
         control_plane: a.control_plane,
-        poll_interval: a.poll_interval,
+        poll_interval: a.poll_interval.unwrap_or(DEFAULT_POLL_INTERVAL),
         metrics_listen: a.metrics_listen,
         without_slots: a.without_slots,
     };
     stage::follow::follow(&opts, reporter.clone())
+}
+
+/// The first agent-only flag given. (Not clap's `requires`: a `bool` flag
+/// is always present to it, so that would never refuse.) `--node` is left
+/// out: `NODE_NAME` may be set where one-off stages run too.
+fn agent_flag(a: &StageArgs) -> Option<&'static str> {
+    [
+        (a.pool.is_some(), "--pool"),
+        (a.control_plane, "--control-plane"),
+        (a.poll_interval.is_some(), "--poll-interval"),
+        (a.metrics_listen.is_some(), "--metrics-listen"),
+        (a.without_slots, "--without-slots"),
+    ]
+    .into_iter()
+    .find_map(|(given, flag)| given.then_some(flag))
 }
 
 /// `--node`'s default after `$NODE_NAME`: the hostname, lowercased as
@@ -218,4 +245,48 @@ fn list_staged(repo: &std::path::Path, json: bool) -> PullResult<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Cmd};
+    use clap::Parser;
+
+    #[test]
+    fn agent_flags_need_follow() {
+        let one_off = ["--image", "r@sha256:00"];
+        let follow = ["--follow", "--ref", "os/stable"];
+        // (flags beside --repo and --url, the agent-only flag given)
+        let table: [(&[&str], &[&str], Option<&str>); 7] = [
+            (&one_off, &[], None),
+            (
+                &follow,
+                &["--pool", "infra", "--control-plane"],
+                Some("--pool"),
+            ),
+            (&one_off, &["--pool", "infra"], Some("--pool")),
+            (&one_off, &["--control-plane"], Some("--control-plane")),
+            (
+                &one_off,
+                &["--poll-interval", "5s"],
+                Some("--poll-interval"),
+            ),
+            (
+                &one_off,
+                &["--metrics-listen", "127.0.0.1:1"],
+                Some("--metrics-listen"),
+            ),
+            (&one_off, &["--without-slots"], Some("--without-slots")),
+        ];
+        for (target, extra, want) in table {
+            let mut args = vec!["oscontent", "stage", "--repo", "r", "--url", "http://h/"];
+            args.extend(target);
+            args.extend(extra);
+            let Cmd::Stage(a) = Cli::try_parse_from(&args).unwrap().cmd else {
+                panic!("not stage")
+            };
+            assert_eq!(agent_flag(&a), want, "{args:?}");
+        }
+    }
 }
