@@ -456,9 +456,9 @@ impl StageSlots {
         }
     }
 
-    /// Shows `report`: counters move up to the table's totals. The caller
-    /// holds the table's lock (`http::slots::show`), so two scrapes at
-    /// once do not both add the same difference.
+    /// Shows `report`: counters move up to the table's totals. Called
+    /// under the table's lock (`http::slots::SlotTable::with_report`), so
+    /// two scrapes at once do not both add the same difference.
     pub fn show(&self, report: &crate::slots::Report) {
         let up_to = |c: IntCounter, total: u64| c.inc_by(total.saturating_sub(c.get()));
         for (name, s) in &report.pools {

@@ -71,7 +71,9 @@ mod tests {
 
     #[test]
     fn flags_become_the_table_config_within_their_bounds() {
-        let cases: &[(&[&str], Result<Option<SlotConfig>, &str>)] = &[
+        // The arguments, and the config or the flag the error names.
+        type Case<'a> = (&'a [&'a str], Result<Option<SlotConfig>, &'a str>);
+        let cases: &[Case<'_>] = &[
             (&[], Ok(Some(SlotConfig::default()))),
             (&["--stage-slots", "0"], Ok(None)),
             (

@@ -212,10 +212,9 @@ pub fn app(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics));
-    let router = if state.slots.is_some() {
-        slots::routes(router)
-    } else {
-        router
+    let router = match &state.slots {
+        Some(table) => router.merge(slots::routes(table.clone())),
+        None => router,
     };
     router
         .fallback(repo::repo)
@@ -251,8 +250,9 @@ impl std::fmt::Debug for Shortcut {
 }
 
 /// What [`app`] answers on a repo path, without the router: the same
-/// middleware and handler, called directly. The probes and the scrape
-/// (the routes) are handed back to the router.
+/// middleware and handler, called directly. The probes, the scrape and
+/// the staging slots (the routes, [`routed`]) are handed back to the
+/// router.
 pub fn shortcut(state: AppState) -> Shortcut {
     let direct_state = state.clone();
     Shortcut {
@@ -313,7 +313,7 @@ async fn metrics(State(st): State<AppState>) -> Response {
     m.cache_bytes.set(gauge_value(bytes));
     m.cache_objects.set(gauge_value(objects));
     if let Some(table) = &st.slots {
-        slots::show(table, &m.stage_slots);
+        table.with_report(|r| m.stage_slots.show(r));
     }
     let (text, ctype) = st.metrics.render();
     ([(header::CONTENT_TYPE, ctype)], text).into_response()

@@ -13,13 +13,11 @@
 //! connection's peer, as the access log has it. With `--stage-slots 0`
 //! none of this is routed: every request is the unknown path's 404.
 
-use super::AppState;
-use crate::metrics::StageSlots;
 use crate::slots::request::{self, BadRequest, MAX_BODY};
-use crate::slots::{Ask, LeaseId, Refusal, Slots};
+use crate::slots::{Ask, LeaseId, Refusal, Report, Slots};
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Path, Request, State};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{delete, post};
 use axum::Router;
 use http::header::{self, HeaderValue};
@@ -27,7 +25,7 @@ use http::StatusCode;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 /// Where the routes live; the shortcut past the router leaves every path
@@ -51,20 +49,28 @@ impl SlotTable {
     pub fn lock(&self) -> MutexGuard<'_, Slots> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Calls `f` with the table as it is now, under its lock: the metrics
+    /// are set from it there, so that two scrapes at once do not both add
+    /// the same difference to a counter.
+    pub fn with_report(&self, f: impl FnOnce(&Report)) {
+        let now = Instant::now();
+        let mut slots = self.lock();
+        log_expired(&mut slots, now);
+        f(&slots.report(now));
+    }
 }
 
-/// `router` with the slot routes.
-pub(super) fn routes(router: Router<AppState>) -> Router<AppState> {
-    router
+/// The slot routes, answered from `table`, for any router to merge.
+pub fn routes<S: Clone + Send + Sync + 'static>(table: Arc<SlotTable>) -> Router<S> {
+    Router::new()
         .route(PATH, post(grant))
         .route(&format!("{PATH}/{{lease}}"), delete(release))
         .route(&format!("{PATH}/{{lease}}/renew"), post(renew))
+        .with_state(table)
 }
 
-async fn grant(State(st): State<AppState>, req: Request) -> Response {
-    let Some(table) = st.slots.as_ref() else {
-        return super::AppError::NotFound.into_response();
-    };
+async fn grant(State(table): State<Arc<SlotTable>>, req: Request) -> Response {
     let address = peer(&req);
     let body = match read_body(req).await {
         Ok(b) => b,
@@ -118,59 +124,44 @@ async fn grant(State(st): State<AppState>, req: Request) -> Response {
     }
 }
 
-async fn renew(State(st): State<AppState>, Path(lease): Path<String>) -> Response {
-    let Some(table) = st.slots.as_ref() else {
-        return super::AppError::NotFound.into_response();
-    };
-    let Some(id) = LeaseId::parse(&lease) else {
+async fn renew(State(table): State<Arc<SlotTable>>, Path(lease): Path<String>) -> Response {
+    on_lease(&table, &lease, Slots::renew, |ttl| {
+        json_response(StatusCode::OK, &json!({ "ttl_secs": ttl.as_secs() }))
+    })
+}
+
+async fn release(State(table): State<Arc<SlotTable>>, Path(lease): Path<String>) -> Response {
+    on_lease(&table, &lease, Slots::release, |l| {
+        tracing::info!(
+            node = l.node.as_str(),
+            pool = l.pool.as_str(),
+            "staging slot released"
+        );
+        let mut r = Response::new(Body::empty());
+        *r.status_mut() = StatusCode::NO_CONTENT;
+        r
+    })
+}
+
+/// `act` on the lease the path names, once what is due has expired;
+/// `answer` for what it returned, 404 if the table does not know the
+/// lease, 400 if the path does not name one.
+fn on_lease<T>(
+    table: &SlotTable,
+    lease: &str,
+    act: impl FnOnce(&mut Slots, LeaseId, Instant) -> Option<T>,
+    answer: impl FnOnce(T) -> Response,
+) -> Response {
+    let Some(id) = LeaseId::parse(lease) else {
         return malformed_lease();
     };
     let now = Instant::now();
-    let renewed = {
+    let done = {
         let mut slots = table.lock();
         log_expired(&mut slots, now);
-        slots.renew(id, now)
+        act(&mut slots, id, now)
     };
-    match renewed {
-        Some(ttl) => json_response(StatusCode::OK, &json!({ "ttl_secs": ttl.as_secs() })),
-        None => unknown_lease(),
-    }
-}
-
-async fn release(State(st): State<AppState>, Path(lease): Path<String>) -> Response {
-    let Some(table) = st.slots.as_ref() else {
-        return super::AppError::NotFound.into_response();
-    };
-    let Some(id) = LeaseId::parse(&lease) else {
-        return malformed_lease();
-    };
-    let now = Instant::now();
-    let released = {
-        let mut slots = table.lock();
-        log_expired(&mut slots, now);
-        slots.release(id, now)
-    };
-    match released {
-        Some(l) => {
-            tracing::info!(
-                node = l.node.as_str(),
-                pool = l.pool.as_str(),
-                "staging slot released"
-            );
-            let mut r = Response::new(Body::empty());
-            *r.status_mut() = StatusCode::NO_CONTENT;
-            r
-        }
-        None => unknown_lease(),
-    }
-}
-
-/// Sets the slot metrics from the table as it is now, under its lock.
-pub(super) fn show(table: &SlotTable, metrics: &StageSlots) {
-    let now = Instant::now();
-    let mut slots = table.lock();
-    log_expired(&mut slots, now);
-    metrics.show(&slots.report(now));
+    done.map_or_else(unknown_lease, answer)
 }
 
 /// Expires what is due now, saying whose: a node that stopped renewing

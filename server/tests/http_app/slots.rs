@@ -280,7 +280,15 @@ async fn bad_slot_requests_are_refused_naming_what_was_wrong() {
     let length = big.len().to_string();
     let lease = "0123456789abcdef0123456789abcdef";
     // method, path, headers, body, status, the error's start ("": no JSON).
-    let cases: Vec<(&str, String, Vec<(&str, &str)>, String, StatusCode, &str)> = vec![
+    type Case<'a> = (
+        &'a str,
+        String,
+        Vec<(&'a str, &'a str)>,
+        String,
+        StatusCode,
+        &'a str,
+    );
+    let cases: Vec<Case<'_>> = vec![
         (
             "POST",
             SLOTS.into(),

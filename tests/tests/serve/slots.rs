@@ -150,6 +150,19 @@ fn slots_are_granted_refused_and_freed_by_expiry_over_tcp() {
         Some(1.0)
     );
     assert_eq!(m.get(expiries, &worker), Some(2.0));
+    // Logged as every request is, with the peer the caps count.
+    let log = server.access_log().unwrap();
+    let posts: Vec<_> = log
+        .iter()
+        .filter(|e| e.method == "POST" && e.path == SLOTS)
+        .collect();
+    assert!(posts.len() >= 5, "{posts:?}");
+    for e in posts {
+        assert_eq!(
+            (e.kind.as_str(), e.client.as_deref()),
+            ("stage_slots", Some("127.0.0.1"))
+        );
+    }
 }
 
 #[test]
