@@ -5,7 +5,6 @@ use crate::governor::IoMode;
 use crate::pull::error::{exit, PullError, PullResult, Tag};
 use crate::pull::report::{Output, Reporter};
 use crate::pull::{self, origin, PullOptions, Source, VerifyOptions};
-use crate::stage::{self, IoProfile, StageOptions, StageTarget};
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use oscontent_format::{parse_summary, Checksum, Summary};
@@ -14,6 +13,9 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+
+mod stage_command;
+pub use stage_command::StageArgs;
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -150,66 +152,6 @@ pub struct PullArgs {
     /// Use HTTP/1.1 only (by default, on http:// URLs, the object walk
     /// tries HTTP/2 with prior knowledge; config, summary, commit and
     /// static deltas always come over HTTP/1.1).
-    #[arg(long)]
-    pub http1: bool,
-    /// Line-delimited JSON events on stdout instead of a progress bar.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct StageArgs {
-    /// The host repo (bare, bare-user or archive), e.g. /sysroot/ostree/repo.
-    #[arg(long)]
-    pub repo: PathBuf,
-    /// Base URL of the remote (an oscontent server).
-    #[arg(long, conflicts_with = "remote", required_unless_present_any = ["remote", "list", "forget"])]
-    pub url: Option<String>,
-    /// A remote configured in the repo: its URL and gpg-verify settings
-    /// are used.
-    #[arg(long)]
-    pub remote: Option<String>,
-    /// The image, pinned: REFERENCE@sha256:DIGEST (what the MCO's
-    /// osImageURL holds). The digest is the trust root: no key is needed.
-    #[arg(long, conflicts_with = "ref_name", required_unless_present_any = ["ref_name", "list", "forget"])]
-    pub image: Option<String>,
-    /// Stage the image the remote publishes at this ref instead (trust as
-    /// for `pull`: the summary's signature when the remote or
-    /// --trusted-keys asks).
-    #[arg(long = "ref")]
-    pub ref_name: Option<String>,
-    /// OpenPGP keys that must have signed the commit and the summary (also
-    /// required when the remote has gpg-verify=true).
-    #[arg(long)]
-    pub trusted_keys: Option<PathBuf>,
-    /// Show what is staged in the repo (digest, commit, layers present,
-    /// bytes) and exit.
-    #[arg(long, conflicts_with_all = ["url", "remote", "image", "ref_name", "forget"])]
-    pub list: bool,
-    /// Drop the stage of this digest (sha256:HEX): its staged ref and the
-    /// layer refs it wrote that no other stage or imported image names.
-    #[arg(long, value_name = "DIGEST", conflicts_with_all = ["url", "remote", "image", "ref_name"])]
-    pub forget: Option<String>,
-    /// I/O profile: the defaults of the four flags below.
-    #[arg(long, value_enum, default_value = "background")]
-    pub io_profile: IoProfile,
-    /// How writes reach the disk (the profile's: paced).
-    #[arg(long, value_enum)]
-    pub io_mode: Option<IoMode>,
-    /// Flush latency the paced mode steers toward (background: 5ms).
-    #[arg(long, value_parser = parse_duration)]
-    pub io_latency_target: Option<Duration>,
-    /// Never write faster than this, e.g. 20M (MiB/s) (background: 16M).
-    #[arg(long, value_name = "BYTES_PER_S", value_parser = parse_rate)]
-    pub io_max_rate: Option<u64>,
-    /// Requests (objects) in flight at once, 1 to 64 (background: 2).
-    #[arg(long)]
-    pub concurrency: Option<usize>,
-    /// Give up when fetching has not finished within this time (at most 7
-    /// days). Nothing is written; the next stage resumes.
-    #[arg(long, default_value = "6h", value_parser = parse_timeout)]
-    pub timeout: Duration,
-    /// Use HTTP/1.1 only.
     #[arg(long)]
     pub http1: bool,
     /// Line-delimited JSON events on stdout instead of a progress bar.
@@ -360,7 +302,7 @@ pub fn run(cli: Cli) -> u8 {
     match cli.cmd {
         Cmd::Pull(a) => run_pull(a),
         Cmd::Verify(a) => run_verify(a),
-        Cmd::Stage(a) => run_stage(a),
+        Cmd::Stage(a) => stage_command::run_stage(a),
         Cmd::LsRemote { url, json } => {
             let output = if json { Output::Json } else { Output::Human };
             match ls_remote(&url, json) {
@@ -409,89 +351,6 @@ fn run_pull(a: PullArgs) -> u8 {
         Ok(()) => exit::OK,
         Err(e) => report_error(&reporter, &e),
     }
-}
-
-fn run_stage(a: StageArgs) -> u8 {
-    let output = if a.json { Output::Json } else { Output::Human };
-    let reporter = Arc::new(Reporter::new(output));
-    match stage_command(a, &reporter) {
-        Ok(()) => exit::OK,
-        Err(e) => report_error(&reporter, &e),
-    }
-}
-
-fn stage_command(a: StageArgs, reporter: &Arc<Reporter>) -> PullResult<()> {
-    if a.list {
-        return list_staged(&a.repo, a.json);
-    }
-    if let Some(d) = &a.forget {
-        let dropped = stage::forget(&a.repo, d)?;
-        reporter.event(
-            "forgotten",
-            json!({"digest": d, "refs_deleted": dropped}),
-            Some(format!("{d}: {} refs deleted", dropped.len())),
-        );
-        return Ok(());
-    }
-    let source = match (a.url, a.remote) {
-        (Some(u), None) => Source::Url(u),
-        (None, Some(r)) => Source::Remote(r),
-        _ => unreachable!("clap enforces exactly one of --url and --remote"),
-    };
-    let target = match (a.image, a.ref_name) {
-        (Some(i), None) => StageTarget::Image(stage::image::PinnedImage::parse(&i).usage()?),
-        (None, Some(r)) => {
-            oscontent_format::validate_ref(&r).usage()?;
-            StageTarget::Ref(r)
-        }
-        _ => unreachable!("clap enforces exactly one of --image and --ref"),
-    };
-    let opts = StageOptions {
-        repo: a.repo,
-        source,
-        target,
-        trusted_keys: a.trusted_keys,
-        io: stage::options::IoChoice {
-            profile: a.io_profile,
-            mode: a.io_mode,
-            latency_target: a.io_latency_target,
-            max_rate: a.io_max_rate,
-            concurrency: a.concurrency,
-        },
-        timeout: a.timeout,
-        http1_only: a.http1,
-        output: reporter_output(a.json),
-    };
-    stage::stage(&opts, reporter.clone())
-}
-
-fn reporter_output(json: bool) -> Output {
-    if json {
-        Output::Json
-    } else {
-        Output::Human
-    }
-}
-
-fn list_staged(repo: &std::path::Path, json: bool) -> PullResult<()> {
-    let staged = stage::list(repo)?;
-    if json {
-        println!("{}", json!({"event": "staged-list", "staged": staged}));
-        return Ok(());
-    }
-    println!("DIGEST\tCOMMIT\tLAYERS PRESENT\tBYTES\tIMPORTED");
-    for s in &staged {
-        println!(
-            "{}\t{}\t{}/{}\t{}\t{}",
-            s["digest"].as_str().unwrap_or_default(),
-            s["commit"].as_str().unwrap_or_default(),
-            s["layers_present"],
-            s["layer_refs"],
-            s["bytes"],
-            s["imported"]
-        );
-    }
-    Ok(())
 }
 
 fn run_verify(a: VerifyArgs) -> u8 {

@@ -175,7 +175,9 @@ fn h1_client(concurrency: usize) -> PullResult<reqwest::Client> {
         .map_err(|e| PullError::Usage(e.into()))
 }
 
-fn builder() -> reqwest::ClientBuilder {
+/// The settings every client of a remote shares (timeouts, redirects kept
+/// within the origin, the user agent).
+pub(crate) fn builder() -> reqwest::ClientBuilder {
     reqwest::Client::builder()
         .connect_timeout(CONNECT_TIMEOUT)
         .read_timeout(READ_TIMEOUT)

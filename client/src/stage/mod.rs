@@ -26,6 +26,7 @@
 //!    `ostree.manifest-digest`) are dropped.
 
 pub mod chain;
+pub mod follow;
 pub mod image;
 mod objset;
 pub mod options;
@@ -48,6 +49,8 @@ use oscontent_format::{Checksum, RepoPath};
 use record::Record;
 use serde_json::json;
 use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// What a stage did, for the `staged` event.
@@ -55,10 +58,37 @@ struct Staged {
     record: Record,
     object_sets_written: usize,
     object_sets_present: usize,
+    bytes_downloaded: u64,
+}
+
+/// What a finished stage staged: what `stage --follow` reports and exports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StageDone {
+    pub digest: String,
+    pub commit: String,
+    /// Bytes fetched from the remote (objects and deltas).
+    pub bytes_downloaded: u64,
 }
 
 /// Runs `oscontent stage`.
 pub fn stage(opts: &StageOptions, reporter: Arc<Reporter>) -> PullResult<()> {
+    stage_until(opts, reporter, async {
+        let why = pull::interrupted().await;
+        PullError::Interrupted(anyhow!(
+            "{why}: the stage was stopped; no ref was written, and the next stage resumes"
+        ))
+    })
+    .map(|_| ())
+}
+
+/// Runs a stage unless `stop` resolves first: then the stage ends between
+/// two of its steps (no ref is written; the next stage resumes) with the
+/// error `stop` gives. Call it outside any async runtime: it runs its own.
+pub fn stage_until(
+    opts: &StageOptions,
+    reporter: Arc<Reporter>,
+    stop: impl Future<Output = PullError>,
+) -> PullResult<StageDone> {
     let io = opts.io.checked()?;
     // Before any thread exists, so that all of them inherit the I/O class.
     let governor = Arc::new(
@@ -67,7 +97,34 @@ pub fn stage(opts: &StageOptions, reporter: Arc<Reporter>) -> PullResult<()> {
             .local()?,
     );
     let store = Store::open(&opts.repo).local()?;
-    let pull_opts = PullOptions {
+    let pull_opts = pull_options(opts, &io);
+    let remote = remote::resolve_source(&pull_opts, &store)?;
+    let lock = repo::Lock::take(&opts.repo).local()?;
+    let rt = pull::runtime(io.concurrency)?;
+    let r = rt.block_on(async {
+        tokio::select! {
+            r = stage_async(opts, &pull_opts, &store, &remote, &governor, &reporter) => r,
+            e = stop => Err(e),
+        }
+    });
+    if r.is_err() {
+        governor.abandon("the stage failed");
+    }
+    rt.shutdown_timeout(pull::SHUTDOWN_GRACE);
+    let staged = r?;
+    let record_commit = lock.commit_stage(&staged.record).local()?;
+    report_staged(&reporter, &staged, &record_commit);
+    tidy(&opts.repo, &reporter)?;
+    Ok(StageDone {
+        digest: staged.record.digest.clone(),
+        commit: staged.record.commit.clone(),
+        bytes_downloaded: staged.bytes_downloaded,
+    })
+}
+
+/// What a stage asks of `pull`'s steps, given its I/O settings.
+pub(crate) fn pull_options(opts: &StageOptions, io: &options::IoSettings) -> PullOptions {
+    PullOptions {
         repo: opts.repo.clone(),
         source: opts.source.clone(),
         ref_name: None,
@@ -83,26 +140,7 @@ pub fn stage(opts: &StageOptions, reporter: Arc<Reporter>) -> PullResult<()> {
         timeout: opts.timeout,
         http1_only: opts.http1_only,
         output: opts.output,
-    };
-    let remote = remote::resolve_source(&pull_opts, &store)?;
-    let lock = repo::Lock::take(&opts.repo).local()?;
-    let rt = pull::runtime(io.concurrency)?;
-    let r = rt.block_on(async {
-        tokio::select! {
-            r = stage_async(opts, &pull_opts, &store, &remote, &governor, &reporter) => r,
-            why = pull::interrupted() => Err(PullError::Interrupted(anyhow!(
-                "{why}: the stage was stopped; no ref was written, and the next stage resumes"
-            ))),
-        }
-    });
-    if r.is_err() {
-        governor.abandon("the stage failed");
     }
-    rt.shutdown_timeout(pull::SHUTDOWN_GRACE);
-    let staged = r?;
-    let record_commit = lock.commit_stage(&staged.record).local()?;
-    report_staged(&reporter, &staged, &record_commit);
-    tidy(&opts.repo, &reporter)
 }
 
 /// Steps 2 to 6 (the refs are the caller's, on the lock). `--timeout`
@@ -148,6 +186,7 @@ async fn stage_async(
         record: Record::new(&pinned.digest, &pinned.reference, &plan),
         object_sets_written: sets_written,
         object_sets_present: sets_present,
+        bytes_downloaded: ctx.content.counters.bytes.load(Ordering::Relaxed),
     })
 }
 
@@ -159,19 +198,8 @@ async fn verified_plan(
     remote: &Remote,
     reporter: &Reporter,
 ) -> PullResult<(PinnedImage, Plan)> {
-    let (summary, _) = remote::fetch_summary(fetcher, &remote.trust).await?;
-    let summary = summary.ok_or_else(|| {
-        PullError::Network(anyhow!(
-            "{}: the remote publishes no summary, so no staging index",
-            fetcher.url("summary")
-        ))
-    })?;
-    let index = summary.staging.as_ref().ok_or_else(|| {
-        PullError::Network(anyhow!(
-            "{}: the remote stages no images (its summary has no staging index)",
-            fetcher.url("summary")
-        ))
-    })?;
+    let (summary, index) = indexed_summary(fetcher, remote).await?;
+    let index = &index;
     let pinned = match &opts.target {
         StageTarget::Image(p) => p.clone(),
         StageTarget::Ref(r) => pinned_by_ref(&summary, index, r)?,
@@ -346,6 +374,52 @@ pub fn tidy(path: &std::path::Path, reporter: &Reporter) -> PullResult<()> {
         );
     }
     Ok(())
+}
+
+/// What the repo holds of `digest`: staged (by a stage's record) or
+/// imported (an image ref of the importer's names it), or neither.
+pub fn holds(path: &std::path::Path, digest: &str) -> PullResult<(bool, bool)> {
+    let store = Store::open(path).local()?;
+    let inv = repo::inventory(&store.repo, &layer_ref_of).local()?;
+    let staged = inv.staged.iter().any(|s| s.record.digest == digest);
+    Ok((staged, inv.imported.contains(digest)))
+}
+
+/// The image the remote stages for ref `r` now: its summary read (and
+/// verified) as `stage --ref` reads it, and the one index entry for the
+/// commit there.
+pub async fn image_at_ref(
+    remote: &Remote,
+    r: &str,
+    http1_only: bool,
+    reporter: &Arc<Reporter>,
+) -> PullResult<PinnedImage> {
+    let (fetcher, config) = Fetcher::connect(&remote.url, 1, http1_only, reporter.clone()).await?;
+    pull::check_config(&config)?;
+    let (summary, index) = indexed_summary(&fetcher, remote).await?;
+    pinned_by_ref(&summary, &index, r)
+}
+
+/// The remote's summary (its signature checked first when the trust asks)
+/// and the staging index it carries.
+async fn indexed_summary(
+    fetcher: &Fetcher,
+    remote: &Remote,
+) -> PullResult<(oscontent_format::Summary, StagingIndex)> {
+    let (summary, _) = remote::fetch_summary(fetcher, &remote.trust).await?;
+    let mut summary = summary.ok_or_else(|| {
+        PullError::Network(anyhow!(
+            "{}: the remote publishes no summary, so no staging index",
+            fetcher.url("summary")
+        ))
+    })?;
+    let index = summary.staging.take().ok_or_else(|| {
+        PullError::Network(anyhow!(
+            "{}: the remote stages no images (its summary has no staging index)",
+            fetcher.url("summary")
+        ))
+    })?;
+    Ok((summary, index))
 }
 
 /// `--list`: every stage in the repo.

@@ -198,6 +198,8 @@ pub struct Inventory {
     pub staged: Vec<Staged>,
     /// Layer refs the importer's images name: never dropped here.
     pub image_layers: BTreeSet<String>,
+    /// The manifest digests the importer has image refs for.
+    pub imported: BTreeSet<String>,
 }
 
 /// Every stage recorded in the repo, by digest, and what the importer's
@@ -232,6 +234,7 @@ pub fn inventory(repo: &ostree::Repo, layer_ref: &dyn Fn(&str) -> String) -> Res
     Ok(Inventory {
         staged,
         image_layers,
+        imported,
     })
 }
 

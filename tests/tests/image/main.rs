@@ -14,6 +14,7 @@
 
 mod attacks;
 mod derived;
+mod follow;
 mod importer;
 mod lifecycle;
 mod native;

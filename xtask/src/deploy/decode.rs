@@ -5,7 +5,7 @@
 //! explicit `null`s and anything else the typed view would drop).
 
 use anyhow::{bail, ensure, Context, Result};
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -28,6 +28,7 @@ pub enum Object {
     Secret(Secret),
     Service(Service),
     Deployment(Deployment),
+    DaemonSet(DaemonSet),
     PodDisruptionBudget(PodDisruptionBudget),
     NetworkPolicy(NetworkPolicy),
     HorizontalPodAutoscaler(HorizontalPodAutoscaler),
@@ -43,6 +44,7 @@ impl Object {
             Object::Secret(_) => "Secret",
             Object::Service(_) => "Service",
             Object::Deployment(_) => "Deployment",
+            Object::DaemonSet(_) => "DaemonSet",
             Object::PodDisruptionBudget(_) => "PodDisruptionBudget",
             Object::NetworkPolicy(_) => "NetworkPolicy",
             Object::HorizontalPodAutoscaler(_) => "HorizontalPodAutoscaler",
@@ -58,6 +60,7 @@ impl Object {
             Object::Secret(o) => &o.metadata,
             Object::Service(o) => &o.metadata,
             Object::Deployment(o) => &o.metadata,
+            Object::DaemonSet(o) => &o.metadata,
             Object::PodDisruptionBudget(o) => &o.metadata,
             Object::NetworkPolicy(o) => &o.metadata,
             Object::HorizontalPodAutoscaler(o) => &o.metadata,
@@ -218,6 +221,7 @@ pub fn decode(v: &serde_json::Value) -> Result<Object> {
         ("v1", "Secret") => strict(v).map(Object::Secret),
         ("v1", "Service") => strict(v).map(Object::Service),
         ("apps/v1", "Deployment") => strict(v).map(Object::Deployment),
+        ("apps/v1", "DaemonSet") => strict(v).map(Object::DaemonSet),
         ("policy/v1", "PodDisruptionBudget") => strict(v).map(Object::PodDisruptionBudget),
         ("networking.k8s.io/v1", "NetworkPolicy") => strict(v).map(Object::NetworkPolicy),
         ("autoscaling/v2", "HorizontalPodAutoscaler") => {

@@ -1,5 +1,5 @@
 //! `cargo xtask check-deploy`: renders deploy/ (the base, every overlay, and
-//! the base with the optional ServiceMonitor component) with `kubectl
+//! the base with each optional component) with `kubectl
 //! kustomize`, decodes every object strictly into its Kubernetes API type
 //! ([`decode`]), checks the invariants ([`policy`]) and the server image's
 //! Containerfile against them, then runs checkov once over everything.
@@ -40,7 +40,7 @@ const MAX_RENDER_BYTES: u64 = 8 << 20;
 const MIN_KUSTOMIZE_MAJOR: u32 = 5;
 /// The optional components under deploy/components, each rendered on top of
 /// the base, and what the base plus it must be.
-pub fn component_expectations() -> [(&'static str, Expect); 2] {
+pub fn component_expectations() -> [(&'static str, Expect); 3] {
     [
         (
             "servicemonitor",
@@ -53,6 +53,13 @@ pub fn component_expectations() -> [(&'static str, Expect); 2] {
             "scale-out",
             Expect {
                 autoscaled: true,
+                ..Expect::registry()
+            },
+        ),
+        (
+            "node-agent",
+            Expect {
+                node_agent: true,
                 ..Expect::registry()
             },
         ),

@@ -4,6 +4,7 @@
 use super::contract::{Expect, PORT_NAME, SERVICE_PORT};
 use super::lookup::labels_match;
 use super::network_policy::check_network_policy;
+use super::node_agent;
 use super::report::{Report, Violation};
 use crate::deploy::decode::Object;
 use k8s_openapi::api::core::v1::Service;
@@ -44,6 +45,8 @@ pub(super) fn check_companions(
                 check_pdb(p, w, &mut r);
                 "PodDisruptionBudget"
             }
+            // The node agent's own, checked with its DaemonSets.
+            Object::NetworkPolicy(n) if node_agent::selects_agents(n) => continue,
             Object::NetworkPolicy(n) => {
                 check_network_policy(n, w.pod_labels, w.port, expect, &mut r);
                 "NetworkPolicy"

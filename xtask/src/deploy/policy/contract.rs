@@ -56,6 +56,8 @@ pub struct Expect {
     pub service_monitor: bool,
     /// A HorizontalPodAutoscaler on CPU owns the replica count.
     pub autoscaled: bool,
+    /// The node agent's two DaemonSets (`components/node-agent`).
+    pub node_agent: bool,
 }
 
 impl Expect {
@@ -66,6 +68,7 @@ impl Expect {
             mirror: false,
             service_monitor: false,
             autoscaled: false,
+            node_agent: false,
         }
     }
 }

@@ -1,13 +1,15 @@
 //! The invariants every rendering of deploy/ must keep, checked on the typed
 //! objects: the hardened pod (for every pod template, every container), the
 //! probes' meaning, the rollout, the Service, PDB and NetworkPolicy, that
-//! every path the server is given is mounted, and what each overlay is for.
+//! every path the server is given is mounted, what each overlay is for, and
+//! the node agent's DaemonSets.
 
 mod autoscale;
 mod companions;
 mod contract;
 mod lookup;
 mod network_policy;
+mod node_agent;
 mod overlays;
 mod pod_security;
 mod report;
@@ -59,6 +61,7 @@ pub fn check(objects: &[Object], expect: &Expect) -> Vec<Violation> {
     for d in &deployments {
         check_deployment(d, objects, &config_maps, expect, &mut out);
     }
+    node_agent::check_node_agents(objects, expect, &mut out);
     out
 }
 

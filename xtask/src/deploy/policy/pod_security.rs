@@ -25,7 +25,7 @@ pub(super) fn check_pod(pod: &PodSpec, pod_labels: &BTreeMap<String, String>, r:
 }
 
 /// No service account token, no host namespaces.
-fn check_pod_isolation(pod: &PodSpec, r: &mut Report<'_>) {
+pub(super) fn check_pod_isolation(pod: &PodSpec, r: &mut Report<'_>) {
     r.ensure(
         pod.automount_service_account_token == Some(false),
         "automount-token",
@@ -194,7 +194,7 @@ fn check_privileges(name: &str, sc: Option<&SecurityContext>, r: &mut Report<'_>
 }
 
 /// CPU and memory, both requested and limited.
-fn check_resources(c: &Container, r: &mut Report<'_>) {
+pub(super) fn check_resources(c: &Container, r: &mut Report<'_>) {
     let res = c.resources.as_ref();
     for (what, map) in [
         ("requests", res.and_then(|x| x.requests.as_ref())),
@@ -211,7 +211,7 @@ fn check_resources(c: &Container, r: &mut Report<'_>) {
 }
 
 /// Probes that exec fail: the image has no shell.
-fn check_no_exec_probes(c: &Container, r: &mut Report<'_>) {
+pub(super) fn check_no_exec_probes(c: &Container, r: &mut Report<'_>) {
     for (what, p) in [
         ("startupProbe", &c.startup_probe),
         ("readinessProbe", &c.readiness_probe),

@@ -18,7 +18,7 @@ fn base_docs() -> &'static Vec<Value> {
     B.get_or_init(|| rendered("base"))
 }
 
-fn violations(docs: &[Value], expect: &Expect) -> Vec<Violation> {
+pub(super) fn violations(docs: &[Value], expect: &Expect) -> Vec<Violation> {
     let objs: Vec<Object> = docs
         .iter()
         .map(|d| decode::decode(d).unwrap_or_else(|e| panic!("{e:#}")))
@@ -26,7 +26,7 @@ fn violations(docs: &[Value], expect: &Expect) -> Vec<Violation> {
     check(&objs, expect)
 }
 
-fn kind_mut<'a>(docs: &'a mut [Value], kind: &str) -> &'a mut Value {
+pub(super) fn kind_mut<'a>(docs: &'a mut [Value], kind: &str) -> &'a mut Value {
     docs.iter_mut()
         .find(|d| d["kind"] == kind)
         .unwrap_or_else(|| panic!("no {kind}"))
@@ -56,7 +56,7 @@ fn set_arg(docs: &mut [Value], prefix: &str, to: Option<&str>) {
 
 /// The base plus one component, as check-deploy renders it, and what it
 /// must be.
-fn component_docs(component: &str) -> (Vec<Value>, Expect) {
+pub(super) fn component_docs(component: &str) -> (Vec<Value>, Expect) {
     deploy::require_kubectl().unwrap();
     let work = tempfile::tempdir().unwrap();
     let target = deploy::targets(&deploy::deploy_dir(), work.path())
@@ -68,9 +68,9 @@ fn component_docs(component: &str) -> (Vec<Value>, Expect) {
     (decode::split_documents(&yaml).unwrap(), target.expect)
 }
 
-type Mutation = fn(&mut Vec<Value>);
+pub(super) type Mutation = fn(&mut Vec<Value>);
 /// (what is broken, the rule it must be reported under, how to break it).
-type Case = (&'static str, &'static str, Mutation);
+pub(super) type Case = (&'static str, &'static str, Mutation);
 
 #[test]
 fn untouched_renderings_are_clean() {
