@@ -306,20 +306,20 @@ pub fn publish_verified(
             req.commit.is_some() || !req.refs.is_empty() || existing.is_empty()
         }
     };
-    let building = state.begin()?;
+    let building = state.begin(vec![repo.clone()])?;
     let tmp = building.path().to_owned();
+    let generation = building.generation();
     let result = (|| -> Result<(Refs, VerifiedSet)> {
         if config.is_none() {
             write_file(&tmp.join("config"), format::config::ARCHIVE_CONFIG)?;
         }
-        let probe = Generation::new(0, vec![repo.clone()], tmp.clone(), Vec::new());
         // Derived refs first: the repo's own win on a name clash.
         let mut refs = if derive {
-            derive_into(req, &repo, &probe, &tmp)?
+            derive_into(req, &repo, generation, &tmp)?
         } else {
             Vec::new()
         };
-        let (own, listed) = snapshot_into(&repo, &existing, &probe, &tmp, !derive)?;
+        let (own, listed) = snapshot_into(&repo, &existing, generation, &tmp, !derive)?;
         refs.retain(|(n, _)| own.iter().all(|(o, _)| o != n));
         refs.extend(own);
         let mut commits: Vec<Checksum> = refs.iter().map(|(_, c)| *c).chain(listed).collect();
@@ -328,7 +328,7 @@ pub fn publish_verified(
         let started = std::time::Instant::now();
         let opts = VerifyOptions { jobs: 0, cache };
         let roots = [Root::plain(repo.clone())];
-        let others = newest_commits(&repo, &probe, verify::MAX_HISTORY)?;
+        let others = newest_commits(&repo, generation, verify::MAX_HISTORY)?;
         let history = verify::MAX_HISTORY;
         let mut set = verify::verify_with_history(&roots, &commits, &others, history, &opts)
             .with_context(|| format!("verifying {}", repo.display()))?;
@@ -337,16 +337,17 @@ pub fn publish_verified(
         tracing::info!(objects = set.len(), hashed = set.hashed, elapsed_ms = started.elapsed().as_millis() as u64, repo = %repo.display(), "verified what the generation serves");
         Ok((refs, set))
     })();
-    finish_generation(result, vec![repo], building, sigs)
+    finish_generation(result, building, sigs)
 }
 
 /// The `n` newest commits in `repo` (by timestamp), those that load: what
 /// a `--repo` serves by checksum beside its refs. One that does not load
-/// is left out, and so not served.
-fn newest_commits(repo: &Path, probe: &Generation, n: usize) -> Result<Vec<Checksum>> {
+/// is left out, and so not served. Read without keeping them: a repo may
+/// hold many more commits than the generation serves.
+fn newest_commits(repo: &Path, generation: &Generation, n: usize) -> Result<Vec<Checksum>> {
     let mut found: Vec<(u64, Checksum)> = Vec::new();
     for c in find_commits(repo)? {
-        match probe.commit(&c) {
+        match generation.read_commit(&c) {
             Ok(commit) => found.push((commit.timestamp, c)),
             Err(e) => tracing::warn!(commit = %c, "not serving the commit: {e:#}"),
         }
@@ -360,14 +361,14 @@ fn newest_commits(repo: &Path, probe: &Generation, n: usize) -> Result<Vec<Check
 fn derive_into(
     req: &PublishRequest,
     repo: &Path,
-    probe: &Generation,
+    generation: &Generation,
     tmp: &Path,
 ) -> Result<Vec<(String, Checksum)>> {
     let checksum = match req.commit {
         Some(c) => c,
         None => find_single_commit(repo)?,
     };
-    let commit = probe.commit(&checksum)?;
+    let commit = generation.commit(&checksum)?;
     check_root_objects(repo, &commit)?;
     let names = derive_refs(&commit, &req.refs)?;
     for name in &names {
@@ -388,13 +389,13 @@ fn derive_into(
 fn snapshot_into(
     repo: &Path,
     existing: &[FoundRef],
-    probe: &Generation,
+    generation: &Generation,
     tmp: &Path,
     pin_summary: bool,
 ) -> Result<(Refs, Vec<Checksum>)> {
     let mut refs = Vec::new();
     for r in existing {
-        if let Err(e) = probe.commit(&r.commit) {
+        if let Err(e) = generation.commit(&r.commit) {
             tracing::warn!(r#ref = r.name, commit = %r.commit, "not publishing the ref: {e:#}");
             continue;
         }
@@ -428,41 +429,40 @@ fn snapshot_into(
         .chain(parsed.collection_map.values().flatten());
     let listed = listed
         .map(|r| r.commit)
-        .filter(|c| probe.commit(c).is_ok())
+        .filter(|c| generation.commit(c).is_ok())
         .collect();
     Ok((refs, listed))
 }
 
-/// Validates an overlay built in `building` and commits it as the next
-/// generation, serving only the objects in `verified`; on any error it is
-/// removed.
+/// Finishes the generation built in `building`, serving `refs` and only
+/// the objects in `verified`: checks it, generates its summary, installs
+/// and verifies its signatures, then commits it. On any error its overlay
+/// is removed.
 fn finish_generation(
     result: Result<(Refs, VerifiedSet)>,
-    sources: Vec<PathBuf>,
-    building: Building,
+    mut building: Building,
     sigs: &SignatureOptions,
 ) -> Result<Generation> {
     let (refs, verified) = result?;
-    // Validate the overlay before it becomes a generation: a broken repo
-    // fails here, not on the first client.
-    let mut probe = Generation::new(0, sources.clone(), building.path().to_owned(), refs.clone());
-    probe.gate = ObjectGate::Only(Arc::new(verified));
+    let generation = building.generation_mut();
+    generation.gate = ObjectGate::Only(Arc::new(verified));
     // A pinned summary (a `--repo`'s own) is served as it is: it does not
     // say to look in delta indexes, and stock ostree would then try a
     // generated delta's superblock unlisted, which a signed summary forbids.
-    probe.index_deltas = several_commits(&refs) && !probe.has_pinned_summary()?;
-    anyhow::ensure!(!probe.refs()?.is_empty(), "nothing to publish: no refs");
-    probe
+    generation.index_deltas = several_commits(&refs) && !generation.has_pinned_summary()?;
+    generation.derived_refs = refs;
+    // A broken repo fails here, not on the first client.
+    anyhow::ensure!(
+        !generation.refs()?.is_empty(),
+        "nothing to publish: no refs"
+    );
+    // Generated here, once: the first summary request finds it cached.
+    generation
         .generated_summary()
         .context("generating the summary")?;
     // Signatures last: they sign (and verify) the final refs and summary.
-    let report = signing::apply(&probe, sigs, std::time::SystemTime::now())?;
-    let mut generation = building.commit(sources, refs)?;
-    generation.signatures = report;
-    generation.gate = probe.gate.clone();
-    generation.index_deltas = probe.index_deltas;
-    generation.adopt_summary(&probe);
-    Ok(generation)
+    generation.signatures = signing::apply(generation, sigs, std::time::SystemTime::now())?;
+    Ok(building.commit())
 }
 
 /// Whether the refs name more than one commit: then the server may
@@ -535,11 +535,13 @@ pub fn publish_releases_signed(
     sigs: &SignatureOptions,
 ) -> Result<Generation> {
     anyhow::ensure!(!releases.is_empty(), "no releases to publish");
-    let building = state.begin()?;
-    let tmp = building.path().to_owned();
     let sources: Vec<PathBuf> = releases.iter().map(|r| r.repo.clone()).collect();
+    let mut building = state.begin(sources)?;
+    // Staged by the server, and never written again while served.
+    building.generation_mut().fixed_sources = true;
+    let tmp = building.path().to_owned();
+    let generation = building.generation();
     let result = (|| -> Result<(Refs, VerifiedSet)> {
-        let probe = Generation::new(0, sources.clone(), tmp.clone(), Vec::new());
         let mut any_config = false;
         let mut claims: std::collections::BTreeMap<String, Commit> =
             std::collections::BTreeMap::new();
@@ -563,7 +565,7 @@ pub fn publish_releases_signed(
                     list_some(many)
                 ),
             }
-            let commit = probe
+            let commit = generation
                 .commit(&r.commit)
                 .with_context(|| format!("image {}", r.image))?;
             check_root_objects(&r.repo, &commit)?;
@@ -613,10 +615,7 @@ pub fn publish_releases_signed(
             set,
         ))
     })();
-    let mut generation = finish_generation(result, sources, building, sigs)?;
-    // Staged by the server, and never written again while served.
-    generation.fixed_sources = true;
-    Ok(generation)
+    finish_generation(result, building, sigs)
 }
 
 /// What a generation of `releases` serves: each labelled commit's closure,

@@ -155,15 +155,17 @@ pub struct Generation {
     /// (`summary.rs`).
     summary_look: Mutex<()>,
     /// The overlay's refs, listed once. An overlay is written while it is
-    /// being built (refs, config, signatures: `state::Building`) and never
-    /// once a `Generation` serves it, so one listing holds for its life;
-    /// listing again was most of a generated summary's recheck.
+    /// being built (refs, config, signatures: `state::Building`), where
+    /// publication lists them only once the refs are all written, and
+    /// never once a `Generation` serves it, so one listing holds for its
+    /// life; listing again was most of a generated summary's recheck.
     refs: std::sync::OnceLock<Vec<FoundRef>>,
     commits: Mutex<BTreeMap<Checksum, Commit>>,
     metadata: MetadataCache,
     objects: objects::ObjectRoots,
-    /// Unique in this process (ids restart with a state dir, and probes
-    /// use 0): what the object cache keys this generation's entries by.
+    /// Unique in this process (ids restart with a state dir, and a
+    /// process may open several: a site mirror's, `sign`'s scratch one):
+    /// what the object cache keys this generation's entries by.
     pub cache_key: u64,
     /// The summary says `ostree.summary.indexed-deltas`: set by
     /// publication when the refs name several commits, whether or not
@@ -171,9 +173,9 @@ pub struct Generation {
     /// the same when generated deltas are published later.
     pub index_deltas: bool,
     /// Deltas the server generated between the releases (`crate::deltas`),
-    /// listed only in their delta indexes; `None` in a generation as
-    /// published from its source.
-    pub deltas: Option<Arc<crate::deltas::PublishedDeltas>>,
+    /// listed only in their delta indexes; unset in a generation as
+    /// published from its source ([`Self::attach_deltas`]).
+    deltas: std::sync::OnceLock<Arc<crate::deltas::PublishedDeltas>>,
     /// Its sources are images the server staged, which nothing writes once
     /// they are published, so the generated summary's inputs are fixed for
     /// its life: it is generated once, never rechecked. A `--repo` or an
@@ -230,32 +232,24 @@ impl Generation {
             objects: Default::default(),
             cache_key: NEXT_CACHE_KEY.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             index_deltas: false,
-            deltas: None,
+            deltas: std::sync::OnceLock::new(),
             fixed_sources: false,
         }
     }
 
-    /// `base` again, plus the deltas generated for it: the same sources,
-    /// overlay, refs, signatures and verified objects, so the same summary
-    /// bytes and the same object cache entries. `base` is kept alive by
-    /// the new generation (its overlay and staged images are shared).
-    pub fn with_deltas(base: Arc<Generation>, deltas: crate::deltas::PublishedDeltas) -> Self {
-        let mut g = Self::new(
-            base.id,
-            base.sources.clone(),
-            base.overlay.clone(),
-            base.derived_refs.clone(),
-        );
-        g.published = base.published;
-        g.signatures = base.signatures.clone();
-        g.gate = base.gate.clone();
-        g.cache_key = base.cache_key;
-        g.index_deltas = base.index_deltas;
-        g.deltas = Some(Arc::new(deltas));
-        g.fixed_sources = base.fixed_sources;
-        g.adopt_summary(&base);
-        g.keepalive.push(Box::new(base));
-        g
+    /// The deltas generated for it (`crate::deltas`), once compiled and
+    /// verified: served from then on beside what it published. Neither
+    /// the summary nor its signature changes (they are listed in delta
+    /// indexes only), nor anything the object cache holds for it, so the
+    /// generation stays the one being served. `false` if it has deltas
+    /// already.
+    pub fn attach_deltas(&self, deltas: crate::deltas::PublishedDeltas) -> bool {
+        self.deltas.set(Arc::new(deltas)).is_ok()
+    }
+
+    /// The deltas generated for it, if any are attached yet.
+    pub fn deltas(&self) -> Option<&Arc<crate::deltas::PublishedDeltas>> {
+        self.deltas.get()
     }
 
     /// The first of `order`'s roots holding `rel`, opened: one `openat2`
@@ -293,7 +287,7 @@ impl Generation {
     pub fn locate(&self, path: &RepoPath, nonblocking: bool) -> Result<Located> {
         // Generated deltas were verified before they were published, and
         // their indexes are made from what verified.
-        if let Some(d) = &self.deltas {
+        if let Some(d) = self.deltas.get() {
             match d.resolve(path) {
                 Some(Resolved::File { layer, root, rel }) => {
                     let Some(dir) = d.dir_fd(path) else {
@@ -539,11 +533,24 @@ impl Generation {
         Ok(self.refs.get_or_init(|| listed).clone())
     }
 
-    /// Loads and verifies a commit object (its bytes must hash to its name).
+    /// Loads and verifies a commit object (its bytes must hash to its
+    /// name), and keeps it for the generation's life: the commits its refs
+    /// and summary name, read at publication and again for each summary.
     pub fn commit(&self, c: &Checksum) -> Result<Commit> {
         if let Some(hit) = self.commits.lock().expect("poisoned").get(c) {
             return Ok(hit.clone());
         }
+        let commit = self.read_commit(c)?;
+        self.commits
+            .lock()
+            .expect("poisoned")
+            .insert(*c, commit.clone());
+        Ok(commit)
+    }
+
+    /// [`Self::commit`] without keeping it: for a look at every commit of
+    /// a source, of which the generation serves a few.
+    pub fn read_commit(&self, c: &Checksum) -> Result<Commit> {
         let rel = ObjectName::new(*c, ObjectKind::Commit).path();
         let (bytes, _) = self
             .all_roots()
@@ -561,10 +568,6 @@ impl Generation {
             }
             .into());
         }
-        self.commits
-            .lock()
-            .expect("poisoned")
-            .insert(*c, commit.clone());
         Ok(commit)
     }
 

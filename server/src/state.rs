@@ -1,10 +1,10 @@
-//! The state dir and the one lifecycle of a generation's overlay: begin a
-//! directory, build it, commit it into place; removed if never committed,
-//! and removed again when the generation it became is retired.
+//! The state dir and the one lifecycle of a generation: begin it (its
+//! overlay directory created empty), build it, commit it (hand it over to
+//! be served); its overlay is removed if it is never committed, and again
+//! when the generation is retired.
 
 use crate::served::Generation;
 use anyhow::{bail, Context, Result};
-use oscontent_format::Checksum;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -48,9 +48,10 @@ impl StateDir {
         &self.root
     }
 
-    /// A fresh, empty overlay directory for the next generation.
-    pub fn begin(&self) -> Result<Building> {
-        self.generations.begin()
+    /// The next generation, serving `sources`, with a fresh, empty
+    /// overlay to build.
+    pub fn begin(&self, sources: Vec<PathBuf>) -> Result<Building> {
+        self.generations.begin(sources)
     }
 }
 
@@ -62,7 +63,8 @@ pub struct Generations {
 }
 
 impl Generations {
-    /// Opens `dir` empty: overlays an earlier process left are removed (a
+    /// Opens `dir` empty: overlays an earlier process left are removed,
+    /// whether it had committed them or was still building them (a
     /// half-written one must never be served).
     pub fn open(dir: PathBuf) -> Result<Self> {
         if dir.exists() {
@@ -76,36 +78,40 @@ impl Generations {
         })
     }
 
-    /// Creates the next generation's overlay under a temporary name.
-    pub fn begin(&self) -> Result<Building> {
+    /// The next generation, serving `sources`, its overlay created empty
+    /// under its final name. Nothing renames it later: what keeps a
+    /// half-built overlay from being served is that only
+    /// [`Building::commit`] hands its generation out, and what keeps one
+    /// from outliving a crash is [`Self::open`], which removes every
+    /// overlay an earlier process left.
+    pub fn begin(&self, sources: Vec<PathBuf>) -> Result<Building> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let tmp = self.dir.join(format!("{id}.tmp"));
+        let dir = self.dir.join(id.to_string());
         // Owned from here: an error below removes it.
-        let guard = OverlayGuard(tmp.clone());
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        let guard = OverlayGuard(dir.clone());
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         Ok(Building {
-            id,
-            dir: self.dir.join(id.to_string()),
+            generation: Generation::new(id, sources, dir, Vec::new()),
             guard,
         })
     }
 }
 
-/// A generation's overlay being built, not yet visible; removed when
-/// dropped uncommitted.
+/// A generation being built, not yet visible: publication reads its
+/// commits through it, writes its overlay, sets what it serves (refs,
+/// gate, signatures), generates and signs its summary, then commits it.
+/// Dropped uncommitted, its overlay is removed.
 #[derive(Debug)]
 pub struct Building {
-    id: u64,
-    /// Where it goes when committed.
-    dir: PathBuf,
-    /// Holds the temporary directory.
+    generation: Generation,
+    /// Holds the overlay directory.
     guard: OverlayGuard,
 }
 
 impl Building {
     pub fn id(&self) -> u64 {
-        self.id
+        self.generation.id
     }
 
     /// The overlay to write into.
@@ -113,20 +119,30 @@ impl Building {
         &self.guard.0
     }
 
-    /// Renames the overlay into place and makes it a generation serving
-    /// `sources`, which removes the overlay when it is dropped: after a
-    /// newer one is published and the last request on this one is done.
-    pub fn commit(
-        mut self,
-        sources: Vec<PathBuf>,
-        refs: Vec<(String, Checksum)>,
-    ) -> Result<Generation> {
-        std::fs::rename(self.path(), &self.dir)
-            .with_context(|| format!("renaming {} into place", self.path().display()))?;
-        self.guard.0 = self.dir.clone();
-        let mut generation = Generation::new(self.id, sources, self.dir, refs);
-        generation.keepalive.push(Box::new(self.guard));
-        Ok(generation)
+    /// The generation as built so far. Its refs are listed once, at the
+    /// first [`Generation::refs`], and its summary generated at the first
+    /// ask: publication asks for either only once the overlay's refs are
+    /// all written.
+    pub fn generation(&self) -> &Generation {
+        &self.generation
+    }
+
+    pub fn generation_mut(&mut self) -> &mut Generation {
+        &mut self.generation
+    }
+
+    /// Hands the generation over, ready to serve, with what was cached
+    /// while it was built (refs, summary, commits, open roots). Its
+    /// overlay is removed when it is dropped: after a newer one is
+    /// published and the last request on this one is done.
+    pub fn commit(self) -> Generation {
+        let Self {
+            mut generation,
+            guard,
+        } = self;
+        generation.published = std::time::SystemTime::now();
+        generation.keepalive.push(Box::new(guard));
+        generation
     }
 }
 
@@ -204,23 +220,45 @@ mod tests {
     fn an_uncommitted_overlay_is_removed_and_a_committed_one_outlives_it_until_retired() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let gens = Generations::open(tmp.path().join("g")).expect("open");
-        let building = gens.begin().expect("begin");
+        let building = gens.begin(Vec::new()).expect("begin");
         let scratch = building.path().to_owned();
         assert!(scratch.is_dir());
         drop(building);
         assert!(!scratch.exists(), "an abandoned build is removed");
 
-        let building = gens.begin().expect("begin");
+        let building = gens.begin(Vec::new()).expect("begin");
         assert_eq!(building.id(), 2);
-        std::fs::write(building.path().join("config"), b"x").expect("write");
-        let generation = building.commit(Vec::new(), Vec::new()).expect("commit");
-        let overlay = generation.overlay.clone();
+        let overlay = building.path().to_owned();
         assert_eq!(overlay, tmp.path().join("g/2"));
+        std::fs::write(overlay.join("config"), b"x").expect("write");
+        let generation = building.commit();
+        assert_eq!(generation.id, 2);
+        assert_eq!(generation.overlay, overlay, "served where it was built");
         assert!(overlay.join("config").is_file());
         drop(generation);
         assert!(
             !overlay.exists(),
             "a retired generation's overlay is removed"
         );
+    }
+
+    /// What a process left in the generations directory, committed or
+    /// half-built, is gone when the next one opens it.
+    #[test]
+    fn opening_removes_every_overlay_an_earlier_process_left() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("g");
+        let gens = Generations::open(dir.clone()).expect("open");
+        let served = gens.begin(Vec::new()).expect("begin").commit();
+        let half_built = gens.begin(Vec::new()).expect("begin");
+        std::fs::write(half_built.path().join("config"), b"x").expect("write");
+        // A crash: neither is dropped.
+        std::mem::forget(served);
+        std::mem::forget(half_built);
+        assert_eq!(std::fs::read_dir(&dir).expect("list").count(), 2);
+
+        let gens = Generations::open(dir.clone()).expect("reopen");
+        assert_eq!(std::fs::read_dir(&dir).expect("list").count(), 0);
+        assert_eq!(gens.begin(Vec::new()).expect("begin").id(), 1);
     }
 }

@@ -5,8 +5,8 @@
 //! the pairs (`select.rs`), reuses those already in the store
 //! (`store.rs`, kept across restarts and SIGHUP, verified again), compiles
 //! the others with libostree into a scratch repo in the state dir
-//! (`generate.rs`), verifies each like any delta, and publishes the same
-//! generation again with the deltas: listed only in delta indexes, so the
+//! (`generate.rs`), verifies each like any delta, and attaches the deltas
+//! to the generation being served: listed only in delta indexes, so the
 //! summary's bytes and signature do not change. Serving never waits for
 //! it; a delta that fails is logged and counted, and nodes fetch objects.
 //!
@@ -92,7 +92,7 @@ pub async fn run(opts: DeltaOptions, sink: Arc<Sink>) {
         let Some(base) = rx.borrow_and_update().clone() else {
             continue;
         };
-        if base.deltas.is_some() {
+        if base.deltas().is_some() {
             continue;
         }
         let deltas = match on_thread(&opts, &store, &base, sink.metrics()).await {
@@ -107,8 +107,7 @@ pub async fn run(opts: DeltaOptions, sink: Arc<Sink>) {
             continue;
         }
         let n = deltas.len();
-        let derived = Generation::with_deltas(base.clone(), PublishedDeltas::new(deltas));
-        if sink.publish_derived(&base, derived) {
+        if sink.publish_deltas(&base, PublishedDeltas::new(deltas)) {
             tracing::info!(deltas = n, generation = base.id, "published static deltas");
         } else {
             tracing::info!(

@@ -339,4 +339,49 @@ mod tests {
         assert_ne!(a, b);
         assert_ne!(a, unsigned);
     }
+
+    /// Deltas are attached to the generation being served, once, and
+    /// only while it is served: it then answers their indexes, keeps the
+    /// summary it was published with, and the metric counts them.
+    #[tokio::test]
+    async fn deltas_attach_to_the_generation_being_served_and_only_to_it() {
+        use crate::serve::sink::Sink;
+        use crate::served::{Generation, Resolved};
+        let overlay = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(overlay.path().join("refs/heads")).unwrap();
+        let sink = Sink::default();
+        let index = RepoPath::DeltaIndex { to: c(3) };
+        let indexed = |g: &Generation| matches!(g.resolve(&index).unwrap(), Resolved::Generated(_));
+        let published = || sink.metrics().deltas_published.get();
+        let deltas = || PublishedDeltas::new(vec![stored(1, 3), stored(2, 3)]);
+
+        let unserved = Arc::new(Generation::new(1, vec![], overlay.path().into(), vec![]));
+        assert!(!sink.publish_deltas(&unserved, deltas()));
+        assert!(
+            unserved.deltas().is_none(),
+            "not attached to what is not served"
+        );
+
+        sink.publish(Generation::new(2, vec![], overlay.path().into(), vec![]))
+            .await;
+        let served = sink.current().unwrap();
+        let summary = served.served_summary().unwrap();
+        assert!(!indexed(&served));
+        assert!(sink.publish_deltas(&served, deltas()));
+        assert!(
+            indexed(&served),
+            "the generation served answers its indexes"
+        );
+        assert_eq!(published(), 2);
+        assert!(Arc::ptr_eq(&sink.current().unwrap(), &served));
+        assert_eq!(served.served_summary().unwrap(), summary);
+        assert!(!sink.publish_deltas(&served, PublishedDeltas::new(vec![stored(1, 2)])));
+        assert_eq!(served.deltas().map(|d| d.len()), Some(2), "attached once");
+
+        sink.publish(Generation::new(3, vec![], overlay.path().into(), vec![]))
+            .await;
+        assert_eq!(published(), 0, "the new generation has none yet");
+        assert!(!sink.publish_deltas(&served, deltas()), "no longer served");
+        assert_eq!(published(), 0);
+    }
 }

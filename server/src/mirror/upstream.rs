@@ -217,19 +217,19 @@ impl SiteMirror {
     /// A generation serving the store with `meta`'s refs, config, summary
     /// and signature in a fresh overlay.
     fn build_generation(&self, meta: &Metadata) -> Result<Generation> {
-        let building = self.generations.begin()?;
+        let mut building = self.generations.begin(vec![self.repo()])?;
         write_overlay(building.path(), meta)?;
         // The same checks as any publication: the summary it will serve is
         // the one mirrored, and every ref's commit loads.
-        let probe = Generation::new(0, vec![self.repo()], building.path().to_owned(), Vec::new());
-        let served = probe.resolve(&oscontent_format::RepoPath::Summary)?;
+        let generation = building.generation();
+        let served = generation.resolve(&oscontent_format::RepoPath::Summary)?;
         anyhow::ensure!(
             matches!(served, crate::served::Resolved::File { .. }),
             "internal: the mirrored summary is not what the generation serves"
         );
         let mut refs = Vec::new();
-        for r in probe.refs()? {
-            probe.commit(&r.commit)?;
+        for r in generation.refs()? {
+            generation.commit(&r.commit)?;
             let name = match r.namespace {
                 RefNamespace::Heads => r.name,
                 RefNamespace::Mirrors => format!("(mirror) {}", r.name),
@@ -237,10 +237,11 @@ impl SiteMirror {
             refs.push((name, r.commit));
         }
         anyhow::ensure!(!refs.is_empty(), "nothing to publish: no refs");
-        let mut generation = building.commit(vec![self.repo()], refs)?;
+        let generation = building.generation_mut();
+        generation.derived_refs = refs;
         // The store only holds files renamed into place after they verified.
         generation.gate = crate::verify::ObjectGate::VerifiedStore;
-        Ok(generation)
+        Ok(building.commit())
     }
 }
 

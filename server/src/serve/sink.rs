@@ -8,7 +8,7 @@ use crate::cache::{warm, ObjectCache};
 use crate::metrics::{gauge_value, Metrics};
 use crate::served::Generation;
 use arc_swap::ArcSwapOption;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 /// The outcome of one source check, the `result` label of
 /// `oscontent_source_checks_total`.
@@ -38,6 +38,10 @@ pub struct Sink {
     published: tokio::sync::watch::Sender<Option<Arc<Generation>>>,
     /// The HTTP side's object cache, warmed at each publication.
     cache: OnceLock<Arc<ObjectCache>>,
+    /// Held while the served generation changes, or what it serves does,
+    /// and the metrics that describe it are set: they then describe the
+    /// generation served, whichever of two publishers came last.
+    serving: Mutex<()>,
 }
 
 impl Default for Sink {
@@ -53,6 +57,7 @@ impl Sink {
             metrics,
             published: tokio::sync::watch::Sender::new(None),
             cache: OnceLock::new(),
+            serving: Mutex::new(()),
         }
     }
 
@@ -86,30 +91,37 @@ impl Sink {
     }
 
     fn store(&self, generation: Arc<Generation>) {
+        let _serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);
         self.metrics
             .published_refs
             .set(generation.derived_refs.len() as i64);
         self.metrics.generation.set(generation.id as i64);
-        let deltas = generation.deltas.as_ref().map_or(0, |d| d.len());
-        self.metrics.deltas_published.set(deltas as i64);
+        self.set_deltas_published(&generation);
         self.current.store(Some(generation));
         self.metrics.ready.set(1);
     }
 
-    /// Replaces `base` with `derived` (the same content plus what was
-    /// generated for it), unless another generation replaced it first.
-    pub fn publish_derived(&self, base: &Arc<Generation>, derived: Generation) -> bool {
-        let cur = self.current.load();
-        if !cur.as_ref().is_some_and(|c| Arc::ptr_eq(c, base)) {
+    fn set_deltas_published(&self, generation: &Generation) {
+        let deltas = generation.deltas().map_or(0, |d| d.len());
+        self.metrics.deltas_published.set(deltas as i64);
+    }
+
+    /// Serves `deltas` with `base` (generated for it), unless another
+    /// generation replaced it first or it has deltas already.
+    pub fn publish_deltas(
+        &self,
+        base: &Arc<Generation>,
+        deltas: crate::deltas::PublishedDeltas,
+    ) -> bool {
+        let _serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.current.load();
+        if !current.as_ref().is_some_and(|c| Arc::ptr_eq(c, base)) {
             return false;
         }
-        let derived = Arc::new(derived);
-        let prev = self.current.compare_and_swap(&cur, Some(derived.clone()));
-        if !prev.as_ref().is_some_and(|p| Arc::ptr_eq(p, base)) {
+        if !base.attach_deltas(deltas) {
             return false;
         }
-        // Already current: store() only brings the metrics up to date.
-        self.store(derived);
+        self.set_deltas_published(base);
         true
     }
 
@@ -118,12 +130,13 @@ impl Sink {
     /// found changed under it (see [`super::refresher::Publisher::discredits`]):
     /// serving it on would serve what no longer verifies.
     pub fn withdraw(&self) {
+        let _serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);
         self.current.store(None);
         self.metrics.ready.set(0);
     }
 
-    /// Every generation publishers publish from now on (not the derived
-    /// ones).
+    /// Every generation publishers publish from now on (not again when
+    /// deltas are attached to one).
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<Option<Arc<Generation>>> {
         self.published.subscribe()
     }

@@ -210,21 +210,6 @@ impl Generation {
         Ok(Some(h.finalize().into()))
     }
 
-    /// Starts from the summary `from` generated, as of when it looked, and
-    /// the refs it listed: for a generation serving the same sources,
-    /// overlay and gate (publication's probe, or the base of
-    /// [`Generation::with_deltas`]). Without it the first summary request
-    /// of a new generation took the blocking pool to build again what
-    /// publication had just built, and every node of a wave that asked
-    /// before it finished did the same.
-    pub fn adopt_summary(&self, from: &Generation) {
-        if let Some(refs) = from.refs.get() {
-            let _ = self.refs.set(refs.clone());
-        }
-        let cached = from.summary.lock().expect("poisoned").clone();
-        *self.summary.lock().expect("poisoned") = cached;
-    }
-
     /// The cached summary if it needs no look now.
     fn recent(&self) -> Option<Generated> {
         let cache = self.summary.lock().expect("poisoned");

@@ -41,12 +41,12 @@ impl SignatureOptions {
     }
 }
 
-/// Installs signatures into `probe`'s overlay (a generation being built,
-/// not yet visible): bundle and `--sign-key` signatures merged with what the
+/// Installs signatures into the overlay of `generation` (being built, not
+/// yet visible): bundle and `--sign-key` signatures merged with what the
 /// source carries, then, with trusted keys, verifies every ref's commit and
 /// the summary. Writes only into the overlay.
 pub fn apply(
-    probe: &Generation,
+    generation: &Generation,
     opts: &SignatureOptions,
     now: SystemTime,
 ) -> Result<SignatureReport> {
@@ -66,18 +66,18 @@ pub fn apply(
             .trusted
             .as_deref()
             .map(|k| (k.as_slice(), bundle.as_ref()));
-        refuse_unpinned(probe, Signer::SignKey, pins, trusted, now)?;
+        refuse_unpinned(generation, Signer::SignKey, pins, trusted, now)?;
     }
-    let refs = published_refs(probe)?;
-    install_commit_signatures(probe, &refs, bundle.as_ref(), opts.sign_key.as_deref())?;
-    let summary = probe.served_summary()?;
+    let refs = published_refs(generation)?;
+    install_commit_signatures(generation, &refs, bundle.as_ref(), opts.sign_key.as_deref())?;
+    let summary = generation.served_summary()?;
     let digest = Checksum::digest(&summary);
     report.summary_digest = Some(digest);
-    install_summary_signature(probe, &summary, &digest, bundle.as_ref(), opts)?;
+    install_summary_signature(generation, &summary, &digest, bundle.as_ref(), opts)?;
     if let Some(trusted) = &opts.trusted {
-        verify_generation(probe, &refs, &summary, trusted, now, &mut report)?;
+        verify_generation(generation, &refs, &summary, trusted, now, &mut report)?;
     }
-    report.summary_signed = served_summary_sig(probe, &digest)?.is_some();
+    report.summary_signed = served_summary_sig(generation, &digest)?.is_some();
     Ok(report)
 }
 
@@ -88,13 +88,13 @@ pub fn apply(
 /// signature those keys verify among the ones it carries already (the
 /// source's detached metadata, the bundle's). `sign` and `serve` both ask.
 pub fn refuse_unpinned(
-    probe: &Generation,
+    generation: &Generation,
     signer: Signer,
     pins: &BTreeSet<Checksum>,
     trusted: Option<(&[Cert], Option<&SignatureBundle>)>,
     now: SystemTime,
 ) -> Result<()> {
-    let summary = probe.served_summary()?;
+    let summary = generation.served_summary()?;
     let listed = oscontent_format::parse_summary(&summary).context("parsing the served summary")?;
     let mut named: BTreeMap<Checksum, String> = BTreeMap::new();
     let in_summary = listed
@@ -106,14 +106,14 @@ pub fn refuse_unpinned(
             .entry(r.commit)
             .or_insert_with(|| format!("summary ref {}", r.name));
     }
-    for r in probe.refs()? {
+    for r in generation.refs()? {
         named.insert(r.commit, format!("ref {}", r.name));
     }
     let mut reasons = Vec::new();
     for (commit, what) in &named {
         let trusted_signature = !pins.contains(commit)
             && trusted.is_some_and(|(keys, bundle)| {
-                carries_trusted_signature(probe, commit, bundle, keys, now)
+                carries_trusted_signature(generation, commit, bundle, keys, now)
             });
         let named = Named::Commit {
             commit,
@@ -134,7 +134,7 @@ pub fn refuse_unpinned(
 /// Whether the signatures `commit` carries before this server signs it
 /// (the source's and the bundle's) include one `trusted` verifies.
 fn carries_trusted_signature(
-    probe: &Generation,
+    generation: &Generation,
     commit: &Checksum,
     bundle: Option<&SignatureBundle>,
     trusted: &[Cert],
@@ -142,9 +142,9 @@ fn carries_trusted_signature(
 ) -> bool {
     let from_bundle = bundle.and_then(|b| b.commitmeta.get(commit));
     let check = || -> Result<bool> {
-        let meta = merged_commitmeta(probe, commit, from_bundle, &[])?;
+        let meta = merged_commitmeta(generation, commit, from_bundle, &[])?;
         let sigs = parse_gpgsigs(&meta)?;
-        let bytes = probe.commit_bytes(commit)?;
+        let bytes = generation.commit_bytes(commit)?;
         Ok(openpgp::verify_detached(trusted, &bytes, &sigs, now).is_ok())
     };
     check().unwrap_or_else(|e| {
@@ -168,7 +168,7 @@ fn load_configured_bundle(dir: &Path) -> Result<Option<SignatureBundle>> {
 /// with whatever the source carries now, plus a `--sign-key` signature.
 /// A commit neither signs keeps the source's, unwritten.
 fn install_commit_signatures(
-    probe: &Generation,
+    generation: &Generation,
     refs: &BTreeMap<String, Checksum>,
     bundle: Option<&SignatureBundle>,
     sign_key: Option<&Cert>,
@@ -181,7 +181,7 @@ fn install_commit_signatures(
         let from_bundle = bundle.and_then(|b| b.commitmeta.get(commit));
         let mut add = Vec::new();
         if let Some(tsk) = sign_key {
-            let bytes = probe.commit_bytes(commit)?;
+            let bytes = generation.commit_bytes(commit)?;
             add.push(
                 openpgp::sign_detached(tsk, &bytes)
                     .with_context(|| format!("signing commit {commit}"))?,
@@ -190,9 +190,9 @@ fn install_commit_signatures(
         if from_bundle.is_none() && add.is_empty() {
             continue;
         }
-        let merged = merged_commitmeta(probe, commit, from_bundle, &add)?;
+        let merged = merged_commitmeta(generation, commit, from_bundle, &add)?;
         let rel = ObjectName::new(*commit, ObjectKind::CommitMeta).path();
-        write_overlay(&probe.overlay, &rel, &merged)?;
+        write_overlay(&generation.overlay, &rel, &merged)?;
     }
     if let Some(b) = bundle {
         for c in b.commitmeta.keys().filter(|c| !installed.contains(c)) {
@@ -205,12 +205,12 @@ fn install_commit_signatures(
 /// One commit's detached metadata as it will be served: the bundle's with
 /// the source's signatures merged in (or the source's alone), plus `add`.
 fn merged_commitmeta(
-    probe: &Generation,
+    generation: &Generation,
     commit: &Checksum,
     from_bundle: Option<&Vec<u8>>,
     add: &[Vec<u8>],
 ) -> Result<Vec<u8>> {
-    let source = probe.source_commitmeta(commit)?;
+    let source = generation.source_commitmeta(commit)?;
     let merged = match from_bundle {
         Some(b) => {
             let source_sigs = match &source {
@@ -233,7 +233,7 @@ fn merged_commitmeta(
 /// kept alongside the source's own `summary.sig` (which signs the same
 /// summary when the source's summary is the one served).
 fn install_summary_signature(
-    probe: &Generation,
+    generation: &Generation,
     summary: &[u8],
     digest: &Checksum,
     bundle: Option<&SignatureBundle>,
@@ -258,7 +258,7 @@ fn install_summary_signature(
     if sigs.is_empty() {
         return Ok(());
     }
-    let existing = source_summary_sig(probe)?.filter(|b| match parse_gpgsigs(b) {
+    let existing = source_summary_sig(generation)?.filter(|b| match parse_gpgsigs(b) {
         Ok(_) => true,
         Err(e) => {
             tracing::warn!("ignoring the source's unreadable summary.sig: {e}");
@@ -266,12 +266,12 @@ fn install_summary_signature(
         }
     });
     let merged = merge_gpgsigs(existing.as_deref(), &sigs)?;
-    write_overlay(&probe.overlay, &summary_sig_path(digest), &merged)
+    write_overlay(&generation.overlay, &summary_sig_path(digest), &merged)
 }
 
 /// The source's `summary.sig`, when the source's own summary is served.
-fn source_summary_sig(probe: &Generation) -> Result<Option<Vec<u8>>> {
-    let [source] = probe.sources.as_slice() else {
+fn source_summary_sig(generation: &Generation) -> Result<Option<Vec<u8>>> {
+    let [source] = generation.sources.as_slice() else {
         return Ok(None);
     };
     if fsutil::open_file(source, "summary")?.is_none() {
@@ -284,13 +284,15 @@ fn source_summary_sig(probe: &Generation) -> Result<Option<Vec<u8>>> {
 
 /// The summary.sig the generation will serve, by the same rule as
 /// `Generation::resolve`.
-fn served_summary_sig(probe: &Generation, digest: &Checksum) -> Result<Option<Vec<u8>>> {
-    if let Some((b, _)) =
-        fsutil::read_file(&probe.overlay, &summary_sig_path(digest), MAX_METADATA_FILE)?
-    {
+fn served_summary_sig(generation: &Generation, digest: &Checksum) -> Result<Option<Vec<u8>>> {
+    if let Some((b, _)) = fsutil::read_file(
+        &generation.overlay,
+        &summary_sig_path(digest),
+        MAX_METADATA_FILE,
+    )? {
         return Ok(Some(b));
     }
-    source_summary_sig(probe)
+    source_summary_sig(generation)
 }
 
 fn write_overlay(overlay: &Path, rel: &str, bytes: &[u8]) -> Result<()> {
@@ -303,7 +305,7 @@ fn write_overlay(overlay: &Path, rel: &str, bytes: &[u8]) -> Result<()> {
 
 /// Verifies every ref's commit and the summary as they will be served.
 fn verify_generation(
-    probe: &Generation,
+    generation: &Generation,
     refs: &BTreeMap<String, Checksum>,
     summary: &[u8],
     trusted: &[Cert],
@@ -322,7 +324,7 @@ fn verify_generation(
         }
         let outcome = by_commit
             .entry(*commit)
-            .or_insert_with(|| verify_commit(probe, commit, trusted, now));
+            .or_insert_with(|| verify_commit(generation, commit, trusted, now));
         match outcome {
             Ok(v) => report
                 .verified_refs
@@ -331,7 +333,7 @@ fn verify_generation(
         }
     }
     let digest = Checksum::digest(summary);
-    let summary_sigs = match served_summary_sig(probe, &digest)? {
+    let summary_sigs = match served_summary_sig(generation, &digest)? {
         Some(b) => parse_gpgsigs(&b).map_err(|e| format!("summary.sig is malformed: {e}")),
         None => Ok(Vec::new()),
     };
@@ -357,13 +359,15 @@ fn verify_generation(
 }
 
 fn verify_commit(
-    probe: &Generation,
+    generation: &Generation,
     commit: &Checksum,
     trusted: &[Cert],
     now: SystemTime,
 ) -> Result<VerifiedSig, String> {
-    let bytes = probe.commit_bytes(commit).map_err(|e| format!("{e:#}"))?;
-    let sigs = match probe
+    let bytes = generation
+        .commit_bytes(commit)
+        .map_err(|e| format!("{e:#}"))?;
+    let sigs = match generation
         .served_commitmeta(commit)
         .map_err(|e| format!("{e:#}"))?
     {
