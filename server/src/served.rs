@@ -12,6 +12,7 @@
 //! an overlay is never written after it is published.
 
 pub mod body;
+pub mod deltas;
 pub mod memory;
 pub mod metadata;
 pub mod objects;
@@ -23,12 +24,13 @@ pub use summary::{summary_for, summary_sig_path};
 
 use crate::fsutil;
 use crate::prepared::Prepared;
+use crate::treewalk::MAX_DIR_ENTRIES;
 use crate::verify::ObjectGate;
 use anyhow::{Context, Result};
 use metadata::{MetadataCache, MetadataFile, MAX_COMMITMETA, MAX_REF};
 use oscontent_format::openpgp::VerifiedSig;
 use oscontent_format::{
-    self as format, Checksum, Commit, DeltaName, ObjectKind, ObjectName, RefNamespace, RepoPath,
+    self as format, Checksum, Commit, ObjectKind, ObjectName, RefNamespace, RepoPath,
 };
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -49,8 +51,6 @@ pub const PINNED_SUMMARY: &str = "summary";
 pub const STAGING_INDEX: &str = "staging-index";
 /// Bounds for walking refs and deltas (external input, invariant 5).
 pub const MAX_REFS: usize = 100_000;
-pub const MAX_DELTAS: usize = 10_000;
-const MAX_DIR_ENTRIES: usize = 1_000_000;
 
 static NEXT_CACHE_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -173,7 +173,7 @@ pub struct Generation {
     /// Deltas the server generated between the releases (`crate::deltas`),
     /// listed only in their delta indexes; `None` in a generation as
     /// published from its source.
-    pub deltas: Option<Arc<crate::deltas::PublishedDeltas>>,
+    pub deltas: Option<Arc<dyn deltas::ServedDeltas>>,
     /// Its sources are images the server staged, which nothing writes once
     /// they are published, so the generated summary's inputs are fixed for
     /// its life: it is generated once, never rechecked. A `--repo` or an
@@ -239,7 +239,7 @@ impl Generation {
     /// overlay, refs, signatures and verified objects, so the same summary
     /// bytes and the same object cache entries. `base` is kept alive by
     /// the new generation (its overlay and staged images are shared).
-    pub fn with_deltas(base: Arc<Generation>, deltas: crate::deltas::PublishedDeltas) -> Self {
+    pub fn with_deltas(base: Arc<Generation>, deltas: Arc<dyn deltas::ServedDeltas>) -> Self {
         let mut g = Self::new(
             base.id,
             base.sources.clone(),
@@ -251,7 +251,7 @@ impl Generation {
         g.gate = base.gate.clone();
         g.cache_key = base.cache_key;
         g.index_deltas = base.index_deltas;
-        g.deltas = Some(Arc::new(deltas));
+        g.deltas = Some(deltas);
         g.fixed_sources = base.fixed_sources;
         g.adopt_summary(&base);
         g.keepalive.push(Box::new(base));
@@ -566,28 +566,6 @@ impl Generation {
             .expect("poisoned")
             .insert(*c, commit.clone());
         Ok(commit)
-    }
-
-    pub(crate) fn list_deltas(root: &Path) -> Result<Vec<(DeltaName, String)>> {
-        let mut out = Vec::new();
-        let Some(prefixes) = fsutil::list_dir(root, "deltas", MAX_DIR_ENTRIES)? else {
-            return Ok(out);
-        };
-        for p in prefixes.into_iter().filter(|e| e.is_dir) {
-            let dir = format!("deltas/{}", p.name);
-            for d in fsutil::list_dir(root, &dir, MAX_DIR_ENTRIES)?.unwrap_or_default() {
-                let rel = format!("{dir}/{}/superblock", d.name);
-                if let Some(RepoPath::Delta { name, .. }) = RepoPath::parse(&rel) {
-                    out.push((name, rel));
-                }
-                anyhow::ensure!(
-                    out.len() <= MAX_DELTAS,
-                    "{} has more than {MAX_DELTAS} deltas",
-                    root.display()
-                );
-            }
-        }
-        Ok(out)
     }
 }
 

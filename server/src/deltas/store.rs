@@ -10,6 +10,7 @@
 //! restarts and SIGHUP and verified again before reuse; one is removed
 //! when a round finds no generation needs it.
 
+use crate::served::deltas::ServedDeltas;
 use crate::served::{Generated, Layer, Resolved};
 use crate::verify::{self, VerifiedSet};
 use anyhow::{Context, Result};
@@ -235,10 +236,10 @@ impl PublishedDeltas {
     pub fn is_empty(&self) -> bool {
         self.deltas.is_empty()
     }
+}
 
-    /// What a request path resolves to among these deltas, if it names
-    /// one of them or the index of one of their targets.
-    pub fn resolve(&self, path: &RepoPath) -> Option<Resolved> {
+impl ServedDeltas for PublishedDeltas {
+    fn resolve(&self, path: &RepoPath) -> Option<Resolved> {
         match path {
             RepoPath::Delta { name, .. } => self.deltas.get(name).map(|d| Resolved::File {
                 layer: Layer::Overlay,
@@ -250,12 +251,15 @@ impl PublishedDeltas {
         }
     }
 
-    /// The directory fd of the stored delta holding `path`.
-    pub fn dir_fd(&self, path: &RepoPath) -> Option<BorrowedFd<'_>> {
+    fn dir_fd(&self, path: &RepoPath) -> Option<BorrowedFd<'_>> {
         match path {
             RepoPath::Delta { name, .. } => self.deltas.get(name)?.dir_fd(),
             _ => None,
         }
+    }
+
+    fn count(&self) -> usize {
+        self.deltas.len()
     }
 }
 

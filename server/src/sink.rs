@@ -90,7 +90,7 @@ impl Sink {
             .published_refs
             .set(generation.derived_refs.len() as i64);
         self.metrics.generation.set(generation.id as i64);
-        let deltas = generation.deltas.as_ref().map_or(0, |d| d.len());
+        let deltas = generation.deltas.as_ref().map_or(0, |d| d.count());
         self.metrics.deltas_published.set(deltas as i64);
         self.current.store(Some(generation));
         self.metrics.ready.set(1);
@@ -115,7 +115,7 @@ impl Sink {
 
     /// Stops serving: from now on `/readyz` fails and repo paths answer
     /// 503 until the next publication. For a generation whose files were
-    /// found changed under it (see [`super::refresher::Publisher::discredits`]):
+    /// found changed under it (see [`crate::refresh::Publisher::discredits`]):
     /// serving it on would serve what no longer verifies.
     pub fn withdraw(&self) {
         self.current.store(None);
