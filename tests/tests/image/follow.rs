@@ -119,6 +119,7 @@ fn free_port() -> u16 {
         .port()
 }
 
+// long-fn: one server and its agents through a kill and a stop, each step depending on the last
 #[test]
 fn agents_stage_two_at_a_time_and_a_killed_or_stopped_holder_frees_its_slot() {
     let f = native_small().unwrap_or_else(|e| panic!("{e:#}"));
