@@ -255,7 +255,8 @@ fn use_tree(
 }
 
 /// For each token, whether it belongs to an item under `#[cfg(test)]`
-/// (or `#[cfg(all(test, …))]`; `not(test)` is not test code).
+/// (or `#[cfg(all(test, …))]`; `not(test)` and `any(test, …)` are not
+/// test code).
 fn test_mask(toks: &[Token<'_>]) -> Vec<bool> {
     let mut mask = vec![false; toks.len()];
     let mut i = 0;
@@ -282,10 +283,18 @@ fn cfg_test_attr(toks: &[Token<'_>], i: usize) -> Option<usize> {
         return None;
     }
     let end = matching(toks, i + 1)?;
-    let inner = &toks[i + 3..end];
-    let test = inner.iter().any(|t| t.kind == Kind::Ident("test"));
-    let negated = inner.iter().any(|t| t.kind == Kind::Ident("not"));
-    (test && !negated).then_some(end + 1)
+    // `(test)`, or `(all(…test…))` without a `not`: `any(test, …)` is
+    // product code too.
+    let words: Vec<&str> = toks[i + 3..end]
+        .iter()
+        .filter_map(|t| match t.kind {
+            Kind::Ident(w) => Some(w),
+            _ => None,
+        })
+        .collect();
+    let test = words == ["test"]
+        || (words.first() == Some(&"all") && words.contains(&"test") && !words.contains(&"not"));
+    test.then_some(end + 1)
 }
 
 /// The index after the item starting at `i`: its `;` or its block's `}`
@@ -430,7 +439,7 @@ mod tests {
     #[test]
     fn inline_modules_and_test_code() {
         let src = "mod a;\n#[cfg(test)]\nmod t;\npub mod inner { use crate::x::Y; fn g() {} }\n\
-                   #[cfg(test)]\nmod tests { use crate::z::W; }\n#[cfg(not(test))] use crate::k::L;";
+                   #[cfg(test)]\nmod tests { use crate::z::W; }\n#[cfg(not(test))] use crate::k::L;\n#[cfg(any(test, unix))] use crate::k::M;";
         let toks = lex(src);
         let scan = scan(&toks);
         let decls: Vec<(&str, bool)> = scan.scopes[0]
@@ -449,6 +458,7 @@ mod tests {
             !scan.scopes[0].uses[0].path.test,
             "not(test) is product code"
         );
+        assert!(!scan.scopes[0].uses[1].path.test, "so is any(test, …)");
     }
 
     #[test]
