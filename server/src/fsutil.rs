@@ -443,6 +443,7 @@ mod tests {
     use super::*;
     use std::os::unix::fs::{symlink, MetadataExt};
 
+    // long-fn: one planted tree, asked every way a path could escape it
     #[test]
     fn never_follows_symlinks_or_dotdot() {
         let outside = tempfile::tempdir().unwrap();

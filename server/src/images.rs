@@ -1,5 +1,5 @@
 //! The `--image` publisher: what one check of the images does (when to
-//! check is [`crate::serve::refresher`]'s business).
+//! check is [`crate::refresh`]'s business).
 //!
 //! A check (the first fetch; then every `--refresh-interval`, or at SIGHUP) first resolves each
 //! image reference to its manifest digest, which reads only manifests. If
@@ -25,9 +25,10 @@
 //! fetching, when the signatures change; one that failed is fetched again
 //! at the retry.
 
+use crate::ages::RefAge;
 use crate::publish::{self, Release};
-use crate::serve::refresher::rollback::{self, ref_ages, RefAge, Rollback, RollbackGuard};
-use crate::serve::refresher::{Checked, Publisher, RollbackPolicy};
+use crate::refresh::rollback::{self, ref_ages, Rollback, RollbackGuard};
+use crate::refresh::{Checked, Publisher, RollbackPolicy};
 use crate::served::Generation;
 use crate::signing::{self, SignatureOptions};
 use crate::source::{self, FetchOptions, ImageRef, StagedImage};
@@ -509,7 +510,7 @@ async fn fetch_one(image: &ImageRef, opts: &FetchOptions, staging: &Path) -> Res
         digest,
         release: Release {
             image: image.to_string(),
-            repo: root.join(publish::OSCONTAINER_REPO),
+            repo: root.join(crate::request::OSCONTAINER_REPO),
             commit,
             version,
             preverified: format == source::ImageFormat::Native,

@@ -24,7 +24,12 @@
 //! `ostree pull --disable-verify-bindings`; `ostree pull --mirror REMOTE`
 //! with no ref (every ref) needs that flag too, with a bound ref it does not.
 
+use crate::ages::VERSION_REF_PREFIX;
 use crate::fsutil;
+use crate::request::{
+    find_commits, find_single_commit, list_some, PublishRequest, Source, NATIVE_ROOT_REPO,
+    OSCONTAINER_REPO,
+};
 use crate::served::Generation;
 use crate::served::{FoundRef, PINNED_SUMMARY};
 use crate::signing::{self, SignatureOptions};
@@ -35,73 +40,14 @@ use oscontent_format::{self as format, Checksum, Commit, ObjectKind, ObjectName,
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub mod local;
 mod staging;
 
-/// A published ref and how old its commit is: what the rollback check
-/// and the delta planner order releases by.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RefAge {
-    pub name: String,
-    pub commit: Checksum,
-    pub timestamp: u64,
-    pub version: Option<String>,
-}
-
-impl RefAge {
-    pub fn age(&self) -> format::age::Age<'_> {
-        format::age::Age {
-            timestamp: self.timestamp,
-            version: self.version.as_deref(),
-        }
-    }
-}
-
-/// Prefix of refs derived from `version` metadata.
-pub const VERSION_REF_PREFIX: &str = "version/";
-/// Where an oscontainer keeps its repo.
-pub const OSCONTAINER_REPO: &str = "srv/repo";
-/// Where an ostree-native image keeps its (bare-split-xattrs) repo.
-pub const NATIVE_ROOT_REPO: &str = "sysroot/ostree/repo";
-/// Commits listed when refusing to guess among several.
-const MAX_COMMITS_LISTED: usize = 5;
 /// A repo `config` is a few lines.
 const MAX_CONFIG: u64 = format::config::MAX_CONFIG_SIZE as u64;
 
-/// Where the content comes from.
-#[derive(Debug, Clone)]
-pub enum Source {
-    /// Root of an unpacked oscontainer image; the repo is `srv/repo`.
-    Oscontainer(PathBuf),
-    /// A plain archive repo, served as each publication snapshotted it.
-    Repo(PathBuf),
-}
-
-impl Source {
-    /// What the operator named: the oscontainer root, or the repo.
-    pub fn given(&self) -> &Path {
-        match self {
-            Source::Oscontainer(d) | Source::Repo(d) => d,
-        }
-    }
-
-    pub fn repo_path(&self) -> PathBuf {
-        match self {
-            Source::Oscontainer(d) => d.join(OSCONTAINER_REPO),
-            Source::Repo(d) => d.clone(),
-        }
-    }
-}
-
 /// Refs to publish, each with its commit.
 type Refs = Vec<(String, Checksum)>;
-
-/// What to publish.
-#[derive(Debug, Clone)]
-pub struct PublishRequest {
-    pub source: Source,
-    pub commit: Option<Checksum>,
-    pub refs: Vec<String>,
-}
 
 /// Checks that `repo` is an archive repo; its config, if it has one.
 fn check_archive_repo(repo: &Path) -> Result<Option<RepoConfig>> {
@@ -154,53 +100,6 @@ fn refuse_native_root(root: &Path, repo: &Path) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Every commit object in a repo (bounded by the directory listing limits).
-pub fn find_commits(repo: &Path) -> Result<Vec<Checksum>> {
-    let mut found = Vec::new();
-    let dirs = fsutil::list_dir(repo, "objects", 1024)?.unwrap_or_default();
-    for d in dirs.into_iter().filter(|d| d.is_dir && d.name.len() == 2) {
-        let rel = format!("objects/{}", d.name);
-        for f in fsutil::list_dir(repo, &rel, 10_000_000)?.unwrap_or_default() {
-            if let Some(format::RepoPath::Object(o)) =
-                format::RepoPath::parse(&format!("{rel}/{}", f.name))
-            {
-                if o.kind == ObjectKind::Commit && f.is_file {
-                    found.push(o.checksum);
-                }
-            }
-        }
-    }
-    Ok(found)
-}
-
-fn list_some(commits: &[Checksum]) -> String {
-    let shown: Vec<String> = commits
-        .iter()
-        .take(MAX_COMMITS_LISTED)
-        .map(|c| c.to_hex())
-        .collect();
-    let more = if commits.len() > MAX_COMMITS_LISTED {
-        ", ..."
-    } else {
-        ""
-    };
-    format!("{}{more}", shown.join(", "))
-}
-
-/// Finds the one commit object in a repo (an oscontainer holds exactly one).
-pub fn find_single_commit(repo: &Path) -> Result<Checksum> {
-    match find_commits(repo)?.as_slice() {
-        [] => bail!("{} contains no commit object", repo.display()),
-        [one] => Ok(*one),
-        many => bail!(
-            "{} contains {} commits ({}); choose one with --commit",
-            repo.display(),
-            many.len(),
-            list_some(many)
-        ),
-    }
 }
 
 /// The refs to publish for a commit, by the rules in the module docs.

@@ -88,6 +88,7 @@ fn origin(u: &Url) -> String {
 mod tests {
     use super::*;
 
+    // long-fn: a table of redirects, one row a case
     #[test]
     fn redirects_are_judged() {
         use Rule::*;

@@ -12,6 +12,7 @@
 //! an overlay is never written after it is published.
 
 pub mod body;
+pub mod deltas;
 pub mod memory;
 pub mod metadata;
 pub mod objects;
@@ -23,12 +24,13 @@ pub use summary::{summary_for, summary_sig_path};
 
 use crate::fsutil;
 use crate::prepared::Prepared;
+use crate::treewalk::MAX_DIR_ENTRIES;
 use crate::verify::ObjectGate;
 use anyhow::{Context, Result};
 use metadata::{MetadataCache, MetadataFile, MAX_COMMITMETA, MAX_REF};
 use oscontent_format::openpgp::VerifiedSig;
 use oscontent_format::{
-    self as format, Checksum, Commit, DeltaName, ObjectKind, ObjectName, RefNamespace, RepoPath,
+    self as format, Checksum, Commit, ObjectKind, ObjectName, RefNamespace, RepoPath,
 };
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -49,8 +51,6 @@ pub const PINNED_SUMMARY: &str = "summary";
 pub const STAGING_INDEX: &str = "staging-index";
 /// Bounds for walking refs and deltas (external input, invariant 5).
 pub const MAX_REFS: usize = 100_000;
-pub const MAX_DELTAS: usize = 10_000;
-const MAX_DIR_ENTRIES: usize = 1_000_000;
 
 static NEXT_CACHE_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
@@ -175,7 +175,7 @@ pub struct Generation {
     /// Deltas the server generated between the releases (`crate::deltas`),
     /// listed only in their delta indexes; unset in a generation as
     /// published from its source ([`Self::attach_deltas`]).
-    deltas: std::sync::OnceLock<Arc<crate::deltas::PublishedDeltas>>,
+    deltas: std::sync::OnceLock<Arc<dyn deltas::ServedDeltas>>,
     /// Its sources are images the server staged, which nothing writes once
     /// they are published, so the generated summary's inputs are fixed for
     /// its life: it is generated once, never rechecked. A `--repo` or an
@@ -237,18 +237,18 @@ impl Generation {
         }
     }
 
-    /// The deltas generated for it (`crate::deltas`), once compiled and
-    /// verified: served from then on beside what it published. Neither
-    /// the summary nor its signature changes (they are listed in delta
-    /// indexes only), nor anything the object cache holds for it, so the
-    /// generation stays the one being served. `false` if it has deltas
-    /// already.
-    pub fn attach_deltas(&self, deltas: crate::deltas::PublishedDeltas) -> bool {
-        self.deltas.set(Arc::new(deltas)).is_ok()
+    /// The deltas generated for it (`crate::deltas` implements
+    /// [`deltas::ServedDeltas`]), once compiled and verified: served from
+    /// then on beside what it published. Neither the summary nor its
+    /// signature changes (they are listed in delta indexes only), nor
+    /// anything the object cache holds for it, so the generation stays the
+    /// one being served. `false` if it has deltas already.
+    pub fn attach_deltas(&self, deltas: Arc<dyn deltas::ServedDeltas>) -> bool {
+        self.deltas.set(deltas).is_ok()
     }
 
     /// The deltas generated for it, if any are attached yet.
-    pub fn deltas(&self) -> Option<&Arc<crate::deltas::PublishedDeltas>> {
+    pub fn deltas(&self) -> Option<&Arc<dyn deltas::ServedDeltas>> {
         self.deltas.get()
     }
 
@@ -569,28 +569,6 @@ impl Generation {
             .into());
         }
         Ok(commit)
-    }
-
-    pub(crate) fn list_deltas(root: &Path) -> Result<Vec<(DeltaName, String)>> {
-        let mut out = Vec::new();
-        let Some(prefixes) = fsutil::list_dir(root, "deltas", MAX_DIR_ENTRIES)? else {
-            return Ok(out);
-        };
-        for p in prefixes.into_iter().filter(|e| e.is_dir) {
-            let dir = format!("deltas/{}", p.name);
-            for d in fsutil::list_dir(root, &dir, MAX_DIR_ENTRIES)?.unwrap_or_default() {
-                let rel = format!("{dir}/{}/superblock", d.name);
-                if let Some(RepoPath::Delta { name, .. }) = RepoPath::parse(&rel) {
-                    out.push((name, rel));
-                }
-                anyhow::ensure!(
-                    out.len() <= MAX_DELTAS,
-                    "{} has more than {MAX_DELTAS} deltas",
-                    root.display()
-                );
-            }
-        }
-        Ok(out)
     }
 }
 

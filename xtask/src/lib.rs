@@ -11,6 +11,7 @@ pub mod deny;
 pub mod deploy;
 pub mod deps;
 pub mod fuzz;
+pub mod layers;
 pub mod testrun;
 pub mod venv;
 

@@ -23,8 +23,13 @@ enum Cmd {
     Fixtures(FixturesArgs),
     /// Install the Debian packages the project needs (as root), or say which.
     Deps,
-    /// Formatting and clippy lints.
+    /// Formatting, clippy lints, cargo-deny and the structure check
+    /// (`layers`).
     Check,
+    /// The structure check alone: no module import circle in any crate,
+    /// server/src's layers (xtask/src/layers/table.rs), file and function
+    /// lengths. Prints every finding; fails on any.
+    Layers,
     /// Render deploy/ (base, overlays, ServiceMonitor component) with
     /// `kubectl kustomize`, decode every object strictly, check the security
     /// and rollout invariants, and run checkov over all of it.
@@ -313,6 +318,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::Deps => xtask::deps::ensure()?,
         Cmd::Check => xtask::testrun::check()?,
+        Cmd::Layers => xtask::layers::check()?,
         Cmd::CheckDeploy => xtask::deploy::check_deploy()?,
         Cmd::Test => xtask::testrun::test()?,
         Cmd::Fuzz(a) => {

@@ -193,8 +193,8 @@ impl ObjectCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conditional::Validators;
     use oscontent_format::{Checksum, ObjectKind};
+    use oscontent_parse::conditional::Validators;
 
     fn name(i: u8) -> ObjectName {
         ObjectName::new(Checksum::digest(&[i]), ObjectKind::File)

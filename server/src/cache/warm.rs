@@ -18,10 +18,10 @@
 //! [`warm_for`] runs it from the async side and logs what it did.
 
 use super::{CachedObject, ObjectCache, ENTRY_OVERHEAD};
-use crate::mirror::sync::MAX_TREE_DEPTH;
 use crate::prepared::Prepared;
 use crate::served::objects::Loaded;
 use crate::served::Generation;
+use crate::treewalk::MAX_TREE_DEPTH;
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use oscontent_format::commit::MAX_COMMIT_SIZE;

@@ -1,6 +1,6 @@
 //! `mirror SRC DEST`.
 
-use super::serve_args::RegistryArgs;
+use crate::serve::args::RegistryArgs;
 use crate::signing;
 use anyhow::{Context, Result};
 use clap::Args;

@@ -1,16 +1,14 @@
 //! The `oscontent-server` command line: argument types and dispatch.
 
 mod mirror;
-pub mod serve_args;
 mod sign;
-pub mod stage_args;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::io::IsTerminal;
 
+pub use crate::serve::args::{RegistryArgs, ServeArgs, SignatureArgs, SourceArgs};
 pub use mirror::MirrorArgs;
-pub use serve_args::{RegistryArgs, ServeArgs, SignatureArgs, SourceArgs};
 pub use sign::{Cipher, KeygenArgs, SecretKeyArgs, SignArgs};
 
 /// Publishes an oscontainer's ostree repo as an ostree remote over HTTP.

@@ -1,10 +1,11 @@
 //! `keygen` and `sign`.
 
-use super::serve_args::{derive_commit, RegistryArgs, SourceArgs};
 use crate::images::{self, IMAGES_DIR};
-use crate::publish::{self, PublishRequest};
+use crate::publish;
+use crate::request::PublishRequest;
+use crate::serve::args::{derive_commit, RegistryArgs, SourceArgs};
 use crate::signing::{self, Named, Signer};
-use crate::source::native::root::{self as native_root, NativeRoots};
+use crate::source::native::root::NativeRoots;
 use crate::state::StateDir;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
@@ -166,7 +167,7 @@ pub(super) fn sign(args: SignArgs) -> Result<()> {
         };
         let native = std::sync::Mutex::new(NativeRoots::open(&state_dir)?);
         let sigs = crate::signing::SignatureOptions::default();
-        let g = native_root::publish_local(&req, &state_dir, &sigs, &native, None)
+        let g = publish::local::publish_local(&req, &state_dir, &sigs, &native, None)
             .with_context(|| format!("publishing {}", source.repo_path().display()))?;
         // A `--repo` whose refs another tool moved names other commits.
         let now = std::time::SystemTime::now();

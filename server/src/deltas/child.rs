@@ -87,6 +87,7 @@ enum Killed {
     Memory(u64),
 }
 
+// long-fn: the child's whole life in order (spawned under its bounds, watched, reaped, judged), each step using the last
 /// Compiles `name` in the scratch repo `repo` (its delta left under
 /// `repo/deltas/`), with `tmpdir` as the compiler's `TMPDIR`.
 pub fn compile(

@@ -42,11 +42,11 @@ mod store;
 pub use select::DeltaMode;
 pub use store::{PublishedDeltas, StoredDelta, DELTAS_DIR};
 
+use crate::ages::RefAge;
 use crate::metrics::Metrics;
-use crate::serve::sink::Sink;
 use crate::served::Generation;
+use crate::sink::Sink;
 use anyhow::{Context, Result};
-use select::RefAge;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -107,7 +107,7 @@ pub async fn run(opts: DeltaOptions, sink: Arc<Sink>) {
             continue;
         }
         let n = deltas.len();
-        if sink.publish_deltas(&base, PublishedDeltas::new(deltas)) {
+        if sink.publish_deltas(&base, Arc::new(PublishedDeltas::new(deltas))) {
             tracing::info!(deltas = n, generation = base.id, "published static deltas");
         } else {
             tracing::info!(

@@ -1,8 +1,8 @@
 //! Which deltas a generation gets (`--deltas`): pure, from its refs and
 //! the age of each commit they name.
 
-pub use crate::publish::RefAge;
-use crate::publish::VERSION_REF_PREFIX;
+use crate::ages::RefAge;
+use crate::ages::VERSION_REF_PREFIX;
 use oscontent_format::DeltaName;
 use std::collections::BTreeSet;
 

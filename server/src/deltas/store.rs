@@ -10,6 +10,7 @@
 //! restarts and SIGHUP and verified again before reuse; one is removed
 //! when a round finds no generation needs it.
 
+use crate::served::deltas::ServedDeltas;
 use crate::served::{Generated, Layer, Resolved};
 use crate::verify::{self, VerifiedSet};
 use anyhow::{Context, Result};
@@ -235,10 +236,10 @@ impl PublishedDeltas {
     pub fn is_empty(&self) -> bool {
         self.deltas.is_empty()
     }
+}
 
-    /// What a request path resolves to among these deltas, if it names
-    /// one of them or the index of one of their targets.
-    pub fn resolve(&self, path: &RepoPath) -> Option<Resolved> {
+impl ServedDeltas for PublishedDeltas {
+    fn resolve(&self, path: &RepoPath) -> Option<Resolved> {
         match path {
             RepoPath::Delta { name, .. } => self.deltas.get(name).map(|d| Resolved::File {
                 layer: Layer::Overlay,
@@ -250,12 +251,15 @@ impl PublishedDeltas {
         }
     }
 
-    /// The directory fd of the stored delta holding `path`.
-    pub fn dir_fd(&self, path: &RepoPath) -> Option<BorrowedFd<'_>> {
+    fn dir_fd(&self, path: &RepoPath) -> Option<BorrowedFd<'_>> {
         match path {
             RepoPath::Delta { name, .. } => self.deltas.get(name)?.dir_fd(),
             _ => None,
         }
+    }
+
+    fn count(&self) -> usize {
+        self.deltas.len()
     }
 }
 
@@ -345,7 +349,7 @@ mod tests {
     /// summary it was published with, and the metric counts them.
     #[tokio::test]
     async fn deltas_attach_to_the_generation_being_served_and_only_to_it() {
-        use crate::serve::sink::Sink;
+        use crate::sink::Sink;
         use crate::served::{Generation, Resolved};
         let overlay = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(overlay.path().join("refs/heads")).unwrap();
@@ -356,7 +360,7 @@ mod tests {
         let deltas = || PublishedDeltas::new(vec![stored(1, 3), stored(2, 3)]);
 
         let unserved = Arc::new(Generation::new(1, vec![], overlay.path().into(), vec![]));
-        assert!(!sink.publish_deltas(&unserved, deltas()));
+        assert!(!sink.publish_deltas(&unserved, Arc::new(deltas())));
         assert!(
             unserved.deltas().is_none(),
             "not attached to what is not served"
@@ -367,7 +371,7 @@ mod tests {
         let served = sink.current().unwrap();
         let summary = served.served_summary().unwrap();
         assert!(!indexed(&served));
-        assert!(sink.publish_deltas(&served, deltas()));
+        assert!(sink.publish_deltas(&served, Arc::new(deltas())));
         assert!(
             indexed(&served),
             "the generation served answers its indexes"
@@ -375,13 +379,13 @@ mod tests {
         assert_eq!(published(), 2);
         assert!(Arc::ptr_eq(&sink.current().unwrap(), &served));
         assert_eq!(served.served_summary().unwrap(), summary);
-        assert!(!sink.publish_deltas(&served, PublishedDeltas::new(vec![stored(1, 2)])));
-        assert_eq!(served.deltas().map(|d| d.len()), Some(2), "attached once");
+        assert!(!sink.publish_deltas(&served, Arc::new(PublishedDeltas::new(vec![stored(1, 2)]))));
+        assert_eq!(served.deltas().map(|d| d.count()), Some(2), "attached once");
 
         sink.publish(Generation::new(3, vec![], overlay.path().into(), vec![]))
             .await;
         assert_eq!(published(), 0, "the new generation has none yet");
-        assert!(!sink.publish_deltas(&served, deltas()), "no longer served");
+        assert!(!sink.publish_deltas(&served, Arc::new(deltas())), "no longer served");
         assert_eq!(published(), 0);
     }
 }

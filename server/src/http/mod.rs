@@ -22,9 +22,9 @@ pub(crate) use respond::header_line;
 
 use crate::cache::ObjectCache;
 use crate::metrics::{gauge_value, Metrics};
-use crate::serve::sink::Sink;
 use crate::served::memory::BodyMemory;
 use crate::served::streams::StreamBudget;
+use crate::sink::Sink;
 use crate::slots::{SlotConfig, Slots};
 use access_log::AccessLog;
 use axum::body::Body;

@@ -3,12 +3,12 @@
 //! streamed.
 
 use super::AppError;
-use crate::conditional::{self, Precondition, RangeOutcome};
 use crate::prepared::Prepared;
 use axum::body::Body;
 use axum::response::Response;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
+use oscontent_parse::conditional::{self, Precondition, RangeOutcome};
 
 const OCTET_STREAM: &str = "application/octet-stream";
 
@@ -176,7 +176,7 @@ pub(super) fn respond_file(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conditional::Validators;
+    use oscontent_parse::conditional::Validators;
     use std::time::{Duration, UNIX_EPOCH};
 
     /// The lines a 200 gets past the router are the router's headers for

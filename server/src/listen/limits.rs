@@ -19,6 +19,7 @@
 use super::idle::ConnIdle;
 use crate::clients::network;
 use crate::http::saturation::Saturation;
+use crate::served::objects::FANOUT_FDS;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -334,11 +335,6 @@ impl Drop for Slot {
 /// File descriptors a listener needs beyond its connections and streamed
 /// files: the state dir, logs, the blocking pool's opens, publication.
 pub const FD_HEADROOM: u64 = 512;
-/// The most object fan-out directories held open across generations
-/// (`served::objects`: 256 a root): one generation of a few roots, and
-/// the next while it takes over. Past the budget, objects are opened by
-/// their whole path.
-pub const FANOUT_FDS: u64 = 1024;
 
 /// The fan-out directories' share of `nofile`: [`FANOUT_FDS`], or an
 /// eighth of what the headroom leaves when the limit is low.

@@ -135,6 +135,7 @@ struct Shared {
     metrics: Arc<Metrics>,
 }
 
+// long-fn: one select over accept, the caps and shutdown, so the order of its decisions reads in one place
 /// Accepts and serves connections on `listener` until `shutdown` says
 /// so, then waits for the connections it accepted to finish.
 async fn accept_loop(

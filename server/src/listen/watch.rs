@@ -25,6 +25,13 @@ use tokio::time::Instant;
 /// flow-control window would otherwise look alive forever.
 pub const MIN_ACTIVITY: usize = 18;
 
+/// Why an HTTP/1.1 connection (`h1`) ended without an answer: the next
+/// request's head did not arrive in time (what hyper's own header-read
+/// timeout is on the connections it serves).
+#[derive(Debug, thiserror::Error)]
+#[error("no request head within {0:?}")]
+pub struct HeaderReadTimeout(pub Duration);
+
 /// Why the watchdog closed a connection (the metric's label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expiry {
@@ -62,7 +69,7 @@ impl Expiry {
         e: &(dyn std::error::Error + Send + Sync + 'static),
         act: &Activity,
     ) -> Option<Expiry> {
-        if e.is::<super::h1::HeaderReadTimeout>() {
+        if e.is::<HeaderReadTimeout>() {
             return Some(Expiry::HeaderRead);
         }
         let timed_out = e.downcast_ref::<hyper::Error>()?.is_timeout();

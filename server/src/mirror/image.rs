@@ -9,7 +9,7 @@
 use super::remote::GenerationRemote;
 use super::sync::{self, SyncOptions};
 use super::Signatures;
-use crate::publish::{self, Release};
+use crate::publish::Release;
 use crate::source::{self, FetchOptions, ImageRef};
 use crate::state::StateDir;
 use anyhow::{Context, Result};
@@ -59,7 +59,7 @@ pub fn sync_image(
             .with_context(|| format!("image {image}: its commit label"))?;
         let release = Release {
             image: image.to_string(),
-            repo: staged.root.join(publish::OSCONTAINER_REPO),
+            repo: staged.root.join(crate::request::OSCONTAINER_REPO),
             commit,
             version: staged.version.clone(),
             preverified: staged.format == crate::source::ImageFormat::Native,

@@ -17,6 +17,7 @@
 
 use super::remote::{Interrupted, Remote};
 use crate::fsutil;
+use crate::treewalk::max_object_size;
 use crate::verify::Corrupt;
 use anyhow::{bail, Context, Result};
 use oscontent_format::{check_dirmeta, Checksum, ObjectKind, ObjectName, RepoPath};
@@ -27,32 +28,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-/// Largest content object accepted (streamed to disk, so this bounds disk
-/// use by a hostile upstream, not memory).
-pub const MAX_CONTENT_SIZE: u64 = 32 << 30;
-/// Largest dirtree (a directory of 100,000 entries is ~5 MiB).
-pub const MAX_DIRTREE_SIZE: u64 = oscontent_format::tree::MAX_DIRTREE_SIZE as u64;
-/// Largest dirmeta.
-pub const MAX_DIRMETA_SIZE: u64 = oscontent_format::tree::MAX_DIRMETA_SIZE as u64;
-/// Largest commit object.
-pub const MAX_COMMIT_SIZE: u64 = oscontent_format::commit::MAX_COMMIT_SIZE as u64;
-/// Largest detached metadata (signatures).
-pub const MAX_COMMITMETA_SIZE: u64 = oscontent_format::gpgsigs::MAX_DETACHED_METADATA_SIZE as u64;
 /// Attempts at fetching one object whose body broke off mid-transfer. Not
 /// one the remote refused (it retried the request already), nor one that
 /// arrived and failed verification (an attack or a broken upstream).
 const FETCH_ATTEMPTS: u32 = 3;
-
-/// The size bound for an object kind.
-pub fn max_object_size(kind: ObjectKind) -> u64 {
-    match kind {
-        ObjectKind::Commit => MAX_COMMIT_SIZE,
-        ObjectKind::DirTree => MAX_DIRTREE_SIZE,
-        ObjectKind::DirMeta => MAX_DIRMETA_SIZE,
-        ObjectKind::File => MAX_CONTENT_SIZE,
-        ObjectKind::CommitMeta => MAX_COMMITMETA_SIZE,
-    }
-}
 
 /// One file as a manifest lists it (with the manifest's parser, in
 /// `oscontent-parse`).

@@ -19,7 +19,10 @@
 //! that once everything is in place ([`super::bundle`], [`super::upstream`]).
 
 use super::remote::Remote;
-use super::store::{Store, MAX_COMMITMETA_SIZE, MAX_DIRTREE_SIZE};
+use super::store::Store;
+use crate::treewalk::{
+    parallel, MAX_COMMITMETA_SIZE, MAX_COMMIT_SIZE, MAX_DIRTREE_SIZE, MAX_OBJECTS, MAX_TREE_DEPTH,
+};
 use anyhow::{bail, Context, Result};
 use oscontent_format::delta::MAX_SUPERBLOCK_SIZE;
 use oscontent_format::openpgp::{self, Cert, VerifiedSig};
@@ -28,8 +31,8 @@ use oscontent_format::{
     ObjectName, RefNamespace, Summary, Superblock,
 };
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 /// A repo `config` is a few lines.
@@ -38,10 +41,6 @@ pub const MAX_CONFIG_SIZE: u64 = 1 << 20;
 pub const MAX_SUMMARY_SIZE: u64 = oscontent_format::summary::MAX_SUMMARY_SIZE as u64;
 /// Most commits one summary may name (refs of all collections).
 pub const MAX_COMMITS: usize = 4096;
-/// Most objects one walk may reach (a full OS image has ~100,000).
-pub const MAX_OBJECTS: usize = 20_000_000;
-/// Tree depth bound.
-pub const MAX_TREE_DEPTH: usize = 256;
 /// A progress line every this many objects fetched.
 pub const PROGRESS_EVERY: u64 = 200;
 
@@ -188,7 +187,7 @@ pub fn verify_commits(remote: &dyn Remote, meta: &Metadata, opts: &SyncOptions) 
     for c in commits {
         let rel = ObjectName::new(c, ObjectKind::Commit).path();
         let bytes = remote
-            .get(&rel, super::store::MAX_COMMIT_SIZE)?
+            .get(&rel, MAX_COMMIT_SIZE)?
             .with_context(|| format!("{src}: commit {c} is missing"))?;
         anyhow::ensure!(
             Checksum::digest(&bytes) == c,
@@ -217,39 +216,6 @@ fn detached_sigs(c: Checksum, detached: Option<&[u8]>) -> Result<Vec<Vec<u8>>> {
     match detached {
         Some(b) => parse_gpgsigs(b).with_context(|| format!("detached metadata of commit {c}")),
         None => Ok(Vec::new()),
-    }
-}
-
-/// Runs `f` over `items` on `jobs` threads; the first error stops the rest
-/// (they finish the item in hand) and is returned.
-pub fn parallel<T: Send>(
-    items: Vec<T>,
-    jobs: usize,
-    f: impl Fn(T) -> Result<()> + Sync,
-) -> Result<()> {
-    let queue = Mutex::new(items);
-    let failed = AtomicBool::new(false);
-    let first: Mutex<Option<anyhow::Error>> = Mutex::new(None);
-    std::thread::scope(|s| {
-        for _ in 0..jobs.max(1) {
-            s.spawn(|| loop {
-                if failed.load(Ordering::Relaxed) {
-                    return;
-                }
-                let Some(item) = queue.lock().expect("queue lock").pop() else {
-                    return;
-                };
-                if let Err(e) = f(item) {
-                    failed.store(true, Ordering::Relaxed);
-                    first.lock().expect("error lock").get_or_insert(e);
-                    return;
-                }
-            });
-        }
-    });
-    match first.into_inner().expect("error lock") {
-        Some(e) => Err(e),
-        None => Ok(()),
     }
 }
 
@@ -352,9 +318,7 @@ fn sync_commits(walk: &Walk<'_>, meta: &Metadata, opts: &SyncOptions) -> Result<
         let obj = ObjectName::new(*c, ObjectKind::Commit);
         walk.ensure(&obj)
             .with_context(|| format!("commit {c} (ref {})", names.join(", ")))?;
-        let bytes = walk
-            .store
-            .read(&obj.path(), super::store::MAX_COMMIT_SIZE)?;
+        let bytes = walk.store.read(&obj.path(), MAX_COMMIT_SIZE)?;
         let commit = Commit::parse(&bytes).with_context(|| format!("parsing commit {c}"))?;
         let meta_rel = ObjectName::new(*c, ObjectKind::CommitMeta).path();
         let detached = walk.remote.get(&meta_rel, MAX_COMMITMETA_SIZE)?;
@@ -576,7 +540,7 @@ pub fn reachable(store: &Store, commits: &[Checksum]) -> Result<BTreeSet<ObjectN
     for c in commits {
         let obj = ObjectName::new(*c, ObjectKind::Commit);
         let bytes = store
-            .read(&obj.path(), super::store::MAX_COMMIT_SIZE)
+            .read(&obj.path(), MAX_COMMIT_SIZE)
             .with_context(|| format!("kept commit {c}"))?;
         let commit = Commit::parse(&bytes).with_context(|| format!("parsing commit {c}"))?;
         out.insert(obj);
@@ -609,37 +573,6 @@ pub fn reachable(store: &Store, commits: &[Checksum]) -> Result<BTreeSet<ObjectN
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parallel_stops_at_the_first_error() {
-        // One worker: items are taken from the end, and none after the
-        // failing one.
-        let seen = AtomicU64::new(0);
-        let r = parallel((0..1000).collect(), 1, |i: u32| {
-            seen.fetch_add(1, Ordering::Relaxed);
-            if i == 990 {
-                bail!("item {i}");
-            }
-            Ok(())
-        });
-        assert!(r.unwrap_err().to_string().contains("990"));
-        assert_eq!(seen.load(Ordering::Relaxed), 10);
-        // Several: the error comes back whatever the interleaving.
-        let r = parallel((0..1000).collect(), 4, |i: u32| {
-            if i % 100 == 7 {
-                bail!("item {i}");
-            }
-            Ok(())
-        });
-        assert!(r.unwrap_err().to_string().starts_with("item "));
-        let total = AtomicU64::new(0);
-        parallel((1..=100).collect(), 3, |i: u64| {
-            total.fetch_add(i, Ordering::Relaxed);
-            Ok(())
-        })
-        .unwrap();
-        assert_eq!(total.load(Ordering::Relaxed), 5050);
-    }
 
     #[test]
     fn only_archive_repos() {

@@ -1,9 +1,9 @@
 //! The `--oscontainer` and `--repo` publisher (an ostree-native image
 //! root is converted first: `source::native::root`).
 
-use super::refresher::{Checked, Publisher};
 use crate::images::announce;
-use crate::publish::PublishRequest;
+use crate::refresh::{Checked, Publisher};
+use crate::request::PublishRequest;
 use crate::served::Generation;
 use crate::signing::{self, SignatureOptions};
 use crate::source::native::root::{self, NativeRoots};
@@ -32,10 +32,12 @@ impl LocalPublisher {
     async fn publish(&self) -> Result<Generation> {
         let (r, sd, s) = (self.req.clone(), self.state_dir.clone(), self.sigs.clone());
         let (v, native) = (self.verdicts.clone(), self.native.clone());
-        tokio::task::spawn_blocking(move || root::publish_local(&r, &sd, &s, &native, Some(v)))
-            .await
-            .context("publish task")?
-            .with_context(|| format!("publishing {}", self.req.source.given().display()))
+        tokio::task::spawn_blocking(move || {
+            crate::publish::local::publish_local(&r, &sd, &s, &native, Some(v))
+        })
+        .await
+        .context("publish task")?
+        .with_context(|| format!("publishing {}", self.req.source.given().display()))
     }
 }
 

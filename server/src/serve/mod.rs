@@ -2,27 +2,27 @@
 //! up to date by the refresher, publishes into the sink; the HTTP side
 //! serves what the sink holds until SIGTERM.
 
-mod follow;
+pub mod args;
 mod local;
-pub mod refresher;
 mod signals;
-pub mod sink;
+pub mod socket;
+pub mod stage_args;
 
-use crate::cli::serve_args::{derive_commit, ServeArgs, SourceArgs};
 use crate::http::{AppState, HttpConfig};
 use crate::images::{ImagePublisher, IMAGES_DIR};
 use crate::mirror::upstream::{SiteMirror, SitePublisher, SiteSource};
-use crate::publish::{PublishRequest, Source};
+use crate::refresh::{Refresher, RollbackGuard, RollbackPolicy, Schedule};
+use crate::request::{PublishRequest, Source};
 use crate::signing::{self, Named, SignatureOptions, Signer};
+use crate::sink::Sink;
 use crate::source;
 use crate::source::native::root::NativeRoots;
 use crate::state::StateDir;
 use anyhow::{Context, Result};
+use args::{derive_commit, ServeArgs, SourceArgs};
 use local::LocalPublisher;
 use oscontent_format::Checksum;
-use refresher::{Refresher, RollbackGuard, RollbackPolicy, Schedule};
 use signals::Signals;
-use sink::Sink;
 use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::Path;
@@ -176,7 +176,9 @@ async fn start_publishing(
         // A --repo follows its repo, unless the server signs: then only the
         // operator (SIGHUP) publishes what its writers changed.
         let followed = match (&source, &sigs.sign_key) {
-            (Source::Repo(dir), None) => Some(follow::Follow::new(dir, signatures_poll)),
+            (Source::Repo(dir), None) => {
+                Some(crate::refresh::follow::Follow::new(dir, signatures_poll))
+            }
             _ => None,
         };
         let publisher = LocalPublisher {
@@ -346,7 +348,7 @@ async fn serve_until_stopped(
 ) -> Result<()> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let drain_state = state.clone();
-    let mut server = tokio::spawn(crate::run(listener, workers, state, limits, async move {
+    let mut server = tokio::spawn(socket::run(listener, workers, state, limits, async move {
         let _ = rx.await;
     }));
     tokio::select! {

@@ -5,11 +5,11 @@
 //! hundred slow readers of one file hold one copy, and the same prepared
 //! validators and header values.
 
-use crate::conditional::Validators;
 use crate::fsutil;
 use crate::prepared::Prepared;
 use bytes::Bytes;
 use oscontent_format::{summary::MAX_SUMMARY_SIZE, Checksum, ObjectKind, RepoPath};
+use oscontent_parse::conditional::Validators;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

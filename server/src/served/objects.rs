@@ -10,7 +10,6 @@
 
 use super::{Generation, Layer};
 use crate::fsutil::{self, Lookup, Opened};
-use crate::listen::limits::FANOUT_FDS;
 use bytes::Bytes;
 use oscontent_format::{ObjectKind, ObjectName, RepoPath};
 use std::collections::HashMap;
@@ -185,6 +184,12 @@ impl Generation {
         }))
     }
 }
+
+/// The most object fan-out directories held open across generations (256
+/// a root): one generation of a few roots, and the next while it takes
+/// over. Past the budget, objects are opened by their whole path. The
+/// listener leaves room for them in `nofile` (`listen::limits`).
+pub const FANOUT_FDS: u64 = 1024;
 
 /// Fan-out directories held open now, across generations.
 static FANOUT_OPEN: AtomicUsize = AtomicUsize::new(0);

@@ -90,7 +90,7 @@ impl Generation {
         let mut deltas = BTreeMap::new();
         let ObjectGate::Only(verified) = &self.gate else {
             for root in self.all_roots().collect::<Vec<_>>().into_iter().rev() {
-                for (name, rel) in Self::list_deltas(root)? {
+                for (name, rel) in crate::treewalk::list_deltas(root)? {
                     if let Some((_, m)) = fsutil::open_file(root, &rel)? {
                         deltas.insert(name, (root.clone(), rel, identity(&m)));
                     }

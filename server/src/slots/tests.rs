@@ -51,6 +51,7 @@ fn config(per_pool: u32, control_plane: u32, max_pools: u32, per_address: u32) -
     }
 }
 
+// long-fn: the table of lease-table cases, one entry a case
 fn cases() -> Vec<Case> {
     vec![
         Case {
@@ -433,6 +434,7 @@ fn body(node: &str, pool: &str, control_plane: &str, digest: &str) -> String {
     )
 }
 
+// long-fn: a table of request bodies, one row a field
 #[test]
 fn a_slot_request_is_checked_field_by_field() {
     let digest = format!("\"sha256:{}\"", "a".repeat(64));

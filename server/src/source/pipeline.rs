@@ -387,7 +387,7 @@ fn check_commit_present(
 ) -> Result<(), SourceError> {
     let rel = format!(
         "{}/objects/{}/{}.commit",
-        crate::publish::OSCONTAINER_REPO,
+        crate::request::OSCONTAINER_REPO,
         &commit[..2],
         &commit[2..]
     );

@@ -33,7 +33,7 @@ pub use walk::{recheck, verify_closure, verify_deltas, verify_with_history};
 /// Bytes on disk that are not what their name says (an object, a commit,
 /// a delta part), found by a check of the source. Callers branch on it: a
 /// publisher whose served generation reads the same files can no longer
-/// trust that generation either (see `serve::refresher`).
+/// trust that generation either (see `refresh`).
 #[derive(Debug, thiserror::Error)]
 #[error("{what} is corrupt: {detail}")]
 pub struct Corrupt {

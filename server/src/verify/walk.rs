@@ -2,9 +2,7 @@
 
 use super::{default_jobs, Corrupt, FileId, Root, VerdictCache, VerifiedSet, VerifyOptions};
 use crate::fsutil;
-use crate::mirror::store::max_object_size;
-use crate::mirror::sync::{parallel, MAX_OBJECTS, MAX_TREE_DEPTH};
-use crate::served::Generation;
+use crate::treewalk::{list_deltas, max_object_size, parallel, MAX_OBJECTS, MAX_TREE_DEPTH};
 use anyhow::{bail, Context, Result};
 use oscontent_format::content::archive_checksum;
 use oscontent_format::delta::MAX_SUPERBLOCK_SIZE;
@@ -340,7 +338,7 @@ pub fn recheck(roots: &[Root], set: &VerifiedSet, opts: &VerifyOptions) -> Resul
 }
 
 pub fn verify_deltas(root: &Path, targets: &[Checksum], set: &mut VerifiedSet) -> Result<()> {
-    for (name, rel) in Generation::list_deltas(root)? {
+    for (name, rel) in list_deltas(root)? {
         if !targets.contains(&name.to) {
             continue;
         }

@@ -1,5 +1,5 @@
 //! The listener's caps and timeouts, and the metadata size caps, in
-//! process: `oscontent_server::run` on a loopback port with tiny limits,
+//! process: `oscontent_server::serve::socket::run` on a loopback port with tiny limits,
 //! raw sockets against it.
 
 use crate::support::*;
@@ -56,7 +56,7 @@ async fn listen(server: &Server, limits: Limits) -> SocketAddr {
     let state = server.state.clone();
     // Two workers, as on a 2-core node: the caps hold across them.
     let workers = std::num::NonZeroUsize::new(2).unwrap();
-    tokio::spawn(oscontent_server::run(
+    tokio::spawn(oscontent_server::serve::socket::run(
         listener,
         workers,
         state,

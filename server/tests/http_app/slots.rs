@@ -125,6 +125,7 @@ fn assert_refused(a: &Answer, pool: &str, in_use: u64, slots: u64, says: &str) {
     assert!(error.contains(says), "{error:?} should say {says:?}");
 }
 
+// long-fn: one lease table through grants, renewals and releases, each step depending on the last
 #[tokio::test]
 async fn slots_are_granted_within_every_cap_renewed_and_released() {
     let server = with_slots(small());
@@ -273,6 +274,7 @@ async fn a_lease_not_renewed_expires_and_frees_its_slot() {
     assert_eq!(metric(&server, in_use).await, Some(0.0));
 }
 
+// long-fn: a table of bad requests, one row a case
 #[tokio::test]
 async fn bad_slot_requests_are_refused_naming_what_was_wrong() {
     let server = with_slots(small());

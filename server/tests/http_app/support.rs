@@ -3,9 +3,10 @@
 
 use axum::body::Body;
 use http::{Request, StatusCode};
-use oscontent_server::publish::{self, PublishRequest, Source};
-use oscontent_server::serve::sink::Sink;
+use oscontent_server::publish;
+use oscontent_server::request::{PublishRequest, Source};
 use oscontent_server::served::Generation;
+use oscontent_server::sink::Sink;
 use oscontent_server::state::StateDir;
 use oscontent_server::{app, AppState, HttpConfig};
 use std::collections::BTreeMap;

@@ -68,8 +68,8 @@ fn locate_or_build() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(ENCAPSULATE_ENV).filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
-    let root = crate::fixtures::workspace_root();
-    let target = crate::fixtures::target_dir();
+    let root = crate::workspace::workspace_root();
+    let target = crate::workspace::target_dir();
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let manifest = root.join("xtask/encapsulate/Cargo.toml");
     eprintln!(

@@ -37,6 +37,7 @@ pub mod server;
 pub mod signing;
 pub mod tmpfs;
 pub mod tools;
+pub mod workspace;
 
 pub use access_log::*;
 pub use files::*;

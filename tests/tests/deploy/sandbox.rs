@@ -259,6 +259,7 @@ fn used(pid: u32, path: &str) -> Option<u64> {
     Some((s.f_blocks - s.f_bfree) * s.f_frsize)
 }
 
+// long-fn: one sandbox (minutes to build) checked through publish, compile and pull in order
 #[test]
 fn the_deployment_sandbox_publishes_compiles_a_big_delta_within_bounds_and_serves_a_pull() {
     require_ostree();

@@ -49,6 +49,7 @@ fn send(client: &reqwest::blocking::Client, method: reqwest::Method, url: &str) 
     (r.status().as_u16(), r.text().unwrap())
 }
 
+// long-fn: one server's slots through grants, refusals and expiries, each step depending on the last
 #[test]
 fn slots_are_granted_refused_and_freed_by_expiry_over_tcp() {
     let server = Server::oscontainer(&v1().oscontainer)

@@ -9,9 +9,10 @@ use anyhow::{Context, Result};
 /// The encapsulator's own cargo project (see xtask/encapsulate/Cargo.toml).
 const ENCAPSULATE_MANIFEST: &str = "xtask/encapsulate/Cargo.toml";
 
-/// Formatting and lints (`cargo xtask check`).
+/// Formatting, the structure check and lints (`cargo xtask check`).
 pub fn check() -> Result<()> {
     fmt()?;
+    crate::layers::check()?;
     cargo(&[
         "clippy",
         "--workspace",
@@ -71,7 +72,7 @@ pub fn test() -> Result<()> {
     // The fuzz build compiles format without openpgp with warnings denied,
     // which covers that configuration (rustc's warnings, not clippy's)
     // without a separate clippy of it: 57 CPU-seconds of a cold run.
-    let checked = fmt().and_then(|()| {
+    let checked = fmt().and_then(|()| crate::layers::check()).and_then(|()| {
         if fuzz {
             Ok(())
         } else {

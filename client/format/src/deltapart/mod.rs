@@ -181,6 +181,7 @@ fn within(ops: &Ops, shape: PayloadShape, offset: u64, len: u64) -> Result<(), F
     }
 }
 
+// long-fn: one walk of the op stream with its checks in line, as libostree executes it; split, one op's checks would scatter
 /// The op stream, walked as libostree executes it (see the module doc).
 pub fn check_ops(
     bytes: &[u8],

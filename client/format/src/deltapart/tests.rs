@@ -17,6 +17,7 @@ fn payload(raw: &[u8], ops: &[u8]) -> Vec<u8> {
 
 const CAP: u64 = 1000;
 
+// long-fn: a table of op streams, one row a case
 #[test]
 fn op_streams() {
     let file = [(1u8, c(1))];

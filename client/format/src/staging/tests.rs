@@ -248,6 +248,7 @@ fn an_index_refuses_what_breaks_its_rules() {
     assert!(twice.build().unwrap_err().to_string().contains("twice"));
 }
 
+// long-fn: a table of forged indexes, one row a forgery
 /// Bytes no [`StagingIndex::build`] makes, forged at the GVariant level.
 #[test]
 fn a_forged_index_is_refused_when_parsed() {

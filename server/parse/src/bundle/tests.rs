@@ -25,6 +25,7 @@ fn releases(n: usize, refs_each: usize) -> String {
     vec![release(&names); n].join(",")
 }
 
+// long-fn: a table of manifests, one row a bound
 #[test]
 fn every_bound_is_refused_and_named() {
     let many = |n: usize| vec!["\"a\""; n].join(",");

@@ -213,6 +213,7 @@ mod tests {
         }
     }
 
+    // long-fn: a table of request heads, one row a case
     #[test]
     fn only_plain_requests_whose_head_is_whole_are_answered_here() {
         let get = b"GET /config HTTP/1.1\r\nHost: a\r\n\r\n";

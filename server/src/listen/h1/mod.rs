@@ -23,7 +23,7 @@ mod respond;
 pub(super) use prefixed::Prefixed;
 
 use super::idle::ConnIdle;
-use super::watch::{Activity, Watched};
+use super::watch::{Activity, HeaderReadTimeout, Watched};
 use crate::http::direct::{self, Direct};
 use crate::http::sendfile::CanSendFile;
 use axum::body::Body;
@@ -42,12 +42,6 @@ use tokio::sync::watch;
 
 /// What one read asks for (a few request heads).
 const READ: usize = 4096;
-
-/// Why the connection ended without an answer: the next request's head
-/// did not arrive in time (what hyper's own header-read timeout is).
-#[derive(Debug, thiserror::Error)]
-#[error("no request head within {0:?}")]
-pub struct HeaderReadTimeout(pub Duration);
 
 pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -103,6 +97,7 @@ enum Asked {
     Direct(Direct),
 }
 
+// long-fn: the connection's one loop (read, parse, answer, deadlines), whose order is the protocol
 /// Answers plain requests until the connection closes, shutdown is asked,
 /// or a request is not plain.
 pub(super) async fn serve(mut io: Watched<TcpStream>, conn: Conn) -> Result<Ended, BoxError> {

@@ -116,10 +116,10 @@ pub fn list_files(root: &Path, sub: &str) -> Result<Vec<String>> {
                 out.push(child);
             }
             anyhow::ensure!(
-                out.len() <= crate::mirror::sync::MAX_OBJECTS,
+                out.len() <= crate::treewalk::MAX_OBJECTS,
                 "{} holds more than {} files",
                 root.join(sub).display(),
-                crate::mirror::sync::MAX_OBJECTS
+                crate::treewalk::MAX_OBJECTS
             );
         }
     }

@@ -191,7 +191,7 @@ impl Drop for Objects {
 impl Objects {
     /// Creates `root/srv/repo` with its `config` and `objects/`.
     pub fn create(root: &Path) -> Result<Self, WriteError> {
-        let repo = root.join(crate::publish::OSCONTAINER_REPO);
+        let repo = root.join(crate::request::OSCONTAINER_REPO);
         let tmp = repo.join(TMP);
         for d in [repo.join("objects"), tmp.clone()] {
             std::fs::create_dir_all(&d).map_err(io_at(&d))?;

@@ -22,19 +22,18 @@ use super::closure::join;
 use super::objects::{max_metadata_size, Objects, WriteError};
 use super::Converter;
 use crate::fsutil;
-use crate::publish::{self, PublishRequest, Source, NATIVE_ROOT_REPO, OSCONTAINER_REPO};
-use crate::served::Generation;
-use crate::signing::SignatureOptions;
+use crate::request::{
+    find_single_commit, PublishRequest, Source, NATIVE_ROOT_REPO, OSCONTAINER_REPO,
+};
 use crate::source::{Limits, SourceError, Subject, IMAGE_PREFIX, STAGING_PREFIX};
 use crate::state::{check_disjoint, StateDir};
-use crate::verify::VerdictCache;
 use anyhow::{Context, Result};
 use oscontent_format::filez::FileMeta;
 use oscontent_format::{self as format, Checksum, Commit, ObjectKind, ObjectName, RepoConfig};
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Under the state dir: the native roots converted for serving.
 pub const ROOTS_DIR: &str = "native-roots";
@@ -125,7 +124,7 @@ impl NativeRoots {
         check_disjoint(state.path(), dir)?;
         let commit = match req.commit {
             Some(c) => c,
-            None => publish::find_single_commit(&repo)?,
+            None => find_single_commit(&repo)?,
         };
         let converted = match &self.current {
             Some(c) if c.commit == commit && c.root.join(OSCONTAINER_REPO).is_dir() => c.clone(),
@@ -141,31 +140,6 @@ impl NativeRoots {
             refs: req.refs.clone(),
         };
         Ok(Some((req, converted)))
-    }
-}
-
-/// Publishes `req` as [`publish::publish_verified`] does (with `cache`,
-/// the verdicts of earlier publications); a native root is converted first
-/// (or its conversion reused), and the generation keeps the conversion
-/// alive.
-pub fn publish_local(
-    req: &PublishRequest,
-    state: &StateDir,
-    sigs: &SignatureOptions,
-    roots: &Mutex<NativeRoots>,
-    cache: Option<Arc<VerdictCache>>,
-) -> Result<Generation> {
-    let prepared = roots
-        .lock()
-        .map_err(|_| anyhow::anyhow!("a previous conversion panicked"))?
-        .prepare(req, state)?;
-    match prepared {
-        None => publish::publish_verified(req, state, sigs, cache),
-        Some((converted_req, keep)) => {
-            let mut g = publish::publish_verified(&converted_req, state, sigs, cache)?;
-            g.keepalive.push(Box::new(keep));
-            Ok(g)
-        }
     }
 }
 

@@ -37,6 +37,7 @@ fn drop_arg(docs: &mut [Value], prefix: &str) {
     args(docs).retain(|a| !a.as_str().unwrap().starts_with(prefix));
 }
 
+// long-fn: a table of broken manifests, one row an invariant
 #[test]
 fn each_broken_node_agent_invariant_is_reported() {
     let cases: &[Case] = &[

@@ -14,7 +14,7 @@
 //! (`fsutil::write_durable`) and parsed strictly: a corrupt file is an
 //! error naming it, never a silent reset to "no marks".
 
-use crate::publish::RefAge;
+use crate::ages::RefAge;
 use anyhow::{bail, Context, Result};
 use oscontent_format::Checksum;
 use serde::{Deserialize, Serialize};

@@ -21,7 +21,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-pub use crate::publish::RefAge;
+use crate::ages::RefAge;
 
 /// A ref the next generation would move back.
 #[derive(Debug, Clone, PartialEq, Eq)]

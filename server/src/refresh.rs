@@ -18,10 +18,9 @@
 //! is not retried on a timer: the source is checked again (forced, so a
 //! publisher republishes what it staged) once the signatures change.
 
-use super::follow::Follow;
-use super::sink::{Outcome, Sink};
 use crate::served::Generation;
 use crate::signing::{SignatureOptions, SignatureWatch};
+use crate::sink::{Outcome, Sink};
 use anyhow::Result;
 use std::future::Future;
 use std::path::PathBuf;
@@ -30,8 +29,11 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+pub mod follow;
 pub mod marks;
 pub mod rollback;
+
+use follow::Follow;
 
 pub use rollback::{RollbackGuard, RollbackPolicy};
 

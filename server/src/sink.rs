@@ -102,7 +102,7 @@ impl Sink {
     }
 
     fn set_deltas_published(&self, generation: &Generation) {
-        let deltas = generation.deltas().map_or(0, |d| d.len());
+        let deltas = generation.deltas().map_or(0, |d| d.count());
         self.metrics.deltas_published.set(deltas as i64);
     }
 
@@ -111,7 +111,7 @@ impl Sink {
     pub fn publish_deltas(
         &self,
         base: &Arc<Generation>,
-        deltas: crate::deltas::PublishedDeltas,
+        deltas: Arc<dyn crate::served::deltas::ServedDeltas>,
     ) -> bool {
         let _serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);
         let current = self.current.load();
@@ -127,7 +127,7 @@ impl Sink {
 
     /// Stops serving: from now on `/readyz` fails and repo paths answer
     /// 503 until the next publication. For a generation whose files were
-    /// found changed under it (see [`super::refresher::Publisher::discredits`]):
+    /// found changed under it (see [`crate::refresh::Publisher::discredits`]):
     /// serving it on would serve what no longer verifies.
     pub fn withdraw(&self) {
         let _serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);

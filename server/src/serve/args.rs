@@ -3,8 +3,8 @@
 
 use crate::deltas::DeltaMode;
 use crate::listen::limits::Limits;
-use crate::publish::Source;
 use crate::redact::RedactedUrl;
+use crate::request::Source;
 use crate::signing::{self, SignatureOptions};
 use crate::source::{FetchOptions, ImageRef, Platform};
 use anyhow::Result;
@@ -243,7 +243,7 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub connections: ConnectionArgs,
     #[command(flatten)]
-    pub stage: crate::cli::stage_args::StageArgs,
+    pub stage: super::stage_args::StageArgs,
 }
 
 /// The most `--workers`: each is a thread, a runtime and an epoll
