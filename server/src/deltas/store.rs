@@ -349,8 +349,8 @@ mod tests {
     /// summary it was published with, and the metric counts them.
     #[tokio::test]
     async fn deltas_attach_to_the_generation_being_served_and_only_to_it() {
-        use crate::sink::Sink;
         use crate::served::{Generation, Resolved};
+        use crate::sink::Sink;
         let overlay = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(overlay.path().join("refs/heads")).unwrap();
         let sink = Sink::default();
@@ -385,7 +385,10 @@ mod tests {
         sink.publish(Generation::new(3, vec![], overlay.path().into(), vec![]))
             .await;
         assert_eq!(published(), 0, "the new generation has none yet");
-        assert!(!sink.publish_deltas(&served, Arc::new(deltas())), "no longer served");
+        assert!(
+            !sink.publish_deltas(&served, Arc::new(deltas())),
+            "no longer served"
+        );
         assert_eq!(published(), 0);
     }
 }
