@@ -356,14 +356,19 @@ mod tests {
             "{t}"
         );
         assert_eq!(t.matches("| 5% (3 pkgs").count(), 4, "{t}");
-        assert!(t.contains("| 5% | 0.00 MiB (0 layers fetched) | 3.0 KiB |"), "{t}");
+        assert!(
+            t.contains("| 5% | 0.00 MiB (0 layers fetched) | 3.0 KiB |"),
+            "{t}"
+        );
         assert!(t.contains("(7 objects) | 1.025 |"), "{t}");
     }
 
     #[test]
     fn registry_bytes_split_layers_from_manifests_and_configs() {
         let line = |path: &str, status: u16, bytes: u64, agent: &str| {
-            format!(r#"127.0.0.1 - - [23/Nov/2026:23:50:00 +0000] "GET {path} HTTP/1.1" {status} {bytes} "" "{agent}""#)
+            format!(
+                r#"127.0.0.1 - - [23/Nov/2026:23:50:00 +0000] "GET {path} HTTP/1.1" {status} {bytes} "" "{agent}""#
+            )
         };
         let log = [
             line("/v2/native/blobs/sha256:aa", 200, 1000, "skopeo/1.13"),
@@ -372,7 +377,12 @@ mod tests {
             line("/v2/native/manifests/sha256:dd", 200, 40, "skopeo/1.13"),
             line("/v2/native/manifests/v2", 404, 19, "skopeo/1.13"),
             // The server streaming the image is not the node.
-            line("/v2/native/blobs/sha256:aa", 200, 5000, "oscontent-server/0.1.0"),
+            line(
+                "/v2/native/blobs/sha256:aa",
+                200,
+                5000,
+                "oscontent-server/0.1.0",
+            ),
             line("/v2/native/manifests/v2", 200, 50, "oscontent-server/0.1.0"),
             line("/v2/", 200, 2, "skopeo/1.13"),
             r#"127.0.0.1 - - [x] "HEAD /v2/native/blobs/sha256:aa HTTP/1.1" 200 1000 "" "skopeo""#

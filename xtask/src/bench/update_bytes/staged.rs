@@ -62,13 +62,12 @@ pub fn arm(s: &Setup<'_>) -> Result<(ArmResult, StagedParts)> {
         s.v2.commit
     );
     let log = s.reg.log();
-    let layers: Vec<&str> = s
-        .v1
-        .layers
-        .iter()
-        .chain(&s.v2.layers)
-        .map(|l| l.digest.as_str())
-        .collect();
+    let layers: Vec<&str> =
+        s.v1.layers
+            .iter()
+            .chain(&s.v2.layers)
+            .map(|l| l.digest.as_str())
+            .collect();
     let registry = registry_bytes(log.get(log_before..).unwrap_or_default(), &layers);
     let parts = StagedParts {
         registry,

@@ -138,15 +138,20 @@ pub fn run(opts: &Options, i: Inputs<'_>) -> Result<()> {
 }
 
 /// The importer's import of `image` into a new bare-user repo at `repo`,
-/// run in the server's namespace, where the registry is.
+/// run in the server's namespace, where the registry is; its output goes
+/// to `repo`.log.
 fn import_in(fleet: &Fleet, repo: &Path, image: &str) -> Result<Imported> {
     let mut cmd = fleet.server.exec(encapsulator()?);
     cmd.arg("import")
         .arg("--repo")
         .arg(repo)
         .args([image, "--insecure-registry"]);
-    let out = oscontent_testkit::check_output(&mut cmd, TOOL_TIMEOUT)
+    // Bounded, and ended by Ctrl-C, so that the namespaces go soon after.
+    let log = repo.with_extension("log");
+    crate::bench::run_bounded(&mut cmd, &log, TOOL_TIMEOUT)
         .with_context(|| format!("importing {image}"))?;
+    let out =
+        std::fs::read_to_string(&log).with_context(|| format!("reading {}", log.display()))?;
     let line = out
         .lines()
         .rev()
@@ -161,7 +166,8 @@ fn keygen(server_bin: &Path, dir: &Path) -> Result<(PathBuf, PathBuf)> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let (secret, public) = (dir.join("fleet.sec"), dir.join("fleet.pub"));
     let mut cmd = std::process::Command::new(server_bin);
-    cmd.args(["keygen", "--uid", "fleet <fleet@example.com>", "--out-secret"])
+    cmd.args(["keygen", "--uid", "fleet <fleet@example.com>"])
+        .arg("--out-secret")
         .arg(&secret)
         .arg("--out-public")
         .arg(&public);

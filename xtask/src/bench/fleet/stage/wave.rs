@@ -142,7 +142,8 @@ pub fn run(s: &WaveSetup<'_>, n: usize, repeat: usize, work: &Path) -> Result<St
 
 fn start_server(s: &WaveSetup<'_>, work: &Path, log: &Path) -> Result<ServerProcess> {
     let mut cmd = s.fleet.server.exec(s.server_bin);
-    cmd.args(["serve", "--image", &s.image, "--insecure-registry", &s.registry])
+    cmd.args(["serve", "--image", &s.image])
+        .args(["--insecure-registry", &s.registry])
         .arg("--sign-key")
         .arg(&s.secret_key)
         .args(["--stage-slots", &s.slots.to_string()])
@@ -215,7 +216,10 @@ fn watch(s: &WaveSetup<'_>, agents: &mut [Agent], start: Instant) -> Result<(f64
                 a.staged = Some(now);
             }
         }
-        if agents.iter().all(|a| a.staged.is_some() || a.exited.is_some()) {
+        if agents
+            .iter()
+            .all(|a| a.staged.is_some() || a.exited.is_some())
+        {
             return Ok((max_in_use, samples));
         }
         if start.elapsed() > WAVE_TIMEOUT {
@@ -291,7 +295,11 @@ fn outcomes(
         let failed = events_named(&a.events, "round-failed");
         let staged_ref = dirs[i].join("refs/heads/oscontent/staged").join(hex);
         let error = if let Some(f) = failed.first() {
-            Some(format!("{} failed rounds, first: {}", failed.len(), f["message"]))
+            Some(format!(
+                "{} failed rounds, first: {}",
+                failed.len(),
+                f["message"]
+            ))
         } else if let Some(x) = a.exited.filter(|x| !x.success()) {
             Some(format!(
                 "the agent exited {x}: {}",
