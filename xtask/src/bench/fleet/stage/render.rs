@@ -110,6 +110,20 @@ pub fn table(r: &Report) -> String {
         );
     }
     for w in &r.waves {
+        let n = w.nodes.len().max(1) as u64;
+        let twice: u64 = w.nodes.iter().map(|x| x.served_twice).sum();
+        s += &format!(
+            "\n{} nodes, per node: {}; objects served twice: {twice}",
+            w.nodes.len(),
+            w.by_kind
+                .iter()
+                .map(|(k, (req, b))| format!("{k} {} req {} B", req / n, b / n))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    s.push('\n');
+    for w in &r.waves {
         for (i, n) in w.nodes.iter().enumerate() {
             if let Some(e) = &n.error {
                 s += &format!("\n{} nodes, node {i}: {e}", w.nodes.len());
@@ -134,6 +148,7 @@ mod tests {
             refusals: 2,
             requests: 10,
             bytes,
+            served_twice: 0,
         };
         let w = StageWave {
             nodes: vec![
@@ -150,6 +165,7 @@ mod tests {
             server_cpu_seconds: 0.4,
             cpu_source: CpuSource::Cgroup,
             server_egress_bytes: 4200,
+            by_kind: Default::default(),
         };
         let new = NewObjects {
             count: 3,

@@ -58,6 +58,8 @@ pub struct StageNode {
     pub requests: u64,
     /// Response bytes the server's access log has for it.
     pub bytes: u64,
+    /// Object paths answered 200 more than once to it.
+    pub served_twice: u64,
 }
 
 /// The server's slot metrics at the end of a wave.
@@ -84,6 +86,9 @@ pub struct StageWave {
     pub cpu_source: CpuSource,
     /// What the server's namespace sent on its link to the nodes.
     pub server_egress_bytes: u64,
+    /// The nodes' requests and response bytes by what was asked
+    /// ([`kind`]), all nodes together.
+    pub by_kind: BTreeMap<String, (u64, u64)>,
 }
 
 /// An agent: its child and its `--json` events file.
@@ -123,7 +128,7 @@ pub fn run(s: &WaveSetup<'_>, n: usize, repeat: usize, work: &Path) -> Result<St
     let cpu_source = meter.source();
     drop(meter);
     server.stop();
-    let nodes = outcomes(&agents, &dirs, s, &log)?;
+    let (nodes, by_kind) = outcomes(&agents, &dirs, s, &log)?;
     for d in &dirs {
         let _ = std::fs::remove_dir_all(d);
     }
@@ -137,6 +142,7 @@ pub fn run(s: &WaveSetup<'_>, n: usize, repeat: usize, work: &Path) -> Result<St
         server_cpu_seconds: cpu,
         cpu_source,
         server_egress_bytes: tx1.saturating_sub(tx0),
+        by_kind,
     })
 }
 
@@ -271,27 +277,51 @@ fn slot_metrics(m: &Metrics) -> SlotMetrics {
     }
 }
 
+/// What a request asked for: an object's kind (`filez`, `dirtree`, ...),
+/// or the path's first component (`summary`, `blobs`, `oscontent`: the
+/// slot routes, ...).
+pub fn kind(path: &str) -> &str {
+    if let Some(rest) = path.strip_prefix("/objects/") {
+        return rest.rsplit_once('.').map_or("objects", |(_, ext)| ext);
+    }
+    let first = path.trim_start_matches('/').split('/').next();
+    first.filter(|f| !f.is_empty()).unwrap_or("/")
+}
+
+/// Requests and bytes of one node, from the access log.
+#[derive(Debug, Default)]
+struct Served {
+    requests: u64,
+    bytes: u64,
+    objects: BTreeMap<String, u64>,
+}
+
+type Outcomes = (Vec<StageNode>, BTreeMap<String, (u64, u64)>);
+
 /// Each node's outcome: its events, its exit, its repo (the staged ref)
 /// and the server's access log; every request must come from a node.
-fn outcomes(
-    agents: &[Agent],
-    dirs: &[PathBuf],
-    s: &WaveSetup<'_>,
-    log: &Path,
-) -> Result<Vec<StageNode>> {
-    let mut by_node: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+fn outcomes(agents: &[Agent], dirs: &[PathBuf], s: &WaveSetup<'_>, log: &Path) -> Result<Outcomes> {
+    let mut by_node: BTreeMap<String, Served> = BTreeMap::new();
+    let mut by_kind: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for e in read_access_log(log)? {
         let client = e.client.unwrap_or_default();
-        if client != SERVER_IP.to_string() {
-            let n = by_node.entry(client).or_default();
-            n.0 += 1;
-            n.1 += e.bytes;
+        if client == SERVER_IP.to_string() {
+            continue;
+        }
+        let k = by_kind.entry(kind(&e.path).to_owned()).or_default();
+        k.0 += 1;
+        k.1 += e.bytes;
+        let n = by_node.entry(client).or_default();
+        n.requests += 1;
+        n.bytes += e.bytes;
+        if e.status == 200 && e.path.starts_with("/objects/") {
+            *n.objects.entry(e.path).or_default() += 1;
         }
     }
     let hex = s.digest.strip_prefix("sha256:").unwrap_or(&s.digest);
     let mut nodes = Vec::with_capacity(agents.len());
     for (i, a) in agents.iter().enumerate() {
-        let (requests, bytes) = by_node.remove(&node_ip(i).to_string()).unwrap_or_default();
+        let served = by_node.remove(&node_ip(i).to_string()).unwrap_or_default();
         let failed = events_named(&a.events, "round-failed");
         let staged_ref = dirs[i].join("refs/heads/oscontent/staged").join(hex);
         let error = if let Some(f) = failed.first() {
@@ -318,8 +348,9 @@ fn outcomes(
             staged_seconds: a.staged,
             error,
             refusals: events_named(&a.events, "slot-refused").len() as u64,
-            requests,
-            bytes,
+            requests: served.requests,
+            bytes: served.bytes,
+            served_twice: served.objects.values().filter(|n| **n > 1).count() as u64,
         });
     }
     ensure!(
@@ -327,5 +358,26 @@ fn outcomes(
         "requests from unknown clients: {:?}",
         by_node.keys().collect::<Vec<_>>()
     );
-    Ok(nodes)
+    Ok((nodes, by_kind))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn requests_are_told_apart_by_what_they_ask() {
+        let cases = [
+            ("/objects/ab/cdef.filez", "filez"),
+            ("/objects/ab/cdef.dirtree", "dirtree"),
+            ("/objects/ab/cdef.commitmeta", "commitmeta"),
+            ("/objects/ab", "objects"),
+            ("/summary", "summary"),
+            ("/summary.sig", "summary.sig"),
+            ("/blobs/sha256/ab", "blobs"),
+            ("/oscontent/v1/stage/slots", "oscontent"),
+            ("/", "/"),
+        ];
+        for (path, want) in cases {
+            assert_eq!(super::kind(path), want, "{path}");
+        }
+    }
 }
