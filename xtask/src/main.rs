@@ -78,14 +78,16 @@ enum BenchCmd {
     Io(IoArgs),
     /// Bytes a node downloads and writes for v1 -> v2 of an ostree-native
     /// image (5% and 30% package-shaped updates): ostree-ext's importer from
-    /// a registry, stock `ostree pull` and `oscontent pull` from the server.
+    /// a registry, stock `ostree pull` and `oscontent pull` from the server,
+    /// and `oscontent stage` from the server followed by the importer.
     /// Writes target/bench/update-bytes-<time>.json.
     UpdateBytes(UpdateBytesArgs),
     /// N node hosts in network namespaces behind shaped links, all updating
     /// v1 -> v2 at once from one server in its own namespace: oscontent-server
     /// and nginx (the anchor) serving the same repo, without and with a
-    /// static delta, to stock `ostree pull` and `oscontent pull`. Writes
-    /// target/bench/fleet-<time>.json.
+    /// static delta, to stock `ostree pull` and `oscontent pull`. With
+    /// --stage, every node runs the staging agent under the server's slots.
+    /// Writes target/bench/fleet-<time>.json (fleet-stage-<time>.json).
     Fleet(FleetArgs),
     /// What one request costs the server: one stock `ostree pull`'s request
     /// mix replayed with h2load (HTTP/1.1 and h2c) against nginx, `ostree
@@ -131,6 +133,18 @@ struct FleetArgs {
     /// This oscontent binary instead of building the release one.
     #[arg(long, value_name = "PATH")]
     client_bin: Option<PathBuf>,
+    /// Stage instead of pulling: every node runs the node agent (`oscontent
+    /// stage --follow`) against the server streaming v2 of the native image
+    /// from a registry and handing out staging slots. --servers, --clients
+    /// and --deltas are not used.
+    #[arg(long)]
+    stage: bool,
+    /// The server's --stage-slots in --stage waves.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    stage_slots: u32,
+    /// The server's --stage-retry-after (seconds) in --stage waves.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    stage_retry_after: u64,
 }
 
 #[derive(Args)]
@@ -369,6 +383,9 @@ fn main() -> anyhow::Result<()> {
                 repeat: a.repeat.into(),
                 server_bin: a.server_bin,
                 client_bin: a.client_bin,
+                stage: a.stage,
+                stage_slots: a.stage_slots,
+                stage_retry_after: a.stage_retry_after,
             })?,
             BenchCmd::Serve(a) => xtask::bench::serve::run(&a)?,
             BenchCmd::Io(a) => xtask::bench::io::io(&xtask::bench::io::IoOptions {

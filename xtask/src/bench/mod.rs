@@ -17,6 +17,7 @@
 pub mod fleet;
 pub mod interrupt;
 pub mod io;
+pub mod new_objects;
 pub mod process;
 pub mod report;
 pub mod scratch;

@@ -6,10 +6,15 @@
 //! update time, requests and bytes, server CPU-seconds per node against
 //! nginx's, server egress against what the nodes needed, errors, and
 //! objects served twice to one node. Needs root (namespaces, tc).
+//!
+//! With `--stage`, the node agent instead: every node staging v2 of the
+//! native image through `oscontent stage --follow`, the server handing
+//! out staging slots ([`stage`]).
 
 pub mod cpuacct;
 mod render;
 pub mod repos;
+pub mod stage;
 pub mod topology;
 pub mod wave;
 
@@ -39,6 +44,10 @@ const OSTREE: Tool = Tool {
     command: "ostree",
     package: "ostree",
 };
+const CURL: Tool = Tool {
+    command: "curl",
+    package: "curl",
+};
 
 /// The benchmark's options.
 #[derive(Debug, Clone)]
@@ -56,6 +65,13 @@ pub struct Options {
     pub repeat: usize,
     pub server_bin: Option<PathBuf>,
     pub client_bin: Option<PathBuf>,
+    /// Stage with the node agent instead of pulling ([`stage`]); the
+    /// servers, clients and deltas are then not used.
+    pub stage: bool,
+    /// `--stage-slots` of the server in `--stage` waves.
+    pub stage_slots: u32,
+    /// `--stage-retry-after` of the server in `--stage` waves.
+    pub stage_retry_after: u64,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -79,7 +95,11 @@ pub struct Report {
 
 pub fn run(opts: &Options) -> Result<()> {
     super::interrupt()?;
-    require(&[IP, TC, NGINX, OSTREE])?;
+    if opts.stage {
+        require(&[IP, TC, OSTREE, CURL, super::DOCKER_REGISTRY, super::SKOPEO])?;
+    } else {
+        require(&[IP, TC, NGINX, OSTREE])?;
+    }
     let started = SystemTime::now();
     let (server_bin, server_profile) = super::report::server(opts.server_bin.as_deref())?;
     let client_bin = match &opts.client_bin {
@@ -94,6 +114,18 @@ pub fn run(opts: &Options) -> Result<()> {
         ..FixtureSpec::new(opts.scale)
     };
     let f = ensure_native(&spec, &native_default_dir(&spec))?;
+    if opts.stage {
+        return stage::run(
+            opts,
+            stage::Inputs {
+                server_bin: &server_bin,
+                server_profile,
+                client_bin: &client_bin,
+                fixtures: &f,
+                started,
+            },
+        );
+    }
     let [v1, v2] = &f.releases[..] else {
         anyhow::bail!("native fixtures with {} releases", f.releases.len());
     };

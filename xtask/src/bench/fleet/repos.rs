@@ -9,8 +9,6 @@
 
 use super::topology::server_addr;
 use anyhow::{ensure, Context, Result};
-use oscontent_testkit::checkout::{commit_closure, object_difference};
-use oscontent_testkit::objects::ObjectSet;
 use oscontent_testkit::{check_output, Ostree, ServerProcess};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -160,31 +158,6 @@ fn dir_bytes(dir: &Path) -> Result<u64> {
     Ok(files.values().sum())
 }
 
-/// The archive file of an object kind (`content` is `.filez`).
-fn object_path(repo: &Path, kind: &str, checksum: &str) -> PathBuf {
-    let ext = if kind == oscontent_testkit::objects::CONTENT {
-        "filez"
-    } else {
-        kind
-    };
-    repo.join("objects")
-        .join(&checksum[..2])
-        .join(format!("{}.{ext}", &checksum[2..]))
-}
-
-fn bytes_of(repo: &Path, set: &ObjectSet) -> Result<u64> {
-    let mut total = 0;
-    for (kind, sums) in &set.0 {
-        for c in sums {
-            let p = object_path(repo, kind, c);
-            total += std::fs::metadata(&p)
-                .with_context(|| format!("stat {}", p.display()))?
-                .len();
-        }
-    }
-    Ok(total)
-}
-
 /// Builds everything under `work` from the fixtures' archive repo.
 pub fn prepare(
     source: &Path,
@@ -194,12 +167,7 @@ pub fn prepare(
     work: &Path,
     server_bin: &Path,
 ) -> Result<Repos> {
-    let src = Ostree::at(source);
-    let new = object_difference(&commit_closure(&src, v2)?, &commit_closure(&src, v1)?);
-    // The commit object itself is new too; `ostree ls` lists only the tree.
-    let new_objects = new.len() + 1;
-    let new_bytes =
-        bytes_of(source, &new)? + std::fs::metadata(object_path(source, "commit", v2))?.len();
+    let new = crate::bench::new_objects::new_objects(source, v1, v2)?;
     let mut r = Repos {
         plain: Served {
             dir: PathBuf::new(),
@@ -213,8 +181,8 @@ pub fn prepare(
         v1: v1.to_owned(),
         v2: v2.to_owned(),
         ref_name: ref_name.to_owned(),
-        new_objects,
-        new_bytes,
+        new_objects: new.count,
+        new_bytes: new.bytes,
     };
     r.plain = served(source, &work.join("served-plain"), &r, None)?;
     r.with_delta = served(source, &work.join("served-delta"), &r, Some(server_bin))?;

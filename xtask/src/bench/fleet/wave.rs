@@ -172,7 +172,7 @@ fn start_server(
 }
 
 /// Polls `path` from inside the server's namespace until it answers 200.
-fn wait_ready(fleet: &Fleet, path: &str) -> Result<()> {
+pub(super) fn wait_ready(fleet: &Fleet, path: &str) -> Result<()> {
     let url = format!("http://{}{path}", server_addr());
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {

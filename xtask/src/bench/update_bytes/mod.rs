@@ -8,12 +8,18 @@
 //!   are skipped); counted at the registry, from its access log;
 //! - **ostree**: stock `ostree pull` from oscontent-server;
 //! - **oscontent**: `oscontent pull` from the same server;
-//!   both counted at the server (`oscontent_http_response_bytes_total`).
+//!   both counted at the server (`oscontent_http_response_bytes_total`);
+//! - **staged+importer**: `oscontent stage` of v2 from the server, then the
+//!   importer from the registry, which then fetches no layer ([`staged`]).
+//!
+//! The yardstick is what v2 adds over v1: its new objects, compressed as
+//! an archive repo stores them ([`crate::bench::new_objects`]).
 //!
 //! Each node is on one scratch XFS loop device, whose write counter gives
 //! the bytes written for the v2 step (after a syncfs). Needs root.
 
 pub mod report;
+mod staged;
 
 use super::scratch::ScratchFs;
 use super::{check_interrupted, http_status, require, utc_stamp};
@@ -25,6 +31,7 @@ use oscontent_testkit::fixtures::{
 use oscontent_testkit::registry::Registry;
 use oscontent_testkit::ServerProcess;
 use report::{blob_bytes_sent, ArmResult, Report, UpdateResult};
+use staged::Setup;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime};
@@ -33,7 +40,7 @@ use std::time::{Duration, Instant, SystemTime};
 const READY_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// One push of a full-scale release into the registry.
 const PUSH_TIMEOUT: Duration = Duration::from_secs(20 * 60);
-/// One pull of a full-scale release.
+/// One pull (or stage) of a full-scale release.
 const PULL_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// What the server under test serves.
@@ -94,7 +101,7 @@ pub fn run(opts: &Options) -> Result<()> {
 }
 
 /// The fixtures, the registry, the server and the scratch filesystem for
-/// one update, then the three arms on it.
+/// one update, then the four arms on it.
 fn one_update(opts: &Options, share: f64, server: &Path, client: &Path) -> Result<UpdateResult> {
     let spec = FixtureSpec {
         update_share: share,
@@ -111,9 +118,9 @@ fn one_update(opts: &Options, share: f64, server: &Path, client: &Path) -> Resul
         reg.try_push(&f.oci_layout, version, &name, &[], PUSH_TIMEOUT)
     };
     let (img1, img2) = (push(&v1.version)?, push(&v2.version)?);
-    // Three nodes, each with v1 and v2 (bare-user stores content
+    // Four nodes, each with v1 and v2 (bare-user stores content
     // uncompressed), and room to spare.
-    let size = 4 * (v1.tree_bytes + v2.tree_bytes) + (1 << 30);
+    let size = 5 * (v1.tree_bytes + v2.tree_bytes) + (1 << 30);
     let scratch = ScratchFs::create(size)?;
     let state = tempfile::tempdir_in(&base).context("creating the server's state dir")?;
     let mut cmd = Command::new(server);
@@ -144,11 +151,30 @@ fn one_update(opts: &Options, share: f64, server: &Path, client: &Path) -> Resul
         .iter()
         .filter(|l| !v1.layers.iter().any(|p| p.digest == l.digest))
         .count();
-    let arms = vec![
+    let new_objects = crate::bench::new_objects::new_objects(&f.repo, &v1.commit, &v2.commit)?;
+    let mut arms = vec![
         importer_arm(&scratch, &reg, &img1, &img2, &v2.commit)?,
         ostree_arm(&scratch, &srv, &v1.commit, &v2.commit)?,
         oscontent_arm(&scratch, &srv, client, &v1.commit, &v2.commit)?,
     ];
+    // Staging needs the image itself served: a `--repo` has no staging index.
+    let staged = match opts.server_source {
+        ServerSource::Image => {
+            let (arm, parts) = staged::arm(&Setup {
+                scratch: &scratch,
+                reg: &reg,
+                srv: &srv,
+                client,
+                img1: &img1,
+                img2: &img2,
+                v1,
+                v2,
+            })?;
+            arms.push(arm);
+            Some(parts)
+        }
+        ServerSource::Repo => None,
+    };
     srv.stop();
     Ok(UpdateResult {
         share,
@@ -157,7 +183,9 @@ fn one_update(opts: &Options, share: f64, server: &Path, client: &Path) -> Resul
         v2_image_bytes: v2.image_bytes,
         layers: v2.layers.len(),
         layers_changed: v1_changed,
+        new_objects,
         arms,
+        staged,
     })
 }
 
