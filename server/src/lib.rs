@@ -45,11 +45,7 @@ pub async fn run(
     let metrics = state.metrics.clone();
     let saturation = state.saturation.clone();
     let idle = state.clone();
-    let app = listen::App::new(
-        app(state.clone()),
-        http::shortcut(state),
-        Arc::new(move || idle.idle()),
-    );
+    let app = listen::App::new(app(state.clone()), state, Arc::new(move || idle.idle()));
     listen::serve(
         listener,
         workers,
