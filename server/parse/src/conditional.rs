@@ -2,7 +2,8 @@
 //! as pure functions of headers and the representation's validators.
 
 use http::header::{
-    HeaderMap, HeaderName, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, RANGE,
+    HeaderMap, HeaderName, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE,
+    IF_UNMODIFIED_SINCE, RANGE,
 };
 use std::borrow::Cow;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -194,6 +194,9 @@ async fn found<H: Fields + ?Sized>(
     }
 }
 
+/// A status, its fields, and the part of the representation to send.
+type Represented = (StatusCode, Head, Option<(u64, u64)>);
+
 /// The preconditions and the range asked for, against a representation
 /// of `len` bytes: its status and fields, and the part of it to send
 /// (start, count), `None` when nothing is.
@@ -202,7 +205,7 @@ fn represent<H: Fields + ?Sized>(
     v: &Prepared,
     cache: HeaderValue,
     len: u64,
-) -> Result<(StatusCode, Head, Option<(u64, u64)>), AppError> {
+) -> Result<Represented, AppError> {
     let head = |range| Head::Repr {
         etag: v.etag.clone(),
         last_modified: v.last_modified.clone(),

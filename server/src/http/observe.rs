@@ -14,7 +14,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{Method, Uri, Version};
+use http::{Method, Version};
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use oscontent_format::ObjectName;
 use std::net::{IpAddr, SocketAddr};
@@ -32,8 +32,7 @@ pub(super) async fn observe(State(st): State<AppState>, req: Request, next: Next
     let kind = kind(req.uri().path(), repo_path(req.uri().path()).as_ref());
     let logged = st.access_log.as_ref().map(|_| Logged {
         method: req.method().clone(),
-        // A reference count on the request's bytes, not a copy.
-        path: LoggedPath::Uri(req.uri().clone()),
+        path: LoggedPath::Text(req.uri().path().into()),
         version: req.version(),
         client: req
             .extensions()
@@ -69,7 +68,6 @@ pub(super) struct Logged {
 
 /// The request's path, as the log writes it.
 pub(super) enum LoggedPath {
-    Uri(Uri),
     /// An object's canonical path, which is what was asked for: written
     /// only if the line is.
     Object(ObjectName),
@@ -79,7 +77,6 @@ pub(super) enum LoggedPath {
 impl LoggedPath {
     fn with<R>(&self, f: impl FnOnce(&str) -> R) -> R {
         match self {
-            LoggedPath::Uri(u) => f(u.path()),
             LoggedPath::Text(t) => f(t),
             LoggedPath::Object(o) => {
                 let mut buf = [0u8; 1 + ObjectName::PATH_MAX];

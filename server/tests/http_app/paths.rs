@@ -460,8 +460,18 @@ async fn every_answer_is_recorded_once() {
         ("GET", format!("/refs/heads/{REF}"), vec![], "ref"),
         ("GET", commit.clone(), vec![], "commit"),
         ("HEAD", commit.clone(), vec![], "commit"),
-        ("GET", commit.clone(), vec![("if-none-match", &etag)], "commit"),
-        ("GET", v1.object("filez"), vec![("range", "bytes=2-9")], "filez"),
+        (
+            "GET",
+            commit.clone(),
+            vec![("if-none-match", &etag)],
+            "commit",
+        ),
+        (
+            "GET",
+            v1.object("filez"),
+            vec![("range", "bytes=2-9")],
+            "filez",
+        ),
         (
             "GET",
             v1.object("dirtree"),

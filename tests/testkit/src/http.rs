@@ -174,7 +174,11 @@ pub fn keep_alive(addr: SocketAddr, requests: &[Asked<'_>]) -> Result<Vec<RawRes
         rest = &rest[end + len..];
         out.push(r);
     }
-    ensure!(rest.is_empty(), "{} bytes after the last response", rest.len());
+    ensure!(
+        rest.is_empty(),
+        "{} bytes after the last response",
+        rest.len()
+    );
     Ok(out)
 }
 

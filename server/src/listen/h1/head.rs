@@ -124,7 +124,8 @@ pub(super) struct Parsed<'h, 'b>(pub &'h [httparse::Header<'b>]);
 
 impl Fields for Parsed<'_, '_> {
     fn nth(&self, name: &HeaderName, n: usize) -> Option<&[u8]> {
-        let mut named = self.0.iter().filter(|h| h.name.eq_ignore_ascii_case(name.as_str()));
+        let name = name.as_str();
+        let mut named = self.0.iter().filter(|h| h.name.eq_ignore_ascii_case(name));
         named.nth(n).map(|h| h.value)
     }
 }
