@@ -2,7 +2,8 @@
 //! as pure functions of headers and the representation's validators.
 
 use http::header::{
-    HeaderMap, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE, IF_UNMODIFIED_SINCE, RANGE,
+    HeaderMap, HeaderName, IF_MATCH, IF_MODIFIED_SINCE, IF_NONE_MATCH, IF_RANGE,
+    IF_UNMODIFIED_SINCE, RANGE,
 };
 use std::borrow::Cow;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -47,15 +48,42 @@ fn secs(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
-fn header_str<'a>(h: &'a HeaderMap, name: &http::HeaderName) -> Option<&'a str> {
-    h.get(name).and_then(|v| v.to_str().ok())
+/// A request's header fields, however its connection holds them: an
+/// `http::HeaderMap`, or the slices a head parser left in its buffer.
+pub trait Fields {
+    /// The value of the `n`th field line named `name` (from 0).
+    fn nth(&self, name: &HeaderName, n: usize) -> Option<&[u8]>;
+
+    /// The value of every field line named `name`, in order.
+    fn lines<'a>(&'a self, name: &'a HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a {
+        (0..).map_while(move |n| self.nth(name, n))
+    }
+}
+
+impl Fields for HeaderMap {
+    fn nth(&self, name: &HeaderName, n: usize) -> Option<&[u8]> {
+        self.get_all(name).iter().nth(n).map(|v| v.as_bytes())
+    }
+}
+
+/// A field value as text, as `HeaderValue::to_str` takes it: visible
+/// ASCII, spaces and tabs.
+fn text(v: &[u8]) -> Option<&str> {
+    v.iter()
+        .all(|&b| b == b'\t' || (0x20..0x7f).contains(&b))
+        .then(|| std::str::from_utf8(v).ok())
+        .flatten()
+}
+
+fn header_str<'a, H: Fields + ?Sized>(h: &'a H, name: &HeaderName) -> Option<&'a str> {
+    h.nth(name, 0).and_then(text)
 }
 
 /// A list-valued field: its field lines joined with commas, as RFC 9110
 /// §5.3 combines them (`If-Match: "a"` and `If-Match: "b"` are
 /// `If-Match: "a", "b"`). A line that is not text is left out.
-fn header_list<'a>(h: &'a HeaderMap, name: &http::HeaderName) -> Option<Cow<'a, str>> {
-    let mut lines = h.get_all(name).iter().filter_map(|v| v.to_str().ok());
+fn header_list<'a, H: Fields + ?Sized>(h: &'a H, name: &'a HeaderName) -> Option<Cow<'a, str>> {
+    let mut lines = h.lines(name).filter_map(text);
     let first = lines.next()?;
     match lines.next() {
         None => Some(Cow::Borrowed(first)),
@@ -70,7 +98,7 @@ fn header_list<'a>(h: &'a HeaderMap, name: &http::HeaderName) -> Option<Cow<'a, 
     }
 }
 
-fn date(h: &HeaderMap, name: &http::HeaderName) -> Option<u64> {
+fn date<H: Fields + ?Sized>(h: &H, name: &HeaderName) -> Option<u64> {
     header_str(h, name)
         .and_then(|s| httpdate::parse_http_date(s).ok())
         .map(secs)
@@ -113,7 +141,7 @@ fn strong_hit(list: &str, etag: &str) -> bool {
 /// Evaluates preconditions in RFC 9110 §13.2.2 order for a GET/HEAD of an
 /// existing representation. If-None-Match takes precedence over
 /// If-Modified-Since: when it is present, the date is not consulted.
-pub fn evaluate(h: &HeaderMap, v: &Validators) -> Precondition {
+pub fn evaluate<H: Fields + ?Sized>(h: &H, v: &Validators) -> Precondition {
     let lm = v.last_modified.map(secs);
     if let Some(list) = header_list(h, &IF_MATCH) {
         if !strong_hit(&list, &v.etag) {
@@ -154,7 +182,7 @@ pub enum RangeOutcome {
 /// Parses a single `bytes=` range. Multiple ranges, other units and
 /// malformed headers are served in full, as the RFC allows; an If-Range
 /// that does not match (strongly, or by exact date) also means full.
-pub fn range(h: &HeaderMap, len: u64, v: &Validators) -> RangeOutcome {
+pub fn range<H: Fields + ?Sized>(h: &H, len: u64, v: &Validators) -> RangeOutcome {
     let Some(spec) = header_str(h, &RANGE) else {
         return RangeOutcome::Full;
     };

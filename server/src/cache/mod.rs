@@ -15,7 +15,7 @@
 //! Publication fills it before a generation becomes visible ([`warm`]),
 //! with what the generation's releases bring new: what every node of a
 //! fleet update will ask for first. Requests add only small objects
-//! (`http/repo.rs`): a pull asks for each object once, so a large one
+//! (`http/answer/find.rs`): a pull asks for each object once, so a large one
 //! read for it would only push out small ones that many connections are
 //! answered from. A connection that sends files itself (`sendfile`) gets
 //! an object's first request from its file, as nginx would, and only a

@@ -9,16 +9,12 @@
 //! published a moment later, or be on another replica already.
 
 pub mod access_log;
-pub mod direct;
+pub mod answer;
 mod observe;
-mod repo;
-mod respond;
 pub mod saturation;
-pub mod sendfile;
 pub mod slots;
 
 pub(crate) use observe::log_date;
-pub(crate) use respond::header_line;
 
 use crate::cache::ObjectCache;
 use crate::metrics::{gauge_value, Metrics};
@@ -27,15 +23,12 @@ use crate::served::streams::StreamBudget;
 use crate::sink::Sink;
 use crate::slots::{SlotConfig, Slots};
 use access_log::AccessLog;
-use axum::body::Body;
 use axum::extract::State;
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use futures_util::future::BoxFuture;
-use http::header::{self, HeaderMap, HeaderValue};
-use http::Request;
+use http::header::{self, HeaderValue};
 use http::StatusCode;
 use oscontent_format::RepoPath;
 use saturation::Saturation;
@@ -51,7 +44,7 @@ pub const DEFAULT_MAX_STREAMED_FILES: usize = 1024;
 /// Objects are content-addressed: their bytes never change.
 pub const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 /// `Cache-Control` of what sets no policy of its own (errors, probes,
-/// metrics): not to be stored (`observe`).
+/// metrics): not to be stored.
 const NO_STORE: &str = "no-store";
 /// The object cache's default size (`--cache-size`): with the metadata
 /// caches and connections, well inside the deployment's 512 MiB limit.
@@ -221,7 +214,7 @@ pub fn app(state: AppState) -> Router {
         None => router,
     };
     router
-        .fallback(repo::repo)
+        .fallback(answer::repo)
         .layer(middleware::from_fn_with_state(
             state.clone(),
             observe::observe,
@@ -229,55 +222,12 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// [`Shortcut::direct`].
-pub type DirectFn = dyn Fn(&direct::Ask<'_>) -> Option<direct::Direct> + Send + Sync;
-
-/// Answers the requests it takes without the router's dispatch (its
-/// route lookup, boxed middleware and extractors), as the router would
-/// have.
-#[derive(Clone)]
-pub struct Shortcut {
-    /// Whether it answers a request for this path; the router answers the
-    /// others.
-    pub takes: fn(&str) -> bool,
-    /// An HTTP/1.1 repo request's 200 or empty 404, when it can be
-    /// answered at once with nothing to evaluate (`http::direct`); `None`
-    /// for the router.
-    pub direct: Arc<DirectFn>,
-    pub answer: Arc<dyn Fn(Request<Body>) -> BoxFuture<'static, Response<Body>> + Send + Sync>,
-}
-
-impl std::fmt::Debug for Shortcut {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shortcut").finish_non_exhaustive()
-    }
-}
-
-/// What [`app`] answers on a repo path, without the router: the same
-/// middleware and handler, called directly. The probes, the scrape and
-/// the staging slots (the routes, [`routed`]) are handed back to the
-/// router.
-pub fn shortcut(state: AppState) -> Shortcut {
-    let direct_state = state.clone();
-    Shortcut {
-        takes: |path| !routed(path),
-        direct: Arc::new(move |ask| direct::answer(&direct_state, ask)),
-        answer: Arc::new(move |req| {
-            let st = state.clone();
-            // Parsed once, for the metrics' label and the handler.
-            Box::pin(observe::observed(state.clone(), req, |req, parsed| {
-                repo::repo_parsed(st, req, parsed)
-            }))
-        }),
-    }
-}
-
 /// The paths [`app`] routes (the probes and the scrape) besides the
 /// staging slots'; everything else is its fallback, the repo.
 pub const ROUTES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 
-/// Whether [`app`] routes `path` rather than handing it to the repo: the
-/// shortcut leaves these to the router, whatever the method or protocol.
+/// Whether [`app`] routes `path` rather than handing it to the repo
+/// answer (`answer`), whatever the method or protocol.
 pub fn routed(path: &str) -> bool {
     ROUTES.contains(&path) || path.starts_with(slots::PATH)
 }
@@ -360,8 +310,11 @@ fn kind(path: &str, parsed: Option<&RepoPath>) -> &'static str {
 /// pseudo-header, and a Host beside it is optional. RFC 9110 §10.1.1: an
 /// expectation other than `100-continue` (which hyper answers) cannot be
 /// met, and says so with 417 rather than being ignored.
-fn refused_head(version: axum::http::Version, headers: &HeaderMap) -> Option<AppError> {
-    let hosts = headers.get_all(header::HOST).iter().count();
+fn refused_head<H: answer::Fields + ?Sized>(
+    version: axum::http::Version,
+    headers: &H,
+) -> Option<AppError> {
+    let hosts = answer::Fields::lines(headers, &header::HOST).count();
     let host_ok = match version {
         axum::http::Version::HTTP_11 => hosts == 1,
         _ => hosts <= 1,
@@ -369,10 +322,8 @@ fn refused_head(version: axum::http::Version, headers: &HeaderMap) -> Option<App
     if !host_ok {
         return Some(AppError::BadRequest);
     }
-    let unmet = headers
-        .get_all(header::EXPECT)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+    let unmet = answer::Fields::lines(headers, &header::EXPECT)
+        .flat_map(|v| v.split(|b| *b == b','))
         .map(<[u8]>::trim_ascii)
         .any(|e| !e.is_empty() && !e.eq_ignore_ascii_case(b"100-continue"));
     unmet.then_some(AppError::ExpectationFailed)
@@ -387,6 +338,10 @@ pub enum AppError {
     /// An `Expect` other than `100-continue`.
     ExpectationFailed,
     NotFound,
+    /// A precondition (`If-Match`, `If-Unmodified-Since`) failed.
+    PreconditionFailed,
+    /// A range outside the representation's length.
+    RangeNotSatisfiable(u64),
     MethodNotAllowed,
     Unavailable,
     Internal(anyhow::Error),
@@ -400,30 +355,6 @@ impl From<anyhow::Error> for AppError {
 
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
-        let (status, extra) = match self {
-            AppError::BadRequest => (StatusCode::BAD_REQUEST, None),
-            AppError::ExpectationFailed => (StatusCode::EXPECTATION_FAILED, None),
-            AppError::NotFound => (StatusCode::NOT_FOUND, None),
-            AppError::MethodNotAllowed => (
-                StatusCode::METHOD_NOT_ALLOWED,
-                Some((header::ALLOW, "GET, HEAD")),
-            ),
-            AppError::Unavailable => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Some((header::RETRY_AFTER, "5")),
-            ),
-            AppError::Internal(e) => {
-                tracing::error!("internal error: {e:#}");
-                (StatusCode::INTERNAL_SERVER_ERROR, None)
-            }
-        };
-        let mut r = Response::new(Body::empty());
-        *r.status_mut() = status;
-        r.headers_mut()
-            .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
-        if let Some((k, v)) = extra {
-            r.headers_mut().insert(k, HeaderValue::from_static(v));
-        }
-        r
+        answer::Answer::of_error(self).into_response()
     }
 }

@@ -7,115 +7,67 @@
 //! (`Metrics`' handles); the log line is serialized from borrowed fields and
 //! queued for an idle worker to write, and only when there is a log.
 
-use super::sendfile::SendFile;
-use super::{kind, refused_head, repo_path, AppState, NO_STORE};
+use super::{kind, refused_head, repo_path, routed, AppState, NO_STORE};
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
-use http::{Method, Uri, Version};
+use http::{Method, Version};
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
-use oscontent_format::{ObjectName, RepoPath};
+use oscontent_format::ObjectName;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+/// The router's middleware, for its routes (the probes, the scrape, the
+/// staging slots); a repo answer keeps its own record (`super::answer`).
 pub(super) async fn observe(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    observed(st, req, |req, _| next.run(req)).await
-}
-
-/// [`observe`] around `inner`, whatever calls it: the router's middleware,
-/// or the shortcut past the router (`super::shortcut`). `inner` is given
-/// the repo path the request names, as parsed for the metrics' label.
-pub(super) async fn observed<F: std::future::Future<Output = Response>>(
-    st: AppState,
-    req: Request,
-    inner: impl FnOnce(Request, Option<RepoPath>) -> F,
-) -> Response {
+    if !routed(req.uri().path()) {
+        return next.run(req).await;
+    }
     let start = Instant::now();
-    let parsed = repo_path(req.uri().path());
-    let kind = kind(req.uri().path(), parsed.as_ref());
-    let head = req.method() == Method::HEAD;
+    let kind = kind(req.uri().path(), repo_path(req.uri().path()).as_ref());
     let logged = st.access_log.as_ref().map(|_| Logged {
         method: req.method().clone(),
-        // A reference count on the request's bytes, not a copy.
-        path: LoggedPath::Uri(req.uri().clone()),
+        path: LoggedPath::Text(req.uri().path().into()),
         version: req.version(),
         client: req
             .extensions()
             .get::<ConnectInfo<SocketAddr>>()
             .map(|c| c.0.ip()),
     });
+    let head = req.method() == Method::HEAD;
     let mut resp = match refused_head(req.version(), req.headers()) {
-        None => inner(req, parsed).await,
+        None => next.run(req).await,
         Some(e) => e.into_response(),
     };
-    // What sets no policy of its own (errors, probes, metrics) is not to
-    // be stored: a shared cache keeps a 404 for minutes by default (Varnish
-    // 120 s), and a `.commitmeta`, `summary.sig` or object that appears
-    // later, or a replica that has not published yet, would stay missing.
-    // (Looked up first: `entry` makes room for an insert either way, and
-    // a full map of a representation's six headers would grow for none.)
+    // What sets no policy of its own is not to be stored (the module doc
+    // of `super`).
     if !resp.headers().contains_key(header::CACHE_CONTROL) {
         resp.headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static(NO_STORE));
     }
-    let status = resp.status().as_u16();
-    let done = Done::headed(&st, kind, status, start, logged);
-    // A HEAD's body is never sent, and a 304 has none (though it carries
-    // the 200's Content-Length, RFC 9110 §8.6).
-    if head || status == 304 {
+    let done = Done::headed(&st, kind, resp.status().as_u16(), start, logged);
+    if head {
         done.finish(0);
         return resp;
     }
-    let sendfile = resp.extensions().get::<SendFile>().cloned();
-    resp.map(|inner| {
-        Body::new(Counted {
-            inner,
-            sent: 0,
-            sendfile,
-            done: Some(done),
-        })
-    })
-}
-
-/// The record of an answer made past the router (`super::direct`), made
-/// as [`observed`] makes it: counted now, logged when its body is done.
-pub(super) fn answered(
-    st: &AppState,
-    path: &str,
-    rp: &RepoPath,
-    head: bool,
-    status: u16,
-    client: IpAddr,
-    start: Instant,
-) -> Done {
-    let logged = st.access_log.as_ref().map(|_| Logged {
-        method: if head { Method::HEAD } else { Method::GET },
-        path: match rp {
-            RepoPath::Object(o) => LoggedPath::Object(*o),
-            _ => LoggedPath::Text(path.into()),
-        },
-        version: Version::HTTP_11,
-        client: Some(client),
-    });
-    Done::headed(st, kind(path, Some(rp)), status, start, logged)
+    resp.map(|inner| Body::new(Counted::new(inner, Some(done))))
 }
 
 /// What the log line needs of the request, kept only when there is a log.
-struct Logged {
-    method: Method,
-    path: LoggedPath,
-    version: Version,
-    client: Option<IpAddr>,
+pub(super) struct Logged {
+    pub method: Method,
+    pub path: LoggedPath,
+    pub version: Version,
+    pub client: Option<IpAddr>,
 }
 
 /// The request's path, as the log writes it.
-enum LoggedPath {
-    Uri(Uri),
+pub(super) enum LoggedPath {
     /// An object's canonical path, which is what was asked for: written
     /// only if the line is.
     Object(ObjectName),
@@ -125,7 +77,6 @@ enum LoggedPath {
 impl LoggedPath {
     fn with<R>(&self, f: impl FnOnce(&str) -> R) -> R {
         match self {
-            LoggedPath::Uri(u) => f(u.path()),
             LoggedPath::Text(t) => f(t),
             LoggedPath::Object(o) => {
                 let mut buf = [0u8; 1 + ObjectName::PATH_MAX];
@@ -153,7 +104,7 @@ pub(super) struct Done {
 impl Done {
     /// The response's head is out: the request is counted, with its time
     /// since `start`.
-    fn headed(
+    pub(super) fn headed(
         st: &AppState,
         kind: &'static str,
         status: u16,
@@ -200,19 +151,24 @@ impl Done {
 
 /// A response body that counts the bytes handed to the connection and
 /// records them when it ends, fails, or is dropped unfinished.
-struct Counted {
+pub(super) struct Counted {
     inner: Body,
     sent: u64,
-    /// A body the connection sends itself, and counts: it drops this body
-    /// once it has.
-    sendfile: Option<SendFile>,
     done: Option<Done>,
 }
 
 impl Counted {
+    pub(super) fn new(inner: Body, done: Option<Done>) -> Self {
+        Self {
+            inner,
+            sent: 0,
+            done,
+        }
+    }
+
     fn finish(&mut self) {
         if let Some(d) = self.done.take() {
-            d.finish(self.sent + self.sendfile.as_ref().map_or(0, SendFile::sent));
+            d.finish(self.sent);
         }
     }
 }

@@ -28,8 +28,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-/// Where the routes live; the shortcut past the router leaves every path
-/// under it to the router (`super::shortcut`).
+/// Where the routes live: every path under it is routed (`super::routed`),
+/// never a repo answer.
 pub const PATH: &str = "/oscontent/v1/stage/slots";
 
 const UNKNOWN_LEASE: &str = "lease expired or unknown";

@@ -6,8 +6,8 @@
 //! longest is closed to make room (`idle.rs`), and with none idle a small
 //! reserve of connections answers only the probes, while `/readyz` learns
 //! how long that lasts (`http/saturation.rs`). The access log's writer
-//! (`http/access_log.rs`) and `Shortcut` sit in `http`, below this
-//! module: `listen` imports `http`, never the other way.
+//! (`http/access_log.rs`) and the repo answer (`http/answer.rs`) sit in
+//! `http`, below this module: `listen` imports `http`, never the other way.
 
 mod h1;
 pub mod idle;
@@ -15,9 +15,8 @@ pub mod limits;
 pub mod watch;
 mod workers;
 
-use crate::http::direct;
 use crate::http::saturation::Saturation;
-use crate::http::Shortcut;
+use crate::http::AppState;
 use crate::metrics::Metrics;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -55,44 +54,42 @@ const RESERVE_TIMEOUT: Duration = Duration::from_secs(1);
 /// What a worker runs before its runtime parks (`AppState::idle`).
 pub type Idle = Arc<dyn Fn() + Send + Sync>;
 
-/// What requests are answered with: the router, a shortcut past it for
-/// most requests (`http::shortcut`), and what a worker does when idle.
+/// What requests are answered with: the router (its routes), the state
+/// repo answers are made from (`http::answer`), and what a worker does
+/// when idle.
 #[derive(Clone)]
 pub struct App {
     router: Router,
-    shortcut: Shortcut,
+    state: AppState,
     idle: Idle,
 }
 
 impl std::fmt::Debug for App {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("App")
-            .field("shortcut", &self.shortcut)
-            .finish_non_exhaustive()
+        f.debug_struct("App").finish_non_exhaustive()
     }
 }
 
 impl App {
-    pub fn new(router: Router, shortcut: Shortcut, idle: Idle) -> Self {
+    pub fn new(router: Router, state: AppState, idle: Idle) -> Self {
         Self {
             router,
-            shortcut,
+            state,
             idle,
         }
     }
 
-    /// The shortcut's answer past every type of the router, if it has one
-    /// now (`http::direct`).
-    fn direct(&self, ask: &direct::Ask<'_>) -> Option<direct::Direct> {
-        (self.shortcut.direct)(ask)
-    }
-
-    async fn answer(&self, req: Request<Body>) -> Response<Body> {
-        if (self.shortcut.takes)(req.uri().path()) {
-            return (self.shortcut.answer)(req).await;
+    /// A request hyper read. A repo path's answer is the one the router's
+    /// fallback gives, asked for without the router's dispatch (its route
+    /// lookup, boxed middleware and extractors: 2-4% of an HTTP/2 pull's
+    /// CPU).
+    async fn answer(&self, req: Request<hyper::body::Incoming>) -> Response<Body> {
+        if crate::http::routed(req.uri().path()) {
+            let Ok(r) = self.router.clone().oneshot(req.map(Body::new)).await;
+            return r;
         }
-        let Ok(r) = self.router.clone().oneshot(req).await;
-        r
+        let (head, _) = req.into_parts();
+        crate::http::answer::answer_request(&self.state, &head).await
     }
 }
 
@@ -218,7 +215,7 @@ async fn accept_loop(
             (RESERVE_TIMEOUT, RESERVE_TIMEOUT, None)
         } else {
             let h1 = h1::Conn {
-                app: app.clone(),
+                state: app.state.clone(),
                 peer,
                 act: act.clone(),
                 idle: conn_idle.clone(),
@@ -380,7 +377,7 @@ async fn respond(
     }
     // The access log names the client, as axum's `ConnectInfo` would.
     req.extensions_mut().insert(ConnectInfo(peer));
-    Ok(app.answer(req.map(Body::new)).await)
+    Ok(app.answer(req).await)
 }
 
 /// Closes a refused connection at once, with a reset: nothing of it stays

@@ -26,7 +26,7 @@ pub async fn run(
     let idle = state.clone();
     let app = listen::App::new(
         http::app(state.clone()),
-        http::shortcut(state),
+        state,
         Arc::new(move || idle.idle()),
     );
     listen::serve(

@@ -316,35 +316,6 @@ impl Server {
         }
     }
 
-    /// As [`Self::send`], answered by `http::shortcut` rather than the
-    /// router; `None` if the shortcut hands it back.
-    pub async fn send_shortcut(
-        &self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &str)],
-    ) -> Option<Reply> {
-        let mut req = Request::builder().method(method).uri(path);
-        let host = ("host", "oscontent.test");
-        let own_host = headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host"));
-        for (k, v) in headers.iter().chain((!own_host).then_some(&host)) {
-            req = req.header(*k, *v);
-        }
-        let req = req.body(Body::empty()).unwrap();
-        let shortcut = oscontent_server::http::shortcut(self.state.clone());
-        if !(shortcut.takes)(path) {
-            return None;
-        }
-        let resp = (shortcut.answer)(req).await;
-        let (parts, body) = resp.into_parts();
-        let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
-        Some(Reply {
-            status: parts.status,
-            headers: parts.headers,
-            body: body.to_vec(),
-        })
-    }
-
     pub async fn get(&self, path: &str) -> Reply {
         self.send("GET", path, &[]).await
     }

@@ -135,32 +135,51 @@ pub fn raw_request(
     parse_raw_response(&raw, method == "HEAD")
 }
 
-/// `method target` asked twice on fresh connections: plainly, which our
-/// server answers past its router when it can, and with a header that
-/// sends it through the router. The two answers must be the same but for
-/// `Date`; returns the plain one.
-pub fn answered_alike(addr: SocketAddr, method: &str, target: &str) -> Result<RawResponse> {
-    let plain = raw_request(addr, method, target, &[])?;
-    let routed = raw_request(addr, method, target, &[("X-Probe", "1")])?;
-    let without_date = |r: &RawResponse| {
-        let headers: Vec<_> = r
-            .headers
-            .iter()
-            .filter(|(k, _)| !k.eq_ignore_ascii_case("date"))
-            .cloned()
-            .collect();
-        (r.status_line.clone(), headers, r.body.clone())
-    };
-    let (p, r) = (without_date(&plain), without_date(&routed));
+/// One request of [`keep_alive`]: method, target, extra headers.
+pub type Asked<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+
+/// Sends `requests` on one connection, in one write (the last with
+/// `Connection: close`), and reads their responses, each framed by its
+/// Content-Length (none for a HEAD's or a 304's body).
+pub fn keep_alive(addr: SocketAddr, requests: &[Asked<'_>]) -> Result<Vec<RawResponse>> {
+    let mut req = String::new();
+    for (i, (method, target, headers)) in requests.iter().enumerate() {
+        req.push_str(&format!("{method} {target} HTTP/1.1\r\nHost: {addr}\r\n"));
+        for (k, v) in *headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if i + 1 == requests.len() {
+            req.push_str("Connection: close\r\n");
+        }
+        req.push_str("\r\n");
+    }
+    let raw = raw_exchange(addr, req.as_bytes(), Duration::from_secs(30))?;
+    let mut rest = &raw[..];
+    let mut out = Vec::new();
+    for (method, target, _) in requests {
+        let end = rest
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or_else(|| anyhow!("{method} {target}: no response head"))?
+            + 4;
+        let mut r = parse_raw_response(&rest[..end], true)?;
+        let len: usize = match r.header("content-length") {
+            _ if *method == "HEAD" || r.status == 304 => 0,
+            Some(n) => n.parse().context("Content-Length")?,
+            None => bail!("{method} {target}: no Content-Length"),
+        };
+        ensure!(rest.len() >= end + len, "{method} {target}: body cut short");
+        r.body = rest[end..end + len].to_vec();
+        r.raw = rest[..end + len].to_vec();
+        rest = &rest[end + len..];
+        out.push(r);
+    }
     ensure!(
-        p == r,
-        "{method} {target}: answered differently past the router\n  plain: {:?} {:?}\n  routed: {:?} {:?}",
-        p.0,
-        p.1,
-        r.0,
-        r.1
+        rest.is_empty(),
+        "{} bytes after the last response",
+        rest.len()
     );
-    Ok(plain)
+    Ok(out)
 }
 
 /// Writes `request` and reads until the server closes, within `timeout`.

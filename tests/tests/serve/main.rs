@@ -11,7 +11,7 @@
 
 mod cli;
 mod conditionals;
-mod direct;
+mod h1;
 mod http;
 mod pull;
 mod repo_mode;

@@ -1,9 +1,8 @@
-//! Pure parts of the loop: which requests it answers, and the heads it
-//! writes.
+//! Pure parts of the loop: which requests it answers, and their headers
+//! as `conditional` reads them.
 
-use crate::http::{header_line, log_date};
-use http::header;
-use http::StatusCode;
+use crate::http::answer::Fields;
+use http::HeaderName;
 use std::mem::MaybeUninit;
 
 /// What a `Connection` header may name and still be answered here: its
@@ -26,6 +25,7 @@ pub(super) enum Next<'h, 'b> {
 pub(super) struct Plain<'h, 'b> {
     pub len: usize,
     pub head: bool,
+    /// The target's path, without its query.
     pub path: &'b str,
     /// The client asked to close after this answer.
     pub close: bool,
@@ -60,9 +60,16 @@ pub(super) fn next<'h, 'b>(
         "HEAD" => true,
         _ => return Next::Hyper,
     };
-    // The routes (probes and scrapes) keep hyper's answers, and rarely
-    // share a connection with pulls.
-    if !path.starts_with('/') || crate::http::ROUTES.contains(&path) {
+    // A target `http::Uri` might refuse is hyper's to answer (400): only
+    // RFC 3986's characters are taken, and only the origin form.
+    let uri = |b: u8| b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/?%".contains(&b);
+    if !path.starts_with('/') || !path.bytes().all(uri) {
+        return Next::Hyper;
+    }
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    // The routes (probes, scrapes, staging slots) are the router's, and
+    // rarely share a connection with pulls.
+    if crate::http::routed(path) {
         return Next::Hyper;
     }
     let mut close = false;
@@ -111,61 +118,21 @@ pub(super) fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
         .filter(|t| !t.is_empty())
 }
 
-/// Writes a response head: the status line, the router's headers (a 304's
-/// Content-Length aside), `Date`, and `Connection: close` when closing.
-/// Pure but for the clock.
-pub(super) fn write_head(
-    out: &mut Vec<u8>,
-    status: StatusCode,
-    headers: &http::HeaderMap,
-    close: bool,
-) {
-    // The router gives a 304 the 200's length (RFC 9110 §8.6 allows it);
-    // hyper and nginx leave it out, and so does this.
-    let length_too = status != StatusCode::NOT_MODIFIED;
-    let lines = |out: &mut Vec<u8>| {
-        for (name, value) in headers {
-            if name == header::CONTENT_LENGTH && !length_too {
-                continue;
-            }
-            header_line(out, name, value.as_bytes());
-        }
-    };
-    let date = !headers.contains_key(header::DATE);
-    let close = close && !headers.contains_key(header::CONNECTION);
-    write_head_with(out, status, lines, date, close);
-}
+/// A parsed head's headers, as `conditional` reads them.
+#[derive(Debug)]
+pub(super) struct Parsed<'h, 'b>(pub &'h [httparse::Header<'b>]);
 
-/// A head whose header lines `lines` writes, then `Date` if `date`, and
-/// `Connection: close` if `close`. Pure but for the clock.
-pub(super) fn write_head_with(
-    out: &mut Vec<u8>,
-    status: StatusCode,
-    lines: impl FnOnce(&mut Vec<u8>),
-    date: bool,
-    close: bool,
-) {
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\n");
-    lines(out);
-    if date {
-        out.extend_from_slice(b"date: ");
-        log_date::with_now(|d| out.extend_from_slice(d.as_bytes()));
-        out.extend_from_slice(b"\r\n");
+impl Fields for Parsed<'_, '_> {
+    fn nth(&self, name: &HeaderName, n: usize) -> Option<&[u8]> {
+        let name = name.as_str();
+        let mut named = self.0.iter().filter(|h| h.name.eq_ignore_ascii_case(name));
+        named.nth(n).map(|h| h.value)
     }
-    if close {
-        out.extend_from_slice(b"connection: close\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
 
     const MAX: usize = 16 * 1024;
     /// What libostree 2022.7 (curl) sends, captured.
@@ -175,7 +142,7 @@ mod tests {
         HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n";
 
     /// What [`next`] made of a head, its headers counted.
-    #[derive(Debug, PartialEq, Eq)]
+    #[derive(Debug, PartialEq, Eq, Clone, Copy)]
     enum Shape<'b> {
         More,
         Hyper,
@@ -222,108 +189,38 @@ mod tests {
             "y".repeat(MAX)
         );
         let pipelined = [&get[..], &get[..]].concat();
+        let h = Shape::Hyper;
+        #[rustfmt::skip]
         let cases: Vec<(&str, &[u8], Shape<'_>)> = vec![
             ("nothing yet", b"", Shape::More),
             ("a GET", get, plain(get.len(), false, "/config", false, 1)),
-            (
-                "a HEAD",
-                b"HEAD /summary HTTP/1.1\r\nHost: a\r\n\r\n",
-                plain(35, true, "/summary", false, 1),
-            ),
-            (
-                "two pipelined: the first",
-                &pipelined,
-                plain(get.len(), false, "/config", false, 1),
-            ),
-            (
-                "Connection: close",
-                b"GET /c HTTP/1.1\r\nConnection: close\r\n\r\n",
-                plain(38, false, "/c", true, 1),
-            ),
-            (
-                "close among tokens",
-                b"GET /c HTTP/1.1\r\nConnection: keep-alive, Close\r\n\r\n",
-                plain(50, false, "/c", true, 1),
-            ),
-            (
-                "Content-Length: 0",
-                b"GET /c HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
-                plain(38, false, "/c", false, 1),
-            ),
-            (
-                "a head still arriving",
-                b"GET /config HTTP/1.1\r\nHost: a\r\n",
-                Shape::More,
-            ),
-            (
-                "still arriving past the limit",
-                &long.as_bytes()[..MAX + 1],
-                Shape::Hyper,
-            ),
-            ("HTTP/1.0", b"GET /config HTTP/1.0\r\n\r\n", Shape::Hyper),
-            (
-                "POST",
-                b"POST /config HTTP/1.1\r\nHost: a\r\n\r\n",
-                Shape::Hyper,
-            ),
-            (
-                "OPTIONS *",
-                b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n",
-                Shape::Hyper,
-            ),
-            (
-                "absolute form",
-                b"GET http://a/config HTTP/1.1\r\nHost: a\r\n\r\n",
-                Shape::Hyper,
-            ),
-            ("a probe", b"GET /healthz HTTP/1.1\r\n\r\n", Shape::Hyper),
-            ("metrics", b"GET /metrics HTTP/1.1\r\n\r\n", Shape::Hyper),
-            (
-                "a body",
-                b"GET /c HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
-                Shape::Hyper,
-            ),
-            (
-                "chunked",
-                b"GET /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-                Shape::Hyper,
-            ),
-            (
-                "Expect",
-                b"GET /c HTTP/1.1\r\nExpect: 100-continue\r\n\r\n",
-                Shape::Hyper,
-            ),
-            (
-                "libostree's h2c upgrade, ignored",
-                OSTREE,
-                plain(OSTREE.len(), false, "/summary", false, 6),
-            ),
-            (
-                "Upgrade: websocket",
-                b"GET /c HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
-                Shape::Hyper,
-            ),
-            (
-                "a hop-by-hop header named",
-                b"GET /c HTTP/1.1\r\nConnection: x-foo\r\n\r\n",
-                Shape::Hyper,
-            ),
-            (
-                "the HTTP/2 preface",
-                b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-                Shape::Hyper,
-            ),
-            (
-                "TLS",
-                b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
-                Shape::Hyper,
-            ),
-            (
-                "a space in a name",
-                b"GET /c HTTP/1.1\r\nBad Name: x\r\n\r\n",
-                Shape::Hyper,
-            ),
-            ("longer than the limit", long.as_bytes(), Shape::Hyper),
+            ("a HEAD", b"HEAD /summary HTTP/1.1\r\nHost: a\r\n\r\n", plain(35, true, "/summary", false, 1)),
+            ("two pipelined: the first", &pipelined, plain(get.len(), false, "/config", false, 1)),
+            ("Connection: close", b"GET /c HTTP/1.1\r\nConnection: close\r\n\r\n", plain(38, false, "/c", true, 1)),
+            ("close among tokens", b"GET /c HTTP/1.1\r\nConnection: keep-alive, Close\r\n\r\n", plain(50, false, "/c", true, 1)),
+            ("Content-Length: 0", b"GET /c HTTP/1.1\r\nContent-Length: 0\r\n\r\n", plain(38, false, "/c", false, 1)),
+            ("a head still arriving", b"GET /config HTTP/1.1\r\nHost: a\r\n", Shape::More),
+            ("still arriving past the limit", &long.as_bytes()[..MAX + 1], h),
+            ("HTTP/1.0", b"GET /config HTTP/1.0\r\n\r\n", h),
+            ("POST", b"POST /config HTTP/1.1\r\nHost: a\r\n\r\n", h),
+            ("OPTIONS *", b"OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n", h),
+            ("absolute form", b"GET http://a/config HTTP/1.1\r\nHost: a\r\n\r\n", h),
+            ("a query, left out of the path", b"GET /config?x=1 HTTP/1.1\r\n\r\n", plain(28, false, "/config", false, 0)),
+            ("a character Uri may refuse", b"GET /refs/heads/a|b HTTP/1.1\r\n\r\n", h),
+            ("a probe", b"GET /healthz HTTP/1.1\r\n\r\n", h),
+            ("a probe with a query", b"GET /readyz?v HTTP/1.1\r\n\r\n", h),
+            ("the staging slots", b"GET /oscontent/v1/stage/slots HTTP/1.1\r\n\r\n", h),
+            ("metrics", b"GET /metrics HTTP/1.1\r\n\r\n", h),
+            ("a body", b"GET /c HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", h),
+            ("chunked", b"GET /c HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", h),
+            ("Expect", b"GET /c HTTP/1.1\r\nExpect: 100-continue\r\n\r\n", h),
+            ("libostree's h2c upgrade, ignored", OSTREE, plain(OSTREE.len(), false, "/summary", false, 6)),
+            ("Upgrade: websocket", b"GET /c HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", h),
+            ("a hop-by-hop header named", b"GET /c HTTP/1.1\r\nConnection: x-foo\r\n\r\n", h),
+            ("the HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", h),
+            ("TLS", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", h),
+            ("a space in a name", b"GET /c HTTP/1.1\r\nBad Name: x\r\n\r\n", h),
+            ("longer than the limit", long.as_bytes(), h),
         ];
         for (what, raw, want) in cases {
             assert_eq!(classify(raw), want, "{what}");
@@ -340,42 +237,18 @@ mod tests {
     }
 
     #[test]
-    fn a_head_carries_the_routers_headers_a_date_and_close_when_closing() {
-        let mut h = http::HeaderMap::new();
-        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("5"));
-        h.insert(header::ETAG, HeaderValue::from_static("\"x\""));
-        let cases = [
-            (StatusCode::OK, false, "HTTP/1.1 200 OK\r\n", false),
-            (
-                StatusCode::NOT_MODIFIED,
-                true,
-                "HTTP/1.1 304 Not Modified\r\n",
-                true,
-            ),
-            (
-                StatusCode::NOT_FOUND,
-                false,
-                "HTTP/1.1 404 Not Found\r\n",
-                false,
-            ),
-        ];
-        for (status, close, line, closes) in cases {
-            let mut out = Vec::new();
-            write_head(&mut out, status, &h, close);
-            let text = String::from_utf8(out).unwrap();
-            assert!(text.starts_with(line), "{text}");
-            assert!(text.contains("\r\netag: \"x\"\r\n"), "{text}");
-            let length = status != StatusCode::NOT_MODIFIED;
-            assert_eq!(text.contains("\r\ncontent-length: 5\r\n"), length, "{text}");
-            assert!(
-                text.contains("\r\ndate: ") && text.ends_with("\r\n\r\n"),
-                "{text}"
-            );
-            assert_eq!(text.contains("connection: close"), closes, "{text}");
-            let mut parsed = [httparse::EMPTY_HEADER; 8];
-            let mut r = httparse::Response::new(&mut parsed);
-            assert!(r.parse(text.as_bytes()).unwrap().is_complete(), "{text}");
-            assert_eq!(r.code, Some(status.as_u16()));
-        }
+    fn parsed_headers_are_found_by_any_case_in_order() {
+        let raw = b"GET / HTTP/1.1\r\nRange: a\r\nHOST: h\r\nrange: b\r\n\r\n";
+        let mut headers = [const { MaybeUninit::uninit() }; crate::listen::MAX_HEADERS];
+        let Next::Plain(p) = next(raw, &mut headers, MAX) else {
+            panic!("a plain GET");
+        };
+        let h = Parsed(p.headers);
+        let range = http::header::RANGE;
+        let all: Vec<&[u8]> = h.lines(&range).collect();
+        assert_eq!(all, [&b"a"[..], b"b"]);
+        assert_eq!(h.nth(&http::header::HOST, 0), Some(&b"h"[..]));
+        assert_eq!(h.nth(&http::header::HOST, 1), None);
+        assert_eq!(h.nth(&http::header::ETAG, 0), None);
     }
 }

@@ -1,20 +1,26 @@
 //! HTTP/1.1 connections answered by our own loop, so that a file body goes
-//! out with `sendfile(2)` (`http::sendfile`) and a head with the body
-//! behind it (`MSG_MORE`): through hyper every byte was copied from the
-//! page cache into memory and again into the socket, and that copy was
-//! most of what a request cost over nginx.
+//! out with `sendfile(2)` and a head with the body behind it (`MSG_MORE`):
+//! through hyper every byte was copied from the page cache into memory
+//! and again into the socket, and that copy was most of what a request
+//! cost over nginx (0.66x its requests per CPU-second, 1.0x with this).
+//!
+//! Why it exists: hyper writes every body from memory (`http_body::Body`
+//! yields `Buf` frames), so neither it nor axum can hand a file to
+//! `sendfile(2)`; hyperium/hyper#3026 ("non-`Buf` body chunks") is the
+//! open request for bodies that are not bytes (hyperium/hyper#140, the
+//! sendfile request, was closed for it, and tower-http#381 waits on it).
+//! Once hyper can write such a body, an `Answer`'s file goes to hyper as
+//! one, and this loop can go, leaving hyper every connection.
 //!
 //! Only the requests stock ostree and our client send are answered here:
 //! HTTP/1.1 GET or HEAD of a repo path, with no body, `Expect` or
 //! `Upgrade`, a head within the limits hyper has (its whole time from the
-//! start of the wait, its size, its count of headers). They go through the
-//! same router as every other request, so conditionals, ranges, errors,
-//! metrics and the access log are the router's; a plain repo request
-//! that can be answered at once is answered past the router's types
-//! (`http::direct`), with the router's head and record. At the first request that
-//! is anything else (or the HTTP/2 preface), the connection and what it
-//! has read are handed to hyper for the rest of its life, so every other
-//! corner of the protocol keeps hyper's answer.
+//! start of the wait, its size, its count of headers). Their answer is
+//! `http::answer`'s, the one hyper and the router give too; this loop only
+//! writes it. At the first request that is anything else (a route, or the
+//! HTTP/2 preface), the connection and what it has read are handed to
+//! hyper for the rest of its life, so every other corner of the protocol
+//! keeps hyper's answer.
 
 mod head;
 mod prefixed;
@@ -24,14 +30,11 @@ pub(super) use prefixed::Prefixed;
 
 use super::idle::ConnIdle;
 use super::watch::{Activity, HeaderReadTimeout, Watched};
-use crate::http::direct::{self, Direct};
-use crate::http::sendfile::CanSendFile;
-use axum::body::Body;
-use axum::extract::ConnectInfo;
-use bytes::{Buf, Bytes, BytesMut};
-use head::{next, Next, Plain};
-use http::header::{HeaderName, HeaderValue};
-use http::{Method, Request, Uri, Version};
+use crate::http::answer::{self, Answer, Ask};
+use crate::http::AppState;
+use bytes::{Buf, BytesMut};
+use head::{next, Next};
+use http::{Method, Version};
 use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,7 +50,7 @@ pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What a connection is served with.
 pub(super) struct Conn {
-    pub app: super::App,
+    pub state: AppState,
     pub peer: SocketAddr,
     pub act: Arc<Activity>,
     /// Idle between requests: closed to make room when the cap is full.
@@ -72,29 +75,42 @@ pub(super) enum Ended {
 }
 
 /// What the bytes in hand call for.
-// A local of one loop turn, never stored: boxing the request would cost an
+// A local of one loop turn, never stored: boxing the answer would cost an
 // allocation per request for nothing.
 #[allow(clippy::large_enum_variant)]
 enum Step {
     Read,
     Answer {
-        asked: Asked,
+        answer: Answer,
         close: bool,
         len: usize,
     },
     Hyper,
 }
 
-/// A request in hand, and who answers it.
-// As `Step`: a local of one loop turn.
-#[allow(clippy::large_enum_variant)]
-enum Asked {
-    Router {
-        req: Request<Body>,
-        head: bool,
-    },
-    /// Answered already (`http::direct`): only its writing is left.
-    Direct(Direct),
+/// What the bytes in hand call for, a request among them answered.
+async fn step(conn: &Conn, buf: &[u8]) -> Step {
+    let mut headers = [const { MaybeUninit::uninit() }; super::MAX_HEADERS];
+    let p = match next(buf, &mut headers, super::MAX_HEAD_BYTES) {
+        Next::More => return Step::Read,
+        Next::Hyper => return Step::Hyper,
+        Next::Plain(p) => p,
+    };
+    conn.act.requested();
+    let method = if p.head { Method::HEAD } else { Method::GET };
+    let ask = Ask {
+        method: &method,
+        path: p.path,
+        version: Version::HTTP_11,
+        headers: &head::Parsed(p.headers),
+        client: Some(conn.peer.ip()),
+        sendfile: true,
+    };
+    Step::Answer {
+        answer: answer::answer(&conn.state, &ask).await,
+        close: p.close,
+        len: p.len,
+    }
 }
 
 // long-fn: the connection's one loop (read, parse, answer, deadlines), whose order is the protocol
@@ -124,35 +140,8 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, conn: Conn) -> Result<Ende
     let mut evicted = std::pin::pin!(conn.idle.evicted());
     let mut idle = false;
     loop {
-        let step = {
-            let mut headers = [const { MaybeUninit::uninit() }; super::MAX_HEADERS];
-            match next(&buf, &mut headers, super::MAX_HEAD_BYTES) {
-                Next::More => Step::Read,
-                Next::Hyper => Step::Hyper,
-                Next::Plain(p) => {
-                    let ask = direct::Ask {
-                        head: p.head,
-                        path: p.path,
-                        headers: p.headers,
-                        client: conn.peer.ip(),
-                    };
-                    let asked = match conn.app.direct(&ask) {
-                        Some(d) => Some(Asked::Direct(d)),
-                        None => request(&p, &buf, conn.peer)
-                            .map(|req| Asked::Router { req, head: p.head }),
-                    };
-                    match asked {
-                        Some(asked) => Step::Answer {
-                            asked,
-                            close: p.close,
-                            len: p.len,
-                        },
-                        None => Step::Hyper,
-                    }
-                }
-            }
-        };
-        let (asked, close_asked) = match step {
+        let step = step(&conn, &buf).await;
+        let (mut answer, close_asked) = match step {
             Step::Hyper => {
                 let io = Prefixed::new(buf.freeze(), io);
                 return Ok(Ended::Hyper { io, answered });
@@ -195,113 +184,20 @@ pub(super) async fn serve(mut io: Watched<TcpStream>, conn: Conn) -> Result<Ende
                     Err(e) => return Err(Box::new(e)),
                 }
             }
-            Step::Answer { asked, close, len } => {
+            Step::Answer { answer, close, len } => {
                 buf.advance(len);
                 deadline = None;
-                (asked, close)
+                (answer, close)
             }
         };
-        conn.act.requested();
         answered = true;
-        let close = match asked {
-            Asked::Router { req, head } => {
-                let resp = conn.app.answer(req).await;
-                let stop = close_asked || *conn.shutdown.borrow();
-                respond::respond(&mut io, &conn.act, resp, head, stop, &mut out).await?
-            }
-            Asked::Direct(d) => {
-                let stop = close_asked || *conn.shutdown.borrow();
-                respond::respond_direct(&mut io, &conn.act, &d, stop, &mut out).await?
-            }
-        };
+        let close = close_asked || *conn.shutdown.borrow();
+        respond::respond(&mut io, &conn.act, &mut answer, close, &mut out).await?;
+        // Recorded with what was sent.
+        drop(answer);
         if close {
             io.shutdown().await.ok();
             return Ok(Ended::Closed);
         }
-    }
-}
-
-/// The request the router gets; `None` if `http` refuses a part of it
-/// (hyper's to answer). The head is copied once and its path and header
-/// values are slices of that copy: one allocation, where a copy of each
-/// was one apiece.
-fn request(plain: &Plain<'_, '_>, buf: &[u8], peer: SocketAddr) -> Option<Request<Body>> {
-    let raw = Bytes::copy_from_slice(&buf[..plain.len]);
-    // `part` is one of the parser's slices of `buf`'s head.
-    let slice = |part: &[u8]| {
-        let at = (part.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
-        raw.slice(at..at + part.len())
-    };
-    let mut req = Request::new(Body::empty());
-    *req.method_mut() = if plain.head {
-        Method::HEAD
-    } else {
-        Method::GET
-    };
-    *req.uri_mut() = Uri::from_maybe_shared(slice(plain.path.as_bytes())).ok()?;
-    *req.version_mut() = Version::HTTP_11;
-    let map = req.headers_mut();
-    map.reserve(plain.headers.len());
-    for h in plain.headers {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).ok()?;
-        map.append(name, HeaderValue::from_maybe_shared(slice(h.value)).ok()?);
-    }
-    req.extensions_mut().insert(ConnectInfo(peer));
-    req.extensions_mut().insert(CanSendFile);
-    Some(req)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_request_is_its_head_sliced_not_retyped() {
-        // A second request pipelined behind: only the first is taken.
-        let raw = b"GET /objects/ab/cd.filez?x=1 HTTP/1.1\r\nHost: a:1\r\n\
-            User-Agent: libostree/2022.7\r\nIf-None-Match: \"e\", W/\"f\"\r\n\
-            X-Empty:\r\nAccept: */*\r\nAccept: text/plain\r\n\r\nGET /next HTTP/1.1\r\n";
-        let mut headers = [const { MaybeUninit::uninit() }; crate::listen::MAX_HEADERS];
-        let Next::Plain(plain) = next(raw, &mut headers, crate::listen::MAX_HEAD_BYTES) else {
-            panic!("a plain GET");
-        };
-        let peer: SocketAddr = "10.0.0.1:5".parse().unwrap();
-        let req = request(&plain, raw, peer).expect("a request");
-        assert_eq!(req.method(), Method::GET);
-        assert_eq!(req.uri(), "/objects/ab/cd.filez?x=1");
-        assert_eq!(req.version(), Version::HTTP_11);
-        let h = req.headers();
-        let all = |name: &str| {
-            h.get_all(name)
-                .iter()
-                .map(|v| v.as_bytes())
-                .collect::<Vec<_>>()
-        };
-        #[rustfmt::skip]
-        let want: [(&str, &[&[u8]]); 5] = [
-            ("host", &[b"a:1"]),
-            ("user-agent", &[b"libostree/2022.7"]),
-            ("if-none-match", &[b"\"e\", W/\"f\""]),
-            ("x-empty", &[b""]),
-            ("accept", &[b"*/*", b"text/plain"]),
-        ];
-        for (name, values) in want {
-            assert_eq!(all(name), values, "{name}");
-        }
-        assert_eq!(h.len(), 6);
-        let conn = req.extensions().get::<ConnectInfo<SocketAddr>>();
-        assert_eq!(conn.map(|c| c.0), Some(peer));
-        assert!(req.extensions().get::<CanSendFile>().is_some());
-
-        let mut headers = [const { MaybeUninit::uninit() }; crate::listen::MAX_HEADERS];
-        let head = b"HEAD /summary HTTP/1.1\r\nHost: a\r\n\r\n";
-        let Next::Plain(plain) = next(head, &mut headers, crate::listen::MAX_HEAD_BYTES) else {
-            panic!("a plain HEAD");
-        };
-        let req = request(&plain, head, peer).expect("a request");
-        assert_eq!(
-            (req.method(), req.uri().path()),
-            (&Method::HEAD, "/summary")
-        );
     }
 }

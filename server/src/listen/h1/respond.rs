@@ -1,15 +1,13 @@
-//! Writing one response: a `SendFile` body by `sendfile(2)`, any other
-//! from the router's body frames.
+//! Writing one answer: its head, then its body from memory, by
+//! `sendfile(2)` from its file, or from its stream's frames.
 
-use super::head::{tokens, write_head, write_head_with};
-use crate::http::direct::{Direct, Payload};
-use crate::http::sendfile::SendFile;
+use crate::http::answer::{Answer, FileRange, Payload, Value};
+use crate::http::log_date;
 use crate::listen::watch::{Activity, Watched};
-use axum::body::Body;
 use bytes::{Buf, Bytes};
-use http::header::{self, HeaderValue};
-use http::{Response, StatusCode};
+use http::{header, StatusCode};
 use http_body_util::BodyExt;
+use oscontent_format::digits::decimal;
 use std::io;
 use std::os::fd::AsFd;
 use tokio::io::{AsyncWriteExt, Interest};
@@ -19,95 +17,84 @@ use tokio::net::TcpStream;
 /// goes in the same vectored write instead of being copied.
 const INLINE_BODY: usize = 16 * 1024;
 
-/// Writes one response; true if the connection is to close after it.
+/// Writes `answer`, counting what of its body was handed to the socket.
 pub(super) async fn respond(
     io: &mut Watched<TcpStream>,
     act: &Activity,
-    resp: Response<Body>,
-    head: bool,
-    stop: bool,
-    out: &mut Vec<u8>,
-) -> io::Result<bool> {
-    let (mut parts, mut body) = resp.into_parts();
-    let close = stop
-        || parts
-            .headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .any(|v| tokens(v.as_bytes()).any(|t| t.eq_ignore_ascii_case(b"close")));
-    let bodiless = head
-        || parts.status.is_informational()
-        || parts.status == StatusCode::NO_CONTENT
-        || parts.status == StatusCode::NOT_MODIFIED;
-    out.clear();
-    if let Some(send) = parts.extensions.remove::<SendFile>().filter(|_| !bodiless) {
-        write_head(out, parts.status, &parts.headers, close);
-        send_file(io, act, out, &send).await?;
-        // The body (empty) records what was sent when dropped.
-        drop(body);
-        return Ok(close);
-    }
-    if bodiless {
-        write_head(out, parts.status, &parts.headers, close);
-        io.write_all(out).await?;
-        drop(body);
-        return Ok(close);
-    }
-    // The router's repo answers all carry a length; anything else is read
-    // whole first to get one.
-    if !parts.headers.contains_key(header::CONTENT_LENGTH) {
-        let whole = body.collect().await.map_err(io::Error::other)?.to_bytes();
-        parts
-            .headers
-            .insert(header::CONTENT_LENGTH, HeaderValue::from(whole.len()));
-        write_head(out, parts.status, &parts.headers, close);
-        write_with_head(io, out, whole).await?;
-        return Ok(close);
-    }
-    write_head(out, parts.status, &parts.headers, close);
-    let mut head_sent = false;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(io::Error::other)?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        if head_sent {
-            io.write_all(&data).await?;
-        } else {
-            write_with_head(io, out, data).await?;
-            head_sent = true;
-        }
-    }
-    if !head_sent {
-        io.write_all(out).await?;
-    }
-    Ok(close)
-}
-
-/// Writes an answer made past the router (`http::direct`); true if the
-/// connection is to close after it. Its record is made when the caller
-/// drops it, after this.
-pub(super) async fn respond_direct(
-    io: &mut Watched<TcpStream>,
-    act: &Activity,
-    answer: &Direct,
+    answer: &mut Answer,
     close: bool,
     out: &mut Vec<u8>,
-) -> io::Result<bool> {
+) -> io::Result<()> {
     out.clear();
-    write_head_with(
-        out,
-        answer.status(),
-        |out| answer.write_headers(out),
-        true,
-        close,
-    );
-    match answer.payload() {
-        Payload::None => io.write_all(out).await?,
-        Payload::Memory(bytes) => write_with_head(io, out, bytes.clone()).await?,
-        Payload::File(send) => send_file(io, act, out, send).await?,
+    write_head(out, answer, close);
+    match answer.take_body() {
+        Payload::Empty => io.write_all(out).await,
+        Payload::Bytes(b) => {
+            answer.sent(b.len() as u64);
+            write_with_head(io, out, b).await
+        }
+        Payload::File(f) => send_file(io, act, out, &f, answer).await,
+        Payload::Stream(mut body) => {
+            let mut head_sent = false;
+            while let Some(frame) = body.frame().await {
+                let Ok(data) = frame.map_err(io::Error::other)?.into_data() else {
+                    continue;
+                };
+                answer.sent(data.len() as u64);
+                if head_sent {
+                    io.write_all(&data).await?;
+                } else {
+                    write_with_head(io, out, data).await?;
+                    head_sent = true;
+                }
+            }
+            if !head_sent {
+                io.write_all(out).await?;
+            }
+            Ok(())
+        }
     }
-    Ok(close)
+}
+
+/// The status line, the answer's fields, `Date`, and `Connection: close`
+/// when closing. A 304 goes without the 200's Content-Length, as hyper
+/// and nginx send it.
+fn write_head(out: &mut Vec<u8>, answer: &Answer, close: bool) {
+    let status = answer.status;
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    let mut digits = [0u8; 20];
+    answer.fields(|name, value| {
+        if status == StatusCode::NOT_MODIFIED && name == header::CONTENT_LENGTH {
+            return;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        match value {
+            Value::Header(v) => out.extend_from_slice(v.as_bytes()),
+            Value::Text(t) => out.extend_from_slice(t.as_bytes()),
+            Value::Number(n) => out.extend_from_slice(decimal(&mut digits, n).as_bytes()),
+            Value::Range(start, end, len) => {
+                out.extend_from_slice(b"bytes ");
+                out.extend_from_slice(decimal(&mut digits, start).as_bytes());
+                out.push(b'-');
+                out.extend_from_slice(decimal(&mut digits, end).as_bytes());
+                out.push(b'/');
+                out.extend_from_slice(decimal(&mut digits, len).as_bytes());
+            }
+        }
+        out.extend_from_slice(b"\r\n");
+    });
+    out.extend_from_slice(b"date: ");
+    log_date::with_now(|d| out.extend_from_slice(d.as_bytes()));
+    out.extend_from_slice(b"\r\n");
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 /// The head and the first of the body in one write: copied behind the
@@ -131,7 +118,8 @@ async fn send_file(
     io: &mut Watched<TcpStream>,
     act: &Activity,
     out: &[u8],
-    send: &SendFile,
+    send: &FileRange,
+    answer: &mut Answer,
 ) -> io::Result<()> {
     let sock = io.get_ref();
     let mut done = 0;
@@ -145,14 +133,13 @@ async fn send_file(
         done += n;
     }
     act.moved(out.len());
-    let (start, count) = send.range();
-    let (mut offset, end) = (start, start + count);
+    let (mut offset, end) = (send.start, send.start + send.count);
     while offset < end {
         let want = usize::try_from(end - offset).unwrap_or(usize::MAX);
         let n = sock
             .async_io(Interest::WRITABLE, || {
                 let mut at = offset;
-                rustix::fs::sendfile(sock.as_fd(), send.file().as_fd(), Some(&mut at), want)
+                rustix::fs::sendfile(sock.as_fd(), send.file.as_fd(), Some(&mut at), want)
                     .map_err(io::Error::from)
             })
             .await?;
@@ -165,7 +152,7 @@ async fn send_file(
             ));
         }
         offset += n as u64;
-        send.note_sent(n as u64);
+        answer.sent(n as u64);
         act.moved(n);
     }
     Ok(())
