@@ -148,13 +148,36 @@ pub fn publish<R: serde::Serialize>(
     report: &R,
     table: &str,
 ) -> Result<PathBuf> {
-    let path = results_path(name, started)?;
     let mut json = serde_json::to_string_pretty(report)?;
     json.push('\n');
-    std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
+    let (mut file, path) = create_results(name, started)?;
+    std::io::Write::write_all(&mut file, json.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
     print!("{table}");
     println!("results: {}", path.display());
     Ok(path)
+}
+
+/// A new file at [`results_path`], or, when a run started in the same
+/// second has it (two shares run at once), at `<name>-<stamp>-2.json` and
+/// so on: one run's results never overwrite another's.
+fn create_results(name: &str, started: SystemTime) -> Result<(std::fs::File, PathBuf)> {
+    let first = results_path(name, started)?;
+    let mut path = first.clone();
+    for n in 2..=100 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(f) => return Ok((f, path)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                path = first.with_file_name(format!("{name}-{}-{n}.json", utc_stamp(started)));
+            }
+            Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+        }
+    }
+    anyhow::bail!("{} and 99 more names taken", first.display())
 }
 
 /// `scratch: XFS on loop (direct-io), 12.3 MiB`, the head of a table's
@@ -188,6 +211,30 @@ mod tests {
         assert_eq!(utc_stamp(t), "20250115T010203Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(utc_stamp(leap), "20000229T000000Z");
+    }
+
+    #[test]
+    fn runs_started_in_the_same_second_get_files_of_their_own() {
+        let name = format!("publish-test-{}", std::process::id());
+        let t = UNIX_EPOCH + Duration::from_secs(1);
+        let (_, a) = create_results(&name, t).unwrap();
+        let (_, b) = create_results(&name, t).unwrap();
+        let (_, c) = create_results(&name, t).unwrap();
+        let names: Vec<String> = [&a, &b, &c]
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        for p in [&a, &b, &c] {
+            std::fs::remove_file(p).unwrap();
+        }
+        assert_eq!(
+            names,
+            [
+                format!("{name}-19700101T000001Z.json"),
+                format!("{name}-19700101T000001Z-2.json"),
+                format!("{name}-19700101T000001Z-3.json"),
+            ]
+        );
     }
 
     #[test]
