@@ -74,8 +74,11 @@ pub struct Options {
     pub stage_retry_after: u64,
 }
 
+/// What every fleet report (pulling waves and `--stage` waves) opens
+/// with: when, on what, and the fixture and links the waves ran on. Its
+/// fields sit at the top level of the JSON.
 #[derive(Debug, serde::Serialize)]
-pub struct Report {
+pub struct RunHeader {
     pub started: String,
     pub git: Option<String>,
     pub kernel: String,
@@ -85,8 +88,50 @@ pub struct Report {
     pub share: f64,
     pub rate: String,
     pub delay_ms: f64,
-    pub repeat: usize,
     pub server_profile: String,
+}
+
+impl RunHeader {
+    /// The header of a run of `opts` started at `started`, read as it ends.
+    pub fn new(opts: &Options, started: SystemTime, server_profile: String) -> Self {
+        Self {
+            started: utc_stamp(started),
+            git: super::git_state(),
+            kernel: super::report::kernel(),
+            load: super::load(),
+            scale: opts.scale.to_string(),
+            share: opts.share,
+            rate: opts.shaping.rate.clone(),
+            delay_ms: opts.shaping.delay.as_secs_f64() * 1e3,
+            server_profile,
+        }
+    }
+
+    /// `links …; server … build`, as both tables' titles say it.
+    pub fn links_and_build(&self) -> String {
+        format!(
+            "links {} with {:.1} ms each way; server {} build",
+            self.rate, self.delay_ms, self.server_profile
+        )
+    }
+
+    /// `git; kernel; load … on … CPUs`, both tables' titles' ending.
+    pub fn machine(&self) -> String {
+        format!(
+            "{}; {}; load {:.1} on {} CPUs",
+            self.git.as_deref().unwrap_or("no git"),
+            self.kernel,
+            self.load.0,
+            self.load.1
+        )
+    }
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct Report {
+    #[serde(flatten)]
+    pub run: RunHeader,
+    pub repeat: usize,
     pub new_objects: usize,
     pub new_bytes: u64,
     pub delta_bytes: Option<u64>,
@@ -174,16 +219,8 @@ pub fn run(opts: &Options) -> Result<()> {
     }
     drop(fleet);
     let report = Report {
-        started: utc_stamp(started),
-        git: super::git_state(),
-        kernel: super::report::kernel(),
-        load: super::load(),
-        scale: opts.scale.to_string(),
-        share: opts.share,
-        rate: opts.shaping.rate.clone(),
-        delay_ms: opts.shaping.delay.as_secs_f64() * 1e3,
+        run: RunHeader::new(opts, started, server_profile),
         repeat: opts.repeat.max(1),
-        server_profile,
         new_objects: repos.new_objects,
         new_bytes: repos.new_bytes,
         delta_bytes: repos.with_delta.delta_bytes,

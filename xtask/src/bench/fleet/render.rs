@@ -141,20 +141,15 @@ fn same(a: &WaveSpec, b: &WaveSpec) -> bool {
 pub fn table(r: &Report) -> String {
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     let mut s = format!(
-        "fleet ({} scale, {:.0}% update: {} new objects, {:.2} MiB; delta {}; links {} with {:.1} ms each way; server {} build; {} runs of each wave; {}; {}; load {:.1} on {} CPUs)\n\n",
-        r.scale,
-        r.share * 100.0,
+        "fleet ({} scale, {:.0}% update: {} new objects, {:.2} MiB; delta {}; {}; {} runs of each wave; {})\n\n",
+        r.run.scale,
+        r.run.share * 100.0,
         r.new_objects,
         mib(r.new_bytes),
         r.delta_bytes.map_or("-".into(), |b| format!("{:.2} MiB", mib(b))),
-        r.rate,
-        r.delay_ms,
-        r.server_profile,
+        r.run.links_and_build(),
         r.repeat,
-        r.git.as_deref().unwrap_or("no git"),
-        r.kernel,
-        r.load.0,
-        r.load.1,
+        r.run.machine(),
     );
     s += "| nodes | deltas | client | server | update p50 / p99 / max s | requests/node | server CPU-ms/node, median [min-max] | × nginx | egress / needed | errors | served twice | server peak RSS |\n";
     s += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";

@@ -16,9 +16,9 @@ mod render;
 pub mod wave;
 
 use super::topology::Fleet;
-use super::Options;
+use super::{Options, RunHeader};
+use crate::bench::check_interrupted;
 use crate::bench::new_objects::{new_objects, NewObjects};
-use crate::bench::{check_interrupted, utc_stamp};
 use anyhow::{ensure, Context, Result};
 use oscontent_testkit::encapsulate::{encapsulator, Imported};
 use oscontent_testkit::fixtures::{NativeFixtures, DEFAULT_REF};
@@ -34,16 +34,8 @@ const TOOL_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 #[derive(Debug, serde::Serialize)]
 pub struct Report {
-    pub started: String,
-    pub git: Option<String>,
-    pub kernel: String,
-    /// 1-minute load average and CPUs when the run ended.
-    pub load: (f64, usize),
-    pub scale: String,
-    pub share: f64,
-    pub rate: String,
-    pub delay_ms: f64,
-    pub server_profile: String,
+    #[serde(flatten)]
+    pub run: RunHeader,
     pub slots: u32,
     pub retry_after_secs: u64,
     /// The image staged: `sha256:…` of v2's manifest.
@@ -118,15 +110,7 @@ pub fn run(opts: &Options, i: Inputs<'_>) -> Result<()> {
     drop(reg);
     drop(fleet);
     let report = Report {
-        started: utc_stamp(i.started),
-        git: crate::bench::git_state(),
-        kernel: crate::bench::report::kernel(),
-        load: crate::bench::load(),
-        scale: opts.scale.to_string(),
-        share: opts.share,
-        rate: opts.shaping.rate.clone(),
-        delay_ms: opts.shaping.delay.as_secs_f64() * 1e3,
-        server_profile: i.server_profile,
+        run: RunHeader::new(opts, i.started, i.server_profile),
         slots: opts.stage_slots,
         retry_after_secs: opts.stage_retry_after,
         digest: v2.image_manifest.clone(),

@@ -69,20 +69,15 @@ pub fn one_line(w: &StageWave, new: &NewObjects) -> String {
 pub fn table(r: &Report) -> String {
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
     let mut s = format!(
-        "fleet --stage ({} scale, {:.0}% update: {} new objects, {:.2} MiB compressed; {} slots, Retry-After {} s; links {} with {:.1} ms each way; server {} build; {}; {}; load {:.1} on {} CPUs)\n\n",
-        r.scale,
-        r.share * 100.0,
+        "fleet --stage ({} scale, {:.0}% update: {} new objects, {:.2} MiB compressed; {} slots, Retry-After {} s; {}; {})\n\n",
+        r.run.scale,
+        r.run.share * 100.0,
         r.new_objects.count,
         mib(r.new_objects.bytes),
         r.slots,
         r.retry_after_secs,
-        r.rate,
-        r.delay_ms,
-        r.server_profile,
-        r.git.as_deref().unwrap_or("no git"),
-        r.kernel,
-        r.load.0,
-        r.load.1,
+        r.run.links_and_build(),
+        r.run.machine(),
     );
     s += "| nodes | run | staged | most staging at once: sampled / peak gauge (target <= slots) | time to staged p50 / max s | wall s | refusals/node | egress / N × new (target 0.95-1.05) | response bodies / N × new | errors | server CPU-ms/node | leases granted / released / expired |\n";
     s += "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
